@@ -1,0 +1,525 @@
+"""The one place that maps `omnirt.v1` protobuf messages to `omnirt.types` and back.
+
+The SDK, the controller and the worker all translate through these functions; nothing else
+reads or builds public protobuf messages field by field.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from omnirt import types as t
+from omnirt.v1 import cluster_pb2, models_pb2, types_pb2
+
+# ---- enums -------------------------------------------------------------------------------
+
+
+def task_to_proto(task: t.Task | str | None) -> int:
+    """`Task` -> `omnirt.v1.Task` number (0 for None)."""
+    if not task:
+        return types_pb2.TASK_UNSPECIFIED
+    return types_pb2.Task.Value("TASK_" + t.Task(task).name)
+
+
+def task_from_proto(value: int) -> t.Task | None:
+    """`omnirt.v1.Task` number -> `Task` (None when unspecified or unknown to this SDK)."""
+    name = types_pb2.Task.Name(value) if value in types_pb2.Task.values() else ""
+    return t.Task[name.removeprefix("TASK_")] if name and value else None
+
+
+def _enum_to_proto(enum_type: Any, prefix: str, value: Any) -> int:
+    return int(enum_type.Value(prefix + value.name)) if value else 0
+
+
+def _enum_from_proto(enum_type: Any, prefix: str, py_enum: Any, value: int) -> Any:
+    if not value or value not in enum_type.values():
+        return None
+    return py_enum[enum_type.Name(value).removeprefix(prefix)]
+
+
+def state_to_proto(state: t.JobState | None) -> int:
+    return _enum_to_proto(types_pb2.JobState, "JOB_STATE_", state)
+
+
+def state_from_proto(value: int) -> t.JobState | None:
+    return _enum_from_proto(types_pb2.JobState, "JOB_STATE_", t.JobState, value)
+
+
+# ---- small helpers -----------------------------------------------------------------------
+
+
+def struct_from_dict(data: dict[str, Any] | None) -> struct_pb2.Struct:
+    msg = struct_pb2.Struct()
+    if data:
+        msg.update(data)
+    return msg
+
+
+def dict_from_struct(msg: struct_pb2.Struct) -> dict[str, Any]:
+    return json_format.MessageToDict(msg) if msg.fields else {}
+
+
+def ts_to_proto(value: datetime | None, target: timestamp_pb2.Timestamp) -> None:
+    if value is not None:
+        target.FromDatetime(value.astimezone(UTC))
+
+
+def ts_from_proto(msg: Any, name: str) -> datetime | None:
+    if not msg.HasField(name):
+        return None
+    return getattr(msg, name).ToDatetime(tzinfo=UTC)
+
+
+def _opt(msg: Any, name: str) -> Any:
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def _set_opt(msg: Any, name: str, value: Any) -> None:
+    if value is not None:
+        setattr(msg, name, value)
+
+
+# ---- requests ----------------------------------------------------------------------------
+
+_OPTIONAL_REQUEST_FIELDS = (
+    "width",
+    "height",
+    "num_frames",
+    "fps",
+    "num_inference_steps",
+    "guidance_scale",
+    "seed",
+    "num_outputs",
+    "strength",
+    "duration_ms",
+)
+
+
+def request_to_proto(req: t.GenerateRequest) -> types_pb2.GenerateRequest:
+    msg = types_pb2.GenerateRequest(
+        task=task_to_proto(req.task),
+        model=req.model,
+        prompt=req.prompt,
+        negative_prompt=req.negative_prompt,
+        scheduler=req.scheduler,
+        preset=req.preset,
+        priority=req.priority,
+        deadline_ms=req.deadline_ms,
+        timeout_ms=req.timeout_ms,
+        idempotency_key=req.idempotency_key,
+        labels=req.labels,
+        output=types_pb2.OutputOptions(
+            format=req.output_format, inline_limit_bytes=req.inline_limit_bytes, quality=req.quality
+        ),
+    )
+    for name in _OPTIONAL_REQUEST_FIELDS:
+        _set_opt(msg, name, getattr(req, name))
+    for item in req.inputs:
+        media = msg.inputs.add(role=_enum_to_proto(types_pb2.MediaRole, "MEDIA_ROLE_", item.role))
+        media.mime_type = item.mime_type
+        if item.uri:
+            media.uri = item.uri
+        else:
+            media.data = item.data
+    for adapter in req.adapters:
+        msg.adapters.add(name=adapter.name, scale=adapter.scale)
+    if req.extra:
+        msg.extra.CopyFrom(struct_from_dict(req.extra))
+    return msg
+
+
+def request_from_proto(msg: types_pb2.GenerateRequest) -> t.GenerateRequest:
+    req = t.GenerateRequest(
+        model=msg.model,
+        task=task_from_proto(msg.task),  # type: ignore[arg-type]  # validation rejects None
+        prompt=msg.prompt,
+        negative_prompt=msg.negative_prompt,
+        scheduler=msg.scheduler,
+        preset=msg.preset,
+        priority=msg.priority,
+        deadline_ms=msg.deadline_ms,
+        timeout_ms=msg.timeout_ms,
+        idempotency_key=msg.idempotency_key,
+        labels=dict(msg.labels),
+        extra=dict_from_struct(msg.extra),
+        output_format=msg.output.format,
+        inline_limit_bytes=msg.output.inline_limit_bytes,
+        quality=msg.output.quality,
+        adapters=[t.Adapter(a.name, a.scale if a.HasField("scale") else 1.0) for a in msg.adapters],
+    )
+    for name in _OPTIONAL_REQUEST_FIELDS:
+        setattr(req, name, _opt(msg, name))
+    for media in msg.inputs:
+        role = _enum_from_proto(types_pb2.MediaRole, "MEDIA_ROLE_", t.MediaRole, media.role)
+        req.inputs.append(t.MediaInput(role=role, data=media.data, uri=media.uri, mime_type=media.mime_type))
+    return req
+
+
+# ---- results -----------------------------------------------------------------------------
+
+
+def artifact_to_proto(a: t.Artifact) -> types_pb2.Artifact:
+    return types_pb2.Artifact(
+        index=a.index,
+        kind=_enum_to_proto(types_pb2.MediaKind, "MEDIA_KIND_", a.kind),
+        mime_type=a.mime_type,
+        data=a.data,
+        uri=a.uri,
+        size_bytes=a.size_bytes,
+        sha256=a.sha256,
+        width=a.width,
+        height=a.height,
+        num_frames=a.num_frames,
+        fps=a.fps,
+        duration_ms=a.duration_ms,
+        seed=a.seed,
+        file_name=a.file_name,
+    )
+
+
+def artifact_from_proto(m: types_pb2.Artifact) -> t.Artifact:
+    return t.Artifact(
+        index=m.index,
+        kind=_enum_from_proto(types_pb2.MediaKind, "MEDIA_KIND_", t.MediaKind, m.kind),
+        mime_type=m.mime_type,
+        data=m.data,
+        uri=m.uri,
+        size_bytes=m.size_bytes,
+        sha256=m.sha256,
+        width=m.width,
+        height=m.height,
+        num_frames=m.num_frames,
+        fps=m.fps,
+        duration_ms=m.duration_ms,
+        seed=m.seed,
+        file_name=m.file_name,
+    )
+
+
+def report_to_proto(r: t.RunReport) -> types_pb2.RunReport:
+    msg = types_pb2.RunReport(
+        schema_version=r.schema_version,
+        run_id=r.run_id,
+        job_id=r.job_id,
+        worker_id=r.worker_id,
+        model=r.model,
+        task=task_to_proto(r.task),
+        backend=r.backend,
+        execution_mode=r.execution_mode,
+        device=r.device,
+        dtype=r.dtype,
+        queue_wait_ms=r.queue_wait_ms,
+        execution_ms=r.execution_ms,
+        peak_memory_bytes=r.peak_memory_bytes,
+        cold_start=r.cold_start,
+        attempt=r.attempt,
+        batch_size=r.batch_size,
+        batch_group_id=r.batch_group_id,
+        seeds=r.seeds,
+        cache_hits=r.cache_hits,
+        trace_id=r.trace_id,
+        warnings=r.warnings,
+        pipeline_class=r.pipeline_class,
+        omnirt_version=r.omnirt_version,
+    )
+    for timing in r.timings:
+        msg.timings.add(name=timing.name, duration_ms=timing.duration_ms, start_offset_ms=timing.start_offset_ms)
+    if r.config_resolved:
+        msg.config_resolved.CopyFrom(struct_from_dict(r.config_resolved))
+    ts_to_proto(r.started_at, msg.started_at)
+    ts_to_proto(r.finished_at, msg.finished_at)
+    return msg
+
+
+def report_from_proto(m: types_pb2.RunReport) -> t.RunReport:
+    return t.RunReport(
+        schema_version=m.schema_version,
+        run_id=m.run_id,
+        job_id=m.job_id,
+        worker_id=m.worker_id,
+        model=m.model,
+        task=task_from_proto(m.task),
+        backend=m.backend,
+        execution_mode=m.execution_mode,
+        device=m.device,
+        dtype=m.dtype,
+        queue_wait_ms=m.queue_wait_ms,
+        timings=[t.StageTiming(s.name, s.duration_ms, s.start_offset_ms) for s in m.timings],
+        execution_ms=m.execution_ms,
+        peak_memory_bytes=m.peak_memory_bytes,
+        config_resolved=dict_from_struct(m.config_resolved),
+        cold_start=m.cold_start,
+        attempt=m.attempt,
+        batch_size=m.batch_size,
+        batch_group_id=m.batch_group_id,
+        seeds=list(m.seeds),
+        cache_hits=dict(m.cache_hits),
+        trace_id=m.trace_id,
+        warnings=list(m.warnings),
+        started_at=ts_from_proto(m, "started_at"),
+        finished_at=ts_from_proto(m, "finished_at"),
+        pipeline_class=m.pipeline_class,
+        omnirt_version=m.omnirt_version,
+    )
+
+
+def result_to_proto(r: t.GenerateResult) -> types_pb2.GenerateResult:
+    return types_pb2.GenerateResult(
+        job_id=r.job_id,
+        artifacts=[artifact_to_proto(a) for a in r.artifacts],
+        report=report_to_proto(r.report),
+    )
+
+
+def result_from_proto(m: types_pb2.GenerateResult) -> t.GenerateResult:
+    return t.GenerateResult(
+        job_id=m.job_id,
+        artifacts=[artifact_from_proto(a) for a in m.artifacts],
+        report=report_from_proto(m.report),
+    )
+
+
+def error_to_proto(e: t.JobError | None) -> types_pb2.JobError | None:
+    return types_pb2.JobError(code=e.code, message=e.message, field=e.field) if e else None
+
+
+def error_from_proto(m: types_pb2.JobError) -> t.JobError:
+    return t.JobError(code=m.code, message=m.message, field=m.field)
+
+
+def progress_to_proto(p: t.Progress) -> types_pb2.Progress:
+    return types_pb2.Progress(step=p.step, total_steps=p.total_steps, stage=p.stage)
+
+
+def progress_from_proto(m: types_pb2.Progress) -> t.Progress:
+    return t.Progress(step=m.step, total_steps=m.total_steps, stage=m.stage)
+
+
+# ---- jobs and events ---------------------------------------------------------------------
+
+
+def job_to_proto(j: t.Job) -> types_pb2.Job:
+    msg = types_pb2.Job(
+        id=j.id,
+        state=state_to_proto(j.state),
+        model=j.model,
+        task=task_to_proto(j.task),
+        priority=j.priority,
+        attempts=j.attempts,
+        worker_id=j.worker_id,
+        idempotency_key=j.idempotency_key,
+        labels=j.labels,
+        waiting_reason=j.waiting_reason,
+        deadline_ms=j.deadline_ms,
+        queue_position=j.queue_position,
+    )
+    ts_to_proto(j.created_at, msg.created_at)
+    ts_to_proto(j.started_at, msg.started_at)
+    ts_to_proto(j.finished_at, msg.finished_at)
+    if j.error:
+        msg.error.CopyFrom(error_to_proto(j.error))
+    if j.result:
+        msg.result.CopyFrom(result_to_proto(j.result))
+    if j.progress:
+        msg.progress.CopyFrom(progress_to_proto(j.progress))
+    return msg
+
+
+def job_from_proto(m: types_pb2.Job) -> t.Job:
+    return t.Job(
+        id=m.id,
+        state=state_from_proto(m.state),  # type: ignore[arg-type]
+        model=m.model,
+        task=task_from_proto(m.task),
+        priority=m.priority,
+        created_at=ts_from_proto(m, "created_at"),
+        started_at=ts_from_proto(m, "started_at"),
+        finished_at=ts_from_proto(m, "finished_at"),
+        attempts=m.attempts,
+        worker_id=m.worker_id,
+        error=error_from_proto(m.error) if m.HasField("error") else None,
+        result=result_from_proto(m.result) if m.HasField("result") else None,
+        progress=progress_from_proto(m.progress) if m.HasField("progress") else None,
+        idempotency_key=m.idempotency_key,
+        labels=dict(m.labels),
+        waiting_reason=m.waiting_reason,
+        deadline_ms=m.deadline_ms,
+        queue_position=m.queue_position,
+    )
+
+
+def event_to_proto(e: t.JobEvent) -> types_pb2.JobEvent:
+    msg = types_pb2.JobEvent(job_id=e.job_id, sequence=e.sequence)
+    ts_to_proto(e.time, msg.time)
+    if e.kind is t.EventKind.STATE:
+        msg.state_change.state = state_to_proto(e.state)
+        msg.state_change.worker_id = e.worker_id
+        msg.state_change.attempt = e.attempt
+        if e.error:
+            msg.state_change.error.CopyFrom(error_to_proto(e.error))
+    elif e.kind is t.EventKind.PROGRESS:
+        msg.progress.CopyFrom(progress_to_proto(e.progress or t.Progress()))
+    elif e.kind is t.EventKind.STAGE:
+        msg.stage.name = e.stage
+        msg.stage.finished = e.stage_finished
+        msg.stage.duration_ms = e.stage_duration_ms
+    elif e.kind is t.EventKind.PREVIEW:
+        msg.preview.step = e.progress.step if e.progress else 0
+        msg.preview.mime_type = e.preview_mime_type
+        msg.preview.data = e.preview
+    elif e.kind is t.EventKind.LOG:
+        msg.log.stream = e.log_stream
+        msg.log.text = e.log_text
+    elif e.kind is t.EventKind.RESULT and e.result is not None:
+        msg.result.CopyFrom(result_to_proto(e.result))
+    return msg
+
+
+def event_from_proto(m: types_pb2.JobEvent) -> t.JobEvent:
+    kind = m.WhichOneof("kind")
+    e = t.JobEvent(job_id=m.job_id, kind=t.EventKind.LOG, sequence=m.sequence, time=ts_from_proto(m, "time"))
+    if kind == "state_change":
+        e.kind = t.EventKind.STATE
+        e.state = state_from_proto(m.state_change.state)
+        e.worker_id = m.state_change.worker_id
+        e.attempt = m.state_change.attempt
+        if m.state_change.HasField("error"):
+            e.error = error_from_proto(m.state_change.error)
+    elif kind == "progress":
+        e.kind = t.EventKind.PROGRESS
+        e.progress = progress_from_proto(m.progress)
+    elif kind == "stage":
+        e.kind = t.EventKind.STAGE
+        e.stage, e.stage_finished, e.stage_duration_ms = m.stage.name, m.stage.finished, m.stage.duration_ms
+    elif kind == "preview":
+        e.kind = t.EventKind.PREVIEW
+        e.progress = t.Progress(step=m.preview.step)
+        e.preview, e.preview_mime_type = m.preview.data, m.preview.mime_type
+    elif kind == "log":
+        e.log_stream, e.log_text = m.log.stream, m.log.text
+    elif kind == "result":
+        e.kind = t.EventKind.RESULT
+        e.result = result_from_proto(m.result)
+    return e
+
+
+# ---- catalog and cluster -----------------------------------------------------------------
+
+
+def model_to_proto(s: t.ModelSpec) -> models_pb2.ModelSpec:
+    d, lim = s.defaults, s.limits
+    return models_pb2.ModelSpec(
+        id=s.id,
+        aliases=s.aliases,
+        family=s.family,
+        tasks=[task_to_proto(x) for x in s.tasks],
+        execution_mode=s.execution_mode,
+        source=s.source,
+        pipeline_class=s.pipeline_class,
+        defaults=models_pb2.ModelDefaults(
+            width=d.width,
+            height=d.height,
+            num_frames=d.num_frames,
+            fps=d.fps,
+            num_inference_steps=d.num_inference_steps,
+            guidance_scale=d.guidance_scale,
+            scheduler=d.scheduler,
+            strength=d.strength,
+        ),
+        limits=models_pb2.ModelLimits(
+            max_width=lim.max_width,
+            max_height=lim.max_height,
+            max_num_frames=lim.max_num_frames,
+            max_inference_steps=lim.max_inference_steps,
+            max_num_outputs=lim.max_num_outputs,
+            max_batch_size=lim.max_batch_size,
+        ),
+        supports_batching=s.supports_batching,
+        presets=[
+            models_pb2.Preset(name=p.name, description=p.description, overrides=struct_from_dict(p.overrides))
+            for p in s.presets
+        ],
+        description=s.description,
+        runtime=struct_from_dict(s.runtime),
+        serving_workers=s.serving_workers,
+    )
+
+
+def model_from_proto(m: models_pb2.ModelSpec) -> t.ModelSpec:
+    d, lim = m.defaults, m.limits
+    return t.ModelSpec(
+        id=m.id,
+        aliases=list(m.aliases),
+        family=m.family,
+        tasks=[x for x in (task_from_proto(v) for v in m.tasks) if x is not None],
+        execution_mode=m.execution_mode,
+        source=m.source,
+        pipeline_class=m.pipeline_class,
+        defaults=t.ModelDefaults(
+            width=d.width,
+            height=d.height,
+            num_frames=d.num_frames,
+            fps=d.fps,
+            num_inference_steps=d.num_inference_steps,
+            guidance_scale=d.guidance_scale,
+            scheduler=d.scheduler,
+            strength=d.strength,
+        ),
+        limits=t.ModelLimits(
+            max_width=lim.max_width,
+            max_height=lim.max_height,
+            max_num_frames=lim.max_num_frames,
+            max_inference_steps=lim.max_inference_steps,
+            max_num_outputs=lim.max_num_outputs,
+            max_batch_size=lim.max_batch_size,
+        ),
+        supports_batching=m.supports_batching,
+        presets=[t.Preset(p.name, p.description, dict_from_struct(p.overrides)) for p in m.presets],
+        description=m.description,
+        runtime=dict_from_struct(m.runtime),
+        serving_workers=m.serving_workers,
+    )
+
+
+def worker_to_proto(w: t.WorkerInfo) -> cluster_pb2.WorkerInfo:
+    msg = cluster_pb2.WorkerInfo(
+        id=w.id,
+        state=_enum_to_proto(cluster_pb2.WorkerState, "WORKER_STATE_", w.state),
+        execution_mode=w.execution_mode,
+        backend=w.backend,
+        models=w.models,
+        loaded_models=w.loaded_models,
+        slots=w.slots,
+        busy_slots=w.busy_slots,
+        hostname=w.hostname,
+        pid=w.pid,
+        version=w.version,
+        labels=w.labels,
+        running_job_ids=w.running_job_ids,
+    )
+    ts_to_proto(w.connected_at, msg.connected_at)
+    ts_to_proto(w.last_heartbeat_at, msg.last_heartbeat_at)
+    return msg
+
+
+def worker_from_proto(m: cluster_pb2.WorkerInfo) -> t.WorkerInfo:
+    return t.WorkerInfo(
+        id=m.id,
+        state=_enum_from_proto(cluster_pb2.WorkerState, "WORKER_STATE_", t.WorkerState, m.state),
+        execution_mode=m.execution_mode,
+        backend=m.backend,
+        models=list(m.models),
+        loaded_models=list(m.loaded_models),
+        slots=m.slots,
+        busy_slots=m.busy_slots,
+        hostname=m.hostname,
+        pid=m.pid,
+        version=m.version,
+        connected_at=ts_from_proto(m, "connected_at"),
+        last_heartbeat_at=ts_from_proto(m, "last_heartbeat_at"),
+        labels=dict(m.labels),
+        running_job_ids=list(m.running_job_ids),
+    )

@@ -1,0 +1,174 @@
+"""Typed errors, one per gRPC status the API uses.
+
+The controller raises these in its domain code and one server interceptor turns them into
+a status code, a readable message and trailing metadata (`omnirt-error-field`,
+`omnirt-error-subject`, `retry-after-ms`); the SDK turns the status back into the same class.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+FIELD_KEY = "omnirt-error-field"
+SUBJECT_KEY = "omnirt-error-subject"
+RETRY_AFTER_KEY = "retry-after-ms"
+
+
+class OmniRTError(Exception):
+    """Base class: `code` is the gRPC status, `field` the request field at fault (if any)."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    subject: str = ""
+
+    def __init__(self, message: str, *, field: str = "", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.code.name})"
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Metadata the server sends with the status so clients can rebuild this error."""
+        items = []
+        if self.field:
+            items.append((FIELD_KEY, self.field))
+        if self.subject:
+            items.append((SUBJECT_KEY, self.subject))
+        if self.retry_after_s is not None:
+            items.append((RETRY_AFTER_KEY, str(int(self.retry_after_s * 1000))))
+        return tuple(items)
+
+
+class InvalidRequest(OmniRTError):
+    """The request is malformed; `field` names what to fix."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(OmniRTError):
+    """Something named in the request does not exist."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class ModelNotFound(NotFound):
+    """The model is not in the catalog (the message lists close matches)."""
+
+    subject = "model"
+
+
+class JobNotFound(NotFound):
+    """No job has this id (or it expired)."""
+
+    subject = "job"
+
+
+class WorkerNotFound(NotFound):
+    """No connected worker has this id."""
+
+    subject = "worker"
+
+
+class AlreadyExists(OmniRTError):
+    """An idempotency key was reused with a different request."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class QueueFull(OmniRTError):
+    """The controller's queue is at its bound; retry after `retry_after_s`."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(OmniRTError):
+    """The request's deadline passed before it finished."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(OmniRTError):
+    """The job was cancelled."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+class Unavailable(OmniRTError):
+    """The controller (or every worker that could serve) cannot be reached now."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class FailedPrecondition(OmniRTError):
+    """The request is valid but cannot run in the current state (e.g. a model fails to load)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ExecutionFailed(OmniRTError):
+    """The model raised while running the job."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class Unauthenticated(OmniRTError):
+    """Missing or wrong credentials."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+_BY_CODE: dict[grpc.StatusCode, type[OmniRTError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest,
+        NotFound,
+        AlreadyExists,
+        QueueFull,
+        DeadlineExceeded,
+        Cancelled,
+        Unavailable,
+        FailedPrecondition,
+        ExecutionFailed,
+        Unauthenticated,
+    )
+}
+_BY_SUBJECT: dict[str, type[OmniRTError]] = {c.subject: c for c in (ModelNotFound, JobNotFound, WorkerNotFound)}
+
+
+def error_for(
+    code: grpc.StatusCode | str,
+    message: str,
+    *,
+    field: str = "",
+    subject: str = "",
+    retry_after_s: float | None = None,
+) -> OmniRTError:
+    """Build the typed error for a status code (or its name, as in `JobError.code`)."""
+    if isinstance(code, str):
+        code = grpc.StatusCode[code] if code in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
+    cls = _BY_SUBJECT.get(subject) if code is grpc.StatusCode.NOT_FOUND else None
+    cls = cls or _BY_CODE.get(code, OmniRTError)
+    err = cls(message, field=field, retry_after_s=retry_after_s)
+    if cls is OmniRTError:
+        err.code = code
+    return err
+
+
+def from_rpc_error(exc: grpc.RpcError) -> OmniRTError:
+    """Map a failed call (sync or aio) to its typed error."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    message = (exc.details() if hasattr(exc, "details") else None) or str(code)
+    meta: dict[str, str] = {}
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        meta[key] = value if isinstance(value, str) else value.decode()
+    retry = meta.get(RETRY_AFTER_KEY)
+    return error_for(
+        code,
+        message,
+        field=meta.get(FIELD_KEY, ""),
+        subject=meta.get(SUBJECT_KEY, ""),
+        retry_after_s=int(retry) / 1000 if retry else None,
+    )

@@ -1,0 +1,157 @@
+from omnirt.v1 import models_pb2 as _models_pb2
+from omnirt.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Hello(_message.Message):
+    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_MODE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    execution_mode: str
+    backend: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    slots: int
+    loaded_models: _containers.RepeatedScalarFieldContainer[str]
+    hostname: str
+    pid: int
+    version: str
+    labels: _containers.ScalarMap[str, str]
+    token: str
+    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("busy_slots", "loaded_models", "memory_bytes")
+    BUSY_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    busy_slots: int
+    loaded_models: _containers.RepeatedScalarFieldContainer[str]
+    memory_bytes: int
+    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class AssignmentItem(_message.Message):
+    __slots__ = ("job_id", "request", "attempt", "queue_wait_ms")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    request: _types_pb2.GenerateRequest
+    attempt: int
+    queue_wait_ms: float
+    def __init__(self, job_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., attempt: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("assignment_id", "items", "model", "deadline_ms", "trace_context", "batch_group_id")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    items: _containers.RepeatedCompositeFieldContainer[AssignmentItem]
+    model: _models_pb2.ModelSpec
+    deadline_ms: int
+    trace_context: _containers.ScalarMap[str, str]
+    batch_group_id: str
+    def __init__(self, assignment_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[AssignmentItem, _Mapping]]] = ..., model: _Optional[_Union[_models_pb2.ModelSpec, _Mapping]] = ..., deadline_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., batch_group_id: _Optional[str] = ...) -> None: ...
+
+class AssignmentEvent(_message.Message):
+    __slots__ = ("assignment_id", "event")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    event: _types_pb2.JobEvent
+    def __init__(self, assignment_id: _Optional[str] = ..., event: _Optional[_Union[_types_pb2.JobEvent, _Mapping]] = ...) -> None: ...
+
+class AssignmentResult(_message.Message):
+    __slots__ = ("assignment_id", "job_id", "result", "error")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    job_id: str
+    result: _types_pb2.GenerateResult
+    error: _types_pb2.JobError
+    def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.GenerateResult, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.JobError, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("worker_id", "heartbeat_interval_ms", "lease_timeout_ms")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    heartbeat_interval_ms: int
+    lease_timeout_ms: int
+    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class CancelAssignment(_message.Message):
+    __slots__ = ("assignment_id", "job_id", "reason")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    job_id: str
+    reason: str
+    def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Drain(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class ConnectRequest(_message.Message):
+    __slots__ = ("hello", "heartbeat", "event", "result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: Heartbeat
+    event: AssignmentEvent
+    result: AssignmentResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., event: _Optional[_Union[AssignmentEvent, _Mapping]] = ..., result: _Optional[_Union[AssignmentResult, _Mapping]] = ...) -> None: ...
+
+class ConnectResponse(_message.Message):
+    __slots__ = ("welcome", "assignment", "cancel", "drain")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    assignment: Assignment
+    cancel: CancelAssignment
+    drain: Drain
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[CancelAssignment, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ...) -> None: ...
