@@ -42,14 +42,16 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("busy_slots", "loaded_models", "memory_bytes")
+    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining")
     BUSY_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LOADED_MODELS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     busy_slots: int
     loaded_models: _containers.RepeatedScalarFieldContainer[str]
     memory_bytes: int
-    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    draining: bool
+    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class AssignmentItem(_message.Message):
     __slots__ = ("job_id", "request", "attempt", "queue_wait_ms")
