@@ -226,7 +226,9 @@ def report_to_proto(r: t.RunReport) -> types_pb2.RunReport:
         omnirt_version=r.omnirt_version,
     )
     for timing in r.timings:
-        msg.timings.add(name=timing.name, duration_ms=timing.duration_ms, start_offset_ms=timing.start_offset_ms)
+        msg.timings.add(
+            name=timing.name, duration_ms=timing.duration_ms, start_offset_ms=timing.start_offset_ms
+        )
     if r.config_resolved:
         msg.config_resolved.CopyFrom(struct_from_dict(r.config_resolved))
     ts_to_proto(r.started_at, msg.started_at)

@@ -134,7 +134,9 @@ _BY_CODE: dict[grpc.StatusCode, type[OmniRTError]] = {
         Unauthenticated,
     )
 }
-_BY_SUBJECT: dict[str, type[OmniRTError]] = {c.subject: c for c in (ModelNotFound, JobNotFound, WorkerNotFound)}
+_BY_SUBJECT: dict[str, type[OmniRTError]] = {
+    c.subject: c for c in (ModelNotFound, JobNotFound, WorkerNotFound)
+}
 
 
 def error_for(
@@ -162,7 +164,8 @@ def from_rpc_error(exc: grpc.RpcError) -> OmniRTError:
     message = (exc.details() if hasattr(exc, "details") else None) or str(code)
     meta: dict[str, str] = {}
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    for key, value in trailing or ():
+    for item in trailing or ():
+        key, value = item[0], item[1]  # a _Metadatum or a plain pair
         meta[key] = value if isinstance(value, str) else value.decode()
     retry = meta.get(RETRY_AFTER_KEY)
     return error_for(

@@ -1,0 +1,31 @@
+"""Controller configuration: one frozen dataclass; flags and OMNIRT_* variables derive from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Settings of `omnirt-controller`."""
+
+    listen: str = field(default="127.0.0.1:50051", metadata={"help": "gRPC address to serve on, HOST:PORT"})
+    catalog: tuple[str, ...] = field(
+        default=(), metadata={"help": "extra catalog file (TOML or JSON) added to the built-in one"}
+    )
+    max_queue: int = field(
+        default=10000, metadata={"help": "queued jobs before Submit answers RESOURCE_EXHAUSTED"}
+    )
+    max_attempts: int = field(default=3, metadata={"help": "runs of a job before a lost worker fails it"})
+    heartbeat_interval_ms: int = field(default=1000, metadata={"help": "how often workers send heartbeats"})
+    lease_timeout_ms: int = field(
+        default=5000, metadata={"help": "a worker silent this long loses its lease and its jobs"}
+    )
+    inline_limit_bytes: int = field(
+        default=8 * 1024 * 1024, metadata={"help": "larger artifacts go by DownloadArtifact, not inline"}
+    )
+    max_message_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "gRPC message size limit"})
+    max_finished_jobs: int = field(default=10000, metadata={"help": "finished jobs kept in memory"})
+    job_ttl_s: float = field(default=3600.0, metadata={"help": "seconds a finished job stays readable"})
+    log_json: bool = field(default=False, metadata={"help": "log one JSON object per line"})
+    log_level: str = field(default="INFO", metadata={"help": "log level"})

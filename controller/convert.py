@@ -1,0 +1,58 @@
+"""Converters for the worker protocol (`omnirt.worker.v1`), controller side."""
+
+from __future__ import annotations
+
+from omnirt import _convert as c
+from omnirt.types import WorkerInfo, WorkerState
+from omnirt.worker.v1 import gateway_pb2 as pb
+
+from .workers import Assignment, CancelAssignment, Drain, Outbound
+
+
+def worker_from_hello(hello: pb.Hello) -> WorkerInfo:
+    return WorkerInfo(
+        id=hello.worker_id,
+        state=WorkerState.READY,
+        execution_mode=hello.execution_mode,
+        backend=hello.backend,
+        models=list(hello.models),
+        loaded_models=list(hello.loaded_models),
+        slots=hello.slots,
+        hostname=hello.hostname,
+        pid=hello.pid,
+        version=hello.version,
+        labels=dict(hello.labels),
+    )
+
+
+def assignment_to_proto(a: Assignment) -> pb.Assignment:
+    return pb.Assignment(
+        assignment_id=a.assignment_id,
+        items=[
+            pb.AssignmentItem(
+                job_id=i.job_id,
+                request=c.request_to_proto(i.request),
+                attempt=i.attempt,
+                queue_wait_ms=i.queue_wait_ms,
+            )
+            for i in a.items
+        ],
+        model=c.model_to_proto(a.model),
+        deadline_ms=a.deadline_ms,
+        trace_context=a.trace_context,
+        batch_group_id=a.batch_group_id,
+    )
+
+
+def outbound_to_proto(message: Outbound) -> pb.ConnectResponse:
+    if isinstance(message, Assignment):
+        return pb.ConnectResponse(assignment=assignment_to_proto(message))
+    if isinstance(message, CancelAssignment):
+        return pb.ConnectResponse(
+            cancel=pb.CancelAssignment(
+                assignment_id=message.assignment_id, job_id=message.job_id, reason=message.reason
+            )
+        )
+    if isinstance(message, Drain):
+        return pb.ConnectResponse(drain=pb.Drain(reason=message.reason))
+    raise TypeError(f"not a worker message: {message!r}")

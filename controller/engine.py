@@ -1,0 +1,409 @@
+"""The controller's engine: job life cycle, dispatch to workers, leases and deadlines.
+
+The servicers (public API and worker gateway) only translate and call this class; it works
+on `omnirt.types` dataclasses and reaches workers through `WorkerLink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from omnirt.errors import FailedPrecondition, InvalidRequest
+from omnirt.types import (
+    EventKind,
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobError,
+    JobEvent,
+    JobState,
+    ModelSpec,
+    Task,
+    WorkerInfo,
+    WorkerState,
+)
+
+from .catalog import Catalog
+from .config import ControllerConfig
+from .jobs import JobRecord, JobStore, utcnow
+from .queue import JobQueue
+from .validation import Plan, validate
+from .workers import (
+    Assignment,
+    AssignmentItem,
+    CancelAssignment,
+    Drain,
+    WorkerHandle,
+    WorkerLink,
+    WorkerRegistry,
+)
+
+log = logging.getLogger("omnirt.controller")
+TICK_S = 0.1
+
+
+def _fingerprint(request: GenerateRequest) -> bytes:
+    """What makes two submissions 'the same request' for an idempotency key (deadlines aside)."""
+    data = dataclasses.asdict(request)
+    for name in ("deadline_ms", "timeout_ms"):
+        data.pop(name)
+    return hashlib.sha256(repr(sorted(data.items())).encode()).digest()
+
+
+class Engine:
+    """Validates, queues, dispatches and tracks jobs; knows the connected workers."""
+
+    def __init__(self, config: ControllerConfig, catalog: Catalog) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.store = JobStore(max_finished=config.max_finished_jobs, ttl_s=config.job_ttl_s)
+        self.queue = JobQueue(config.max_queue)
+        self.workers = WorkerRegistry()
+        self._live: dict[str, JobRecord] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._dispatch_loop()), asyncio.create_task(self._reaper_loop())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for handle in self.workers.all():
+            handle.link.close()
+
+    # ---- public operations ----------------------------------------------------------------
+
+    def validate(self, request: GenerateRequest) -> Plan:
+        return validate(request, self.catalog)
+
+    def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[JobRecord, bool]:
+        """Queue a request; returns the job and whether an idempotency key matched an existing one."""
+        fingerprint = _fingerprint(request)
+        if request.idempotency_key:
+            existing = self.store.by_idempotency_key(request.idempotency_key)
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise InvalidRequest(
+                        f"idempotency_key: {request.idempotency_key!r} was used for a different request "
+                        f"(job {existing.job.id})",
+                        field="idempotency_key",
+                    )
+                return existing, True
+        plan = self.validate(request)
+        self.queue.check_room()
+        now_ms = int(time.time() * 1000)
+        deadlines = [plan.request.deadline_ms, call_deadline_ms]
+        if plan.request.timeout_ms:
+            deadlines.append(now_ms + plan.request.timeout_ms)
+        req = plan.request
+        job = Job(
+            id="job-" + uuid.uuid4().hex[:16],
+            state=JobState.QUEUED,
+            model=plan.spec.id,
+            task=req.task,
+            priority=req.priority,
+            created_at=utcnow(),
+            idempotency_key=req.idempotency_key,
+            labels=dict(req.labels),
+            deadline_ms=min((d for d in deadlines if d), default=0),
+        )
+        record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
+        self.store.add(record)
+        self._live[job.id] = record
+        self.queue.push(record)
+        record.append(JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED))
+        log.info("job queued", extra={"job_id": job.id, "model": job.model})
+        self._wake.set()
+        return record, False
+
+    async def wait(self, record: JobRecord) -> JobRecord:
+        """Wait until the job is final."""
+        seen = 0
+        while not record.job.state.terminal:
+            seen = len(await record.wait_after(seen)) + seen
+        return record
+
+    def get(self, job_id: str) -> Job:
+        """The job as clients see it (with queue position and waiting reason when queued)."""
+        record = self.store.get(job_id)
+        job = record.job
+        if job.state is JobState.QUEUED:
+            job.queue_position = self.queue.position(job_id)
+            job.waiting_reason = self._waiting_reason(record.plan.spec)
+        return job
+
+    def list_jobs(self, states: list[JobState], model: str, limit: int, offset: int) -> tuple[list[Job], int]:
+        """Newest first; returns the page and the next offset (0 when there is no more)."""
+        records = self.store.list(states, model)
+        page = records[offset : offset + limit]
+        more = offset + limit < len(records)
+        return [r.job for r in page], (offset + limit if more else 0)
+
+    async def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]:
+        """The job's events after `after_sequence`, live, until its final state event."""
+        record = self.store.get(job_id)
+        seq = after_sequence
+        while True:
+            events = await record.wait_after(seq)
+            for event in events:
+                yield event
+            seq += len(events)
+            if record.job.state.terminal and seq >= len(record.events):
+                return
+
+    def cancel(self, job_id: str) -> tuple[Job, bool]:
+        """Cancel a queued or running job; a finished job is left as it is (returns False)."""
+        record = self.store.get(job_id)
+        job = record.job
+        if job.state.terminal:
+            return job, False
+        if job.state is JobState.RUNNING:
+            with contextlib.suppress(Exception):
+                handle = self.workers.get(job.worker_id)
+                handle.link.send(CancelAssignment(record.assignment_id, job_id, "CANCELLED"))
+        self.queue.remove(job_id)
+        self._finish(record, JobState.CANCELLED, JobError("CANCELLED", "cancelled by the client"))
+        return job, True
+
+    def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]:
+        """The full bytes of one artifact of a succeeded job."""
+        record = self.store.get(job_id)
+        if record.result is None:
+            raise FailedPrecondition(f"job {job_id} has no result (state {record.job.state.value})")
+        if not 0 <= index < len(record.result.artifacts):
+            raise InvalidRequest(
+                f"index: job {job_id} has {len(record.result.artifacts)} artifacts (got {index})",
+                field="index",
+            )
+        return record.result.artifacts[index].data, record.result
+
+    def list_models(self, task: Task | None = None) -> list[ModelSpec]:
+        return [self._with_serving(s) for s in self.catalog if task is None or task in s.tasks]
+
+    def describe_model(self, name: str) -> ModelSpec:
+        return self._with_serving(self.catalog.resolve(name))
+
+    def list_workers(self) -> list[WorkerInfo]:
+        return [w.snapshot() for w in self.workers.all()]
+
+    def drain_worker(self, worker_id: str) -> WorkerInfo:
+        handle = self.workers.get(worker_id)
+        handle.info.state = WorkerState.DRAINING
+        handle.link.send(Drain("drained by an operator"))
+        return handle.snapshot()
+
+    # ---- worker side ----------------------------------------------------------------------
+
+    def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
+        info.connected_at = info.last_heartbeat_at = utcnow()
+        handle = WorkerHandle(info=info, link=link)
+        old = self.workers.add(handle)
+        if old is not None:
+            # The same worker reconnected before its old stream was noticed as gone.
+            old.link.close()
+            self._lose_jobs(old, f"worker {old.id} reconnected")
+        log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
+        self._wake.set()
+        return handle
+
+    def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
+        handle.last_seen = time.monotonic()
+        handle.info.last_heartbeat_at = utcnow()
+        handle.info.loaded_models = loaded_models
+        if draining:
+            handle.info.state = WorkerState.DRAINING
+
+    def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
+        handle.last_seen = time.monotonic()
+        record = self._current(event.job_id, assignment_id)
+        if record is None or event.kind is EventKind.STATE or event.kind is EventKind.RESULT:
+            return  # the controller owns state changes; results come as AssignmentResult
+        if event.kind is EventKind.PROGRESS:
+            record.job.progress = event.progress
+        record.append(event)
+
+    def worker_result(
+        self,
+        handle: WorkerHandle,
+        assignment_id: str,
+        job_id: str,
+        result: GenerateResult | None,
+        error: JobError | None,
+    ) -> None:
+        handle.last_seen = time.monotonic()
+        if handle.running.get(job_id) == assignment_id:
+            del handle.running[job_id]
+            self._wake.set()
+        record = self._current(job_id, assignment_id)
+        if record is None:
+            log.info("late result ignored", extra={"job_id": job_id, "worker_id": handle.id})
+            return
+        if error is not None:
+            state = JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
+            self._finish(record, state, error)
+            return
+        assert result is not None
+        result.job_id = job_id
+        record.result = result
+        record.job.result = self._client_view(record, result)
+        self._finish(record, JobState.SUCCEEDED)
+
+    def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
+        if self.workers.remove(handle):
+            log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
+            self._lose_jobs(handle, reason)
+            self._wake.set()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _current(self, job_id: str, assignment_id: str) -> JobRecord | None:
+        """The job if it still runs under this assignment (late or foreign results are ignored)."""
+        record = self._live.get(job_id)
+        if (
+            record is None
+            or record.assignment_id != assignment_id
+            or record.job.state is not JobState.RUNNING
+        ):
+            return None
+        return record
+
+    def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
+        """Requeue (or fail, when attempts are spent) the jobs a lost worker was running."""
+        for job_id, assignment_id in list(handle.running.items()):
+            record = self._current(job_id, assignment_id)
+            if record is None:
+                continue
+            job = record.job
+            message = f"worker {handle.id} was lost while running the job ({reason})"
+            if job.attempts >= self.config.max_attempts:
+                self._finish(
+                    record,
+                    JobState.FAILED,
+                    JobError("UNAVAILABLE", f"{message}; gave up after {job.attempts} attempts"),
+                )
+                continue
+            job.state, job.worker_id, record.assignment_id = JobState.QUEUED, "", ""
+            record.enqueued_at = time.monotonic()
+            self.queue.push(record)
+            record.append(
+                JobEvent(
+                    job_id=job_id,
+                    kind=EventKind.STATE,
+                    state=JobState.QUEUED,
+                    error=JobError("UNAVAILABLE", message),
+                )
+            )
+        handle.running.clear()
+
+    def _finish(self, record: JobRecord, state: JobState, error: JobError | None = None) -> None:
+        self._live.pop(record.job.id, None)
+        self.store.finish(record, state, error=error)
+        log.info(
+            "job finished",
+            extra={"job_id": record.job.id, "state": state.value, "error": error.message if error else ""},
+        )
+
+    def _client_view(self, record: JobRecord, result: GenerateResult) -> GenerateResult:
+        """The result with oversized artifacts replaced by a download reference."""
+        limit = record.plan.request.inline_limit_bytes or self.config.inline_limit_bytes
+        artifacts = []
+        for a in result.artifacts:
+            a.size_bytes = a.size_bytes or len(a.data)
+            if a.size_bytes > limit:
+                a = dataclasses.replace(a, data=b"", uri=f"omnirt://jobs/{record.job.id}/artifacts/{a.index}")
+            artifacts.append(a)
+        return dataclasses.replace(result, artifacts=artifacts)
+
+    def _waiting_reason(self, spec: ModelSpec) -> str:
+        serving = self.workers.serving_count(spec)
+        if serving == 0:
+            return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
+        return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+
+    def _with_serving(self, spec: ModelSpec) -> ModelSpec:
+        return dataclasses.replace(spec, serving_workers=self.workers.serving_count(spec))
+
+    def _place(self, record: JobRecord) -> bool:
+        handle = self.workers.pick(record.plan.spec)
+        if handle is None:
+            return False
+        job = record.job
+        job.state = JobState.RUNNING
+        job.started_at = utcnow()
+        job.attempts += 1
+        job.worker_id = handle.id
+        job.waiting_reason = ""
+        record.assignment_id = "asg-" + uuid.uuid4().hex[:16]
+        handle.running[job.id] = record.assignment_id
+        wait_ms = (time.monotonic() - record.enqueued_at) * 1000
+        item = AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms)
+        handle.link.send(
+            Assignment(record.assignment_id, [item], record.plan.spec, deadline_ms=job.deadline_ms)
+        )
+        record.append(
+            JobEvent(
+                job_id=job.id,
+                kind=EventKind.STATE,
+                state=JobState.RUNNING,
+                worker_id=handle.id,
+                attempt=job.attempts,
+            )
+        )
+        return True
+
+    def dispatch(self) -> int:
+        """Give queued jobs to workers with free slots; returns how many were placed."""
+        budget = sum(w.free_slots for w in self.workers.all())
+        return self.queue.take(self._place, budget) if budget and len(self.queue) else 0
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self.dispatch()
+            except Exception:  # a bug here must not stop dispatching for everyone
+                log.exception("dispatch failed")
+
+    def reap(self) -> None:
+        """Expire leases of silent workers, fail jobs past their deadline, evict old jobs."""
+        now = time.monotonic()
+        lease_s = self.config.lease_timeout_ms / 1000
+        for handle in self.workers.all():
+            if now - handle.last_seen > lease_s:
+                handle.link.close()
+                self.worker_lost(handle, f"no heartbeat for {lease_s:.1f} s")
+        now_ms = int(time.time() * 1000)
+        for record in list(self._live.values()):
+            job = record.job
+            if not job.deadline_ms or job.deadline_ms > now_ms:
+                continue
+            if job.state is JobState.RUNNING:
+                with contextlib.suppress(Exception):
+                    handle = self.workers.get(job.worker_id)
+                    handle.link.send(CancelAssignment(record.assignment_id, job.id, "DEADLINE_EXCEEDED"))
+            self.queue.remove(job.id)
+            where = "while running" if job.state is JobState.RUNNING else "while queued"
+            self._finish(record, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}"))
+        self.store.evict()
+
+    async def _reaper_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.reap()
+            except Exception:
+                log.exception("reaper failed")

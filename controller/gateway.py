@@ -1,0 +1,107 @@
+"""WorkerGatewayService: the bidirectional stream each worker keeps with the controller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from omnirt import _convert as c
+from omnirt.types import JobError
+from omnirt.worker.v1 import gateway_pb2 as pb
+from omnirt.worker.v1 import gateway_pb2_grpc
+
+from .convert import outbound_to_proto, worker_from_hello
+from .engine import Engine
+from .workers import Outbound, WorkerHandle
+
+log = logging.getLogger("omnirt.controller.gateway")
+_CLOSE = object()
+
+
+class StreamLink:
+    """WorkerLink over the Connect stream: messages wait in a queue the response stream drains."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+
+    def send(self, message: Outbound) -> None:
+        self.queue.put_nowait(message)
+
+    def close(self) -> None:
+        self.queue.put_nowait(_CLOSE)
+
+
+class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
+    """Translates the worker stream into Engine calls."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ConnectResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("message") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+            return
+        hello = first.hello
+        if not hello.worker_id or hello.slots == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a worker_id and slots > 0")
+            return
+        link = StreamLink()
+        handle = self.engine.worker_connected(worker_from_hello(hello), link)
+        reader = asyncio.create_task(self._read(request_iterator, handle, link))
+        config = self.engine.config
+        try:
+            yield pb.ConnectResponse(
+                welcome=pb.Welcome(
+                    worker_id=handle.id,
+                    heartbeat_interval_ms=config.heartbeat_interval_ms,
+                    lease_timeout_ms=config.lease_timeout_ms,
+                )
+            )
+            while True:
+                message = await link.queue.get()
+                if message is _CLOSE:
+                    break
+                yield outbound_to_proto(message)  # type: ignore[arg-type]
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self.engine.worker_lost(handle, "stream closed")
+
+    async def _read(
+        self, request_iterator: AsyncIterator[pb.ConnectRequest], handle: WorkerHandle, link: StreamLink
+    ) -> None:
+        try:
+            async for message in request_iterator:
+                self._handle(handle, message)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("bad message from worker", extra={"worker_id": handle.id})
+        finally:
+            link.close()
+
+    def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "heartbeat":
+            hb = message.heartbeat
+            self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining)
+        elif kind == "event":
+            self.engine.worker_event(
+                handle, message.event.assignment_id, c.event_from_proto(message.event.event)
+            )
+        elif kind == "result":
+            r = message.result
+            outcome = r.WhichOneof("outcome")
+            result = c.result_from_proto(r.result) if outcome == "result" else None
+            error = c.error_from_proto(r.error) if outcome == "error" else None
+            if result is None and error is None:
+                error = JobError("INTERNAL", "worker sent a result without an outcome")
+            self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error)

@@ -1,0 +1,54 @@
+"""`omnirt-controller`: validates, queues and routes generation requests to workers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from omnirt._config import add_arguments, from_args
+from omnirt._logging import setup_logging
+
+from .catalog import CatalogError
+from .config import ControllerConfig
+
+log = logging.getLogger("omnirt.controller")
+
+
+async def serve(config: ControllerConfig) -> None:
+    """Run until SIGTERM or SIGINT."""
+    from .server import ControllerServer
+
+    server = ControllerServer(config)
+    await server.start()
+    # A line tools and tests can wait for (the port matters when listening on :0).
+    print(f"omnirt-controller listening on {server.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="omnirt-controller", description=__doc__)
+    add_arguments(parser, ControllerConfig)
+    config = from_args(ControllerConfig, parser.parse_args(argv))
+    setup_logging(config.log_level, config.log_json)
+    try:
+        asyncio.run(serve(config))
+    except CatalogError as exc:
+        print(f"omnirt-controller: bad catalog: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"omnirt-controller: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

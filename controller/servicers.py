@@ -1,0 +1,139 @@
+"""Public services: each method translates proto -> engine call -> proto, nothing more."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from omnirt import _convert as c
+from omnirt.errors import InvalidRequest, error_for
+from omnirt.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
+    types_pb2,
+)
+
+from .engine import Engine
+
+CHUNK_BYTES = 1024 * 1024
+DEFAULT_PAGE = 100
+
+
+def _call_deadline_ms(context: grpc.aio.ServicerContext) -> int:
+    remaining = context.time_remaining()
+    return int((time.time() + remaining) * 1000) if remaining is not None else 0
+
+
+def _request(msg: types_pb2.GenerateRequest):  # type: ignore[no-untyped-def]
+    if msg.task and c.task_from_proto(msg.task) is None:
+        raise InvalidRequest(f"task: unknown task number {msg.task}", field="task")
+    return c.request_from_proto(msg)
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Generate(self, request, context):  # type: ignore[no-untyped-def]
+        record, _ = self.engine.submit(_request(request), call_deadline_ms=_call_deadline_ms(context))
+        try:
+            await self.engine.wait(record)
+        except asyncio.CancelledError:
+            # The client went away (or its deadline passed): nobody wants this job any more.
+            self.engine.cancel(record.job.id)
+            raise
+        job = record.job
+        if job.result is None or job.error is not None:
+            err = job.error
+            raise (
+                error_for(err.code, err.message, field=err.field)
+                if err
+                else error_for("UNKNOWN", "no result")
+            )
+        return generation_pb2.GenerateResponse(result=c.result_to_proto(job.result), job=c.job_to_proto(job))
+
+    async def Submit(self, request, context):  # type: ignore[no-untyped-def]
+        record, dedup = self.engine.submit(_request(request.request))
+        return generation_pb2.SubmitResponse(
+            job=c.job_to_proto(self.engine.get(record.job.id)), deduplicated=dedup
+        )
+
+    async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
+        return generation_pb2.GetJobResponse(job=c.job_to_proto(self.engine.get(request.job_id)))
+
+    async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]
+        states = [s for s in (c.state_from_proto(v) for v in request.states) if s is not None]
+        try:
+            offset = int(request.page_token or 0)
+        except ValueError:
+            raise InvalidRequest("page_token: not a token from ListJobs", field="page_token") from None
+        jobs, next_offset = self.engine.list_jobs(
+            states, request.model, request.page_size or DEFAULT_PAGE, offset
+        )
+        return generation_pb2.ListJobsResponse(
+            jobs=[c.job_to_proto(j) for j in jobs], next_page_token=str(next_offset) if next_offset else ""
+        )
+
+    async def WatchJob(self, request, context) -> AsyncIterator[generation_pb2.WatchJobResponse]:  # type: ignore[no-untyped-def]
+        async for event in self.engine.watch(request.job_id, request.after_sequence):
+            yield generation_pb2.WatchJobResponse(event=c.event_to_proto(event))
+
+    async def CancelJob(self, request, context):  # type: ignore[no-untyped-def]
+        job, cancelled = self.engine.cancel(request.job_id)
+        return generation_pb2.CancelJobResponse(job=c.job_to_proto(job), cancelled=cancelled)
+
+    async def Validate(self, request, context):  # type: ignore[no-untyped-def]
+        plan = self.engine.validate(_request(request.request))
+        return generation_pb2.ValidateResponse(
+            model=plan.spec.id,
+            task=c.task_to_proto(plan.request.task),
+            execution_mode=plan.spec.execution_mode,
+            config_resolved=c.struct_from_dict(plan.config),
+            warnings=plan.warnings,
+        )
+
+    async def DownloadArtifact(self, request, context):  # type: ignore[no-untyped-def]
+        data, result = self.engine.artifact(request.job_id, request.index)
+        meta = c.artifact_to_proto(result.artifacts[request.index])
+        meta.ClearField("data")
+        for start in range(0, max(len(data), 1), CHUNK_BYTES):
+            first = start == 0
+            yield generation_pb2.DownloadArtifactResponse(
+                chunk=data[start : start + CHUNK_BYTES], artifact=meta if first else None
+            )
+
+
+class ModelServicer(models_pb2_grpc.ModelServiceServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def ListModels(self, request, context):  # type: ignore[no-untyped-def]
+        specs = self.engine.list_models(c.task_from_proto(request.task))
+        return models_pb2.ListModelsResponse(models=[c.model_to_proto(s) for s in specs])
+
+    async def DescribeModel(self, request, context):  # type: ignore[no-untyped-def]
+        return models_pb2.DescribeModelResponse(
+            model=c.model_to_proto(self.engine.describe_model(request.model))
+        )
+
+
+class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def ListWorkers(self, request, context):  # type: ignore[no-untyped-def]
+        return cluster_pb2.ListWorkersResponse(
+            workers=[c.worker_to_proto(w) for w in self.engine.list_workers()]
+        )
+
+    async def DrainWorker(self, request, context):  # type: ignore[no-untyped-def]
+        return cluster_pb2.DrainWorkerResponse(
+            worker=c.worker_to_proto(self.engine.drain_worker(request.worker_id))
+        )

@@ -1,0 +1,174 @@
+"""Validation: a request becomes a resolved plan, or a precise error naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnirt.errors import InvalidRequest
+from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Task
+
+from .catalog import Catalog
+
+MAX_PRIORITY = 100
+MAX_SEED = 2**63 - 1 - 1024  # room for seed + output index
+TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
+REQUIRED_INPUTS: dict[Task, tuple[MediaRole, ...]] = {
+    Task.IMAGE2IMAGE: (MediaRole.IMAGE,),
+    Task.INPAINT: (MediaRole.IMAGE, MediaRole.MASK),
+    Task.IMAGE2VIDEO: (MediaRole.IMAGE,),
+    Task.AUDIO2VIDEO: (MediaRole.IMAGE, MediaRole.AUDIO),
+}
+OUTPUT_KIND = {
+    Task.TEXT2IMAGE: MediaKind.IMAGE,
+    Task.IMAGE2IMAGE: MediaKind.IMAGE,
+    Task.INPAINT: MediaKind.IMAGE,
+    Task.TEXT2VIDEO: MediaKind.VIDEO,
+    Task.IMAGE2VIDEO: MediaKind.VIDEO,
+    Task.AUDIO2VIDEO: MediaKind.VIDEO,
+    Task.TEXT2AUDIO: MediaKind.AUDIO,
+}
+FORMATS = {
+    MediaKind.IMAGE: ("png", "webp", "jpeg"),
+    MediaKind.VIDEO: ("mp4", "gif"),
+    MediaKind.AUDIO: ("wav",),
+}
+# Request fields a preset (or the model's defaults) may fill in.
+PRESET_FIELDS = (
+    "width",
+    "height",
+    "num_frames",
+    "fps",
+    "num_inference_steps",
+    "guidance_scale",
+    "scheduler",
+    "num_outputs",
+    "strength",
+)
+
+
+@dataclass
+class Plan:
+    """A validated request: the model's spec and the request with every default applied."""
+
+    spec: ModelSpec
+    request: GenerateRequest
+    config: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _bad(name: str, reason: str) -> InvalidRequest:
+    return InvalidRequest(f"{name}: {reason}", field=name)
+
+
+def _positive(req: GenerateRequest, name: str, limit: int, multiple: int = 1) -> None:
+    value = getattr(req, name)
+    if value is None:
+        return
+    if value <= 0:
+        raise _bad(name, f"must be positive (got {value})")
+    if value % multiple:
+        raise _bad(name, f"must be a multiple of {multiple} (got {value})")
+    if limit and value > limit:
+        raise _bad(name, f"at most {limit} for this model (got {value})")
+
+
+def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
+    """Preset first, then the model's defaults, for every field the request left unset."""
+    overrides: dict[str, Any] = {}
+    if req.preset:
+        preset = next((p for p in spec.presets if p.name == req.preset), None)
+        if preset is None:
+            names = ", ".join(p.name for p in spec.presets) or "none"
+            raise _bad("preset", f"unknown preset {req.preset!r} for {spec.id} (known: {names})")
+        overrides = preset.overrides
+    for name in PRESET_FIELDS:
+        if getattr(req, name) not in (None, ""):
+            continue
+        value = overrides.get(name) or getattr(spec.defaults, name, None) or None
+        setattr(req, name, value)
+    if req.num_outputs is None:
+        req.num_outputs = 1
+
+
+def _check_inputs(req: GenerateRequest) -> None:
+    roles = []
+    for i, item in enumerate(req.inputs):
+        if item.role is None:
+            raise _bad(f"inputs[{i}].role", "required")
+        if not item.data and not item.uri:
+            raise _bad(f"inputs[{i}]", "needs data or uri")
+        roles.append(item.role)
+    for role in REQUIRED_INPUTS.get(req.task, ()):
+        if role not in roles:
+            raise _bad("inputs", f"{req.task.value} needs an input with role {role.value}")
+
+
+def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None = None) -> Plan:
+    """Check `request` against the catalog and fill in every default; raise on the first fault."""
+    req = dataclasses.replace(request)
+    spec = catalog.resolve(req.model)
+    req.model = spec.id
+    if req.task is None:
+        req.task = spec.tasks[0]
+    if req.task not in spec.tasks:
+        tasks = ", ".join(t.value for t in spec.tasks)
+        raise _bad("task", f"{spec.id} does not do {req.task.value} (it does: {tasks})")
+    if req.task in TEXT_TASKS and not req.prompt.strip():
+        raise _bad("prompt", f"required for {req.task.value}")
+    if not 0 <= req.priority <= MAX_PRIORITY:
+        raise _bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if req.deadline_ms < 0 or (req.deadline_ms and req.deadline_ms <= now_ms):
+        raise _bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
+    if req.timeout_ms < 0:
+        raise _bad("timeout_ms", f"must not be negative (got {req.timeout_ms})")
+    _check_inputs(req)
+    _apply_defaults(req, spec)
+    lim = spec.limits
+    _positive(req, "width", lim.max_width, 8)
+    _positive(req, "height", lim.max_height, 8)
+    _positive(req, "num_inference_steps", lim.max_inference_steps)
+    _positive(req, "num_outputs", lim.max_num_outputs)
+    _positive(req, "num_frames", lim.max_num_frames)
+    if req.guidance_scale is not None and req.guidance_scale < 0:
+        raise _bad("guidance_scale", f"must not be negative (got {req.guidance_scale})")
+    if req.strength is not None and not 0 < req.strength <= 1:
+        raise _bad("strength", f"must be in (0, 1] (got {req.strength})")
+    if req.fps is not None and req.fps <= 0:
+        raise _bad("fps", f"must be positive (got {req.fps})")
+    if req.seed is None:
+        req.seed = random.randint(0, 2**31 - 1)
+    elif not 0 <= req.seed <= MAX_SEED:
+        raise _bad("seed", f"must be between 0 and {MAX_SEED} (got {req.seed})")
+    kind = OUTPUT_KIND[req.task]
+    req.output_format = (req.output_format or FORMATS[kind][0]).lower()
+    if req.output_format not in FORMATS[kind]:
+        raise _bad("output.format", f"{req.output_format!r} is not one of {', '.join(FORMATS[kind])}")
+    return Plan(spec=spec, request=req, config=resolved_config(req, spec))
+
+
+def resolved_config(req: GenerateRequest, spec: ModelSpec) -> dict[str, Any]:
+    """The settings a worker will run with, as shown by Validate and the RunReport."""
+    keys = ("width", "height", "num_frames", "fps", "num_inference_steps", "guidance_scale", "strength")
+    config: dict[str, Any] = {k: getattr(req, k) for k in keys if getattr(req, k) is not None}
+    config.update(
+        model=spec.id,
+        task=req.task.value,
+        execution_mode=spec.execution_mode,
+        source=spec.source,
+        pipeline_class=spec.pipeline_class,
+        seed=req.seed,
+        num_outputs=req.num_outputs,
+        output_format=req.output_format,
+    )
+    if req.scheduler:
+        config["scheduler"] = req.scheduler
+    if req.preset:
+        config["preset"] = req.preset
+    if req.extra:
+        config["extra"] = req.extra
+    return config

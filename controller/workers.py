@@ -1,0 +1,138 @@
+"""Connected workers: their capabilities, slots, leases, and the link that reaches them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from omnirt.errors import WorkerNotFound
+from omnirt.types import GenerateRequest, ModelSpec, WorkerInfo, WorkerState
+
+
+@dataclass
+class AssignmentItem:
+    """One job of an assignment."""
+
+    job_id: str
+    request: GenerateRequest
+    attempt: int
+    queue_wait_ms: float
+
+
+@dataclass
+class Assignment:
+    """One pipeline call given to a worker: one job, or a batch of compatible jobs."""
+
+    assignment_id: str
+    items: list[AssignmentItem]
+    model: ModelSpec
+    deadline_ms: int = 0
+    trace_context: dict[str, str] = field(default_factory=dict)
+    batch_group_id: str = ""
+
+
+@dataclass
+class CancelAssignment:
+    """Stop a job at its next step."""
+
+    assignment_id: str
+    job_id: str
+    reason: str = "CANCELLED"
+
+
+@dataclass
+class Drain:
+    """Finish what runs, take nothing new, exit."""
+
+    reason: str = ""
+
+
+Outbound = Assignment | CancelAssignment | Drain
+
+
+class WorkerLink(Protocol):
+    """How the controller reaches one worker: the gRPC stream, or an in-process queue in unit tests."""
+
+    def send(self, message: Outbound) -> None:
+        """Queue a message for the worker (never blocks)."""
+
+    def close(self) -> None:
+        """End the connection."""
+
+
+@dataclass
+class WorkerHandle:
+    """A connected worker as the router sees it."""
+
+    info: WorkerInfo
+    link: WorkerLink
+    # job id -> assignment id, for jobs the worker runs now
+    running: dict[str, str] = field(default_factory=dict)
+    last_seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def free_slots(self) -> int:
+        if self.info.state is not WorkerState.READY:
+            return 0
+        return max(0, self.info.slots - len(self.running))
+
+    def serves(self, spec: ModelSpec) -> bool:
+        """True when this worker's mode matches and it lists the model (or lists none)."""
+        mode_ok = self.info.execution_mode == spec.execution_mode
+        return mode_ok and (not self.info.models or spec.id in self.info.models)
+
+    def snapshot(self) -> WorkerInfo:
+        self.info.busy_slots = len(self.running)
+        self.info.running_job_ids = sorted(self.running)
+        return self.info
+
+
+class WorkerRegistry:
+    """Workers by id."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, WorkerHandle] = {}
+
+    def add(self, handle: WorkerHandle) -> WorkerHandle | None:
+        """Register a worker; returns the handle it replaces (same id reconnecting), if any."""
+        old = self._workers.get(handle.id)
+        self._workers[handle.id] = handle
+        return old
+
+    def remove(self, handle: WorkerHandle) -> bool:
+        """Forget this handle (not a newer one with the same id); True when it was registered."""
+        if self._workers.get(handle.id) is handle:
+            del self._workers[handle.id]
+            return True
+        return False
+
+    def get(self, worker_id: str) -> WorkerHandle:
+        handle = self._workers.get(worker_id)
+        if handle is None:
+            raise WorkerNotFound(f"worker {worker_id!r} is not connected", field="worker_id")
+        return handle
+
+    def all(self) -> list[WorkerHandle]:
+        return sorted(self._workers.values(), key=lambda w: w.id)
+
+    def candidates(self, spec: ModelSpec) -> list[WorkerHandle]:
+        """Workers that serve the model, whether or not they have a free slot."""
+        return [w for w in self._workers.values() if w.serves(spec) and w.info.state is WorkerState.READY]
+
+    def pick(self, spec: ModelSpec) -> WorkerHandle | None:
+        """A worker with a free slot: prefer one holding the model warm, then the least loaded."""
+        free = [w for w in self.candidates(spec) if w.free_slots > 0]
+        if not free:
+            return None
+        return min(
+            free,
+            key=lambda w: (spec.id not in w.info.loaded_models, len(w.running) / max(1, w.info.slots), w.id),
+        )
+
+    def serving_count(self, spec: ModelSpec) -> int:
+        return len(self.candidates(spec))
