@@ -7,6 +7,8 @@ a status code, a readable message and trailing metadata (`omnirt-error-field`,
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import grpc
 
 FIELD_KEY = "omnirt-error-field"
@@ -165,7 +167,7 @@ def from_rpc_error(exc: grpc.RpcError) -> OmniRTError:
     meta: dict[str, str] = {}
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for item in trailing or ():
-        key, value = item[0], item[1]  # a _Metadatum or a plain pair
+        key, value = cast(Any, item)  # a _Metadatum (a named pair) or a plain pair
         meta[key] = value if isinstance(value, str) else value.decode()
     retry = meta.get(RETRY_AFTER_KEY)
     return error_for(
