@@ -1,0 +1,177 @@
+"""The engine with an in-process worker link: queueing, placement, results, loss, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from omnirt.controller.catalog import Catalog
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.engine import Engine
+from omnirt.controller.workers import Assignment, CancelAssignment, Outbound
+from omnirt.errors import InvalidRequest, QueueFull
+from omnirt.types import GenerateRequest, GenerateResult, JobError, JobState, WorkerInfo
+
+
+class InProcessLink:
+    """WorkerLink that records what the controller sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[Outbound] = []
+        self.closed = False
+
+    def send(self, message: Outbound) -> None:
+        self.sent.append(message)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def assignments(self) -> list[Assignment]:
+        return [m for m in self.sent if isinstance(m, Assignment)]
+
+
+def make_engine(**kw: object) -> Engine:
+    return Engine(ControllerConfig(**kw), Catalog.load())  # type: ignore[arg-type]
+
+
+def connect(engine: Engine, worker_id: str, slots: int = 1, loaded: tuple[str, ...] = ()) -> InProcessLink:
+    link = InProcessLink()
+    info = WorkerInfo(id=worker_id, execution_mode="legacy_call", slots=slots, loaded_models=list(loaded))
+    engine.worker_connected(info, link)
+    return link
+
+
+def request(**kw: object) -> GenerateRequest:
+    fields: dict[str, object] = {"model": "tiny-sd", "prompt": "p", **kw}
+    return GenerateRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_priority_then_fifo() -> None:
+    engine = make_engine()
+    low1, _ = engine.submit(request(priority=0))
+    high, _ = engine.submit(request(priority=50))
+    low2, _ = engine.submit(request(priority=0))
+    link = connect(engine, "w1", slots=3)
+    assert engine.dispatch() == 3
+    assert [a.items[0].job_id for a in link.assignments()] == [high.job.id, low1.job.id, low2.job.id]
+
+
+def test_never_more_jobs_than_slots_and_result_frees_a_slot() -> None:
+    engine = make_engine()
+    jobs = [engine.submit(request())[0] for _ in range(3)]
+    link = connect(engine, "w1", slots=2)
+    engine.dispatch()
+    assert len(link.assignments()) == 2
+    assert engine.get(jobs[2].job.id).state is JobState.QUEUED
+    first = link.assignments()[0]
+    engine.worker_result(
+        engine.workers.get("w1"), first.assignment_id, first.items[0].job_id, GenerateResult(""), None
+    )
+    assert jobs[0].job.state is JobState.SUCCEEDED
+    engine.dispatch()
+    assert len(link.assignments()) == 3
+
+
+def test_prefers_the_warm_worker() -> None:
+    engine = make_engine()
+    cold = connect(engine, "a-cold", slots=1)
+    warm = connect(engine, "b-warm", slots=1, loaded=("tiny-sd",))
+    engine.submit(request())
+    engine.dispatch()
+    assert len(warm.assignments()) == 1 and not cold.assignments()
+
+
+def test_queue_bound_keeps_what_is_queued() -> None:
+    engine = make_engine(max_queue=2)
+    a, _ = engine.submit(request())
+    engine.submit(request())
+    with pytest.raises(QueueFull) as info:
+        engine.submit(request())
+    assert info.value.retry_after_s
+    assert len(engine.queue) == 2 and engine.get(a.job.id).state is JobState.QUEUED
+
+
+def test_waiting_reason_names_the_missing_model() -> None:
+    engine = make_engine()
+    record, _ = engine.submit(request())
+    assert "no connected worker serves model tiny-sd" in engine.get(record.job.id).waiting_reason
+
+
+def test_lost_worker_requeues_then_gives_up() -> None:
+    engine = make_engine(max_attempts=2)
+    record, _ = engine.submit(request())
+    for attempt in (1, 2):
+        link = connect(engine, f"w{attempt}")
+        engine.dispatch()
+        assert record.job.state is JobState.RUNNING and record.job.attempts == attempt
+        engine.worker_lost(engine.workers.get(f"w{attempt}"), "test")
+        del link
+    assert record.job.state is JobState.FAILED
+    assert record.job.error is not None and record.job.error.code == "UNAVAILABLE"
+
+
+def test_late_result_from_a_lost_worker_is_ignored() -> None:
+    engine = make_engine()
+    record, _ = engine.submit(request())
+    old = connect(engine, "old")
+    engine.dispatch()
+    stale = old.assignments()[0]
+    handle = engine.workers.get("old")
+    engine.worker_lost(handle, "test")
+    new = connect(engine, "new")
+    engine.dispatch()
+    engine.worker_result(handle, stale.assignment_id, record.job.id, GenerateResult(""), None)
+    assert record.job.state is JobState.RUNNING  # still waiting for the new worker
+    current = new.assignments()[0]
+    engine.worker_result(
+        engine.workers.get("new"), current.assignment_id, record.job.id, GenerateResult(""), None
+    )
+    assert record.job.state is JobState.SUCCEEDED
+    assert sum(1 for e in record.events if e.result is not None) == 1
+
+
+def test_cancel_queued_running_and_finished() -> None:
+    engine = make_engine()
+    queued, _ = engine.submit(request(priority=0))
+    running, _ = engine.submit(request(priority=10))
+    link = connect(engine, "w1")
+    engine.dispatch()
+    job, changed = engine.cancel(running.job.id)
+    assert changed and job.state is JobState.CANCELLED
+    assert any(isinstance(m, CancelAssignment) and m.job_id == running.job.id for m in link.sent)
+    job, changed = engine.cancel(queued.job.id)
+    assert changed and job.state is JobState.CANCELLED and len(engine.queue) == 0
+    job, changed = engine.cancel(queued.job.id)
+    assert not changed and job.state is JobState.CANCELLED
+
+
+def test_worker_error_fails_the_job_with_its_reason() -> None:
+    engine = make_engine()
+    record, _ = engine.submit(request())
+    link = connect(engine, "w1")
+    engine.dispatch()
+    a = link.assignments()[0]
+    error = JobError("FAILED_PRECONDITION", "cannot load tiny-sd: boom")
+    engine.worker_result(engine.workers.get("w1"), a.assignment_id, record.job.id, None, error)
+    assert record.job.state is JobState.FAILED and record.job.error == error
+
+
+def test_idempotency_key() -> None:
+    engine = make_engine()
+    first, dedup1 = engine.submit(request(idempotency_key="k1"))
+    again, dedup2 = engine.submit(request(idempotency_key="k1"))
+    assert (dedup1, dedup2) == (False, True) and again is first
+    with pytest.raises(InvalidRequest) as info:
+        engine.submit(request(idempotency_key="k1", prompt="something else"))
+    assert info.value.field == "idempotency_key"
+
+
+def test_watch_replays_and_ends_at_the_final_state() -> None:
+    async def scenario() -> list[str]:
+        engine = make_engine()
+        record, _ = engine.submit(request())
+        engine.cancel(record.job.id)
+        return [e.state.value for e in [x async for x in engine.watch(record.job.id)] if e.state]
+
+    assert asyncio.run(scenario()) == ["queued", "cancelled"]
