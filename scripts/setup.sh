@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11+) and install OmniRT into it with the given extras.
+# Usage: scripts/setup.sh [EXTRAS]   e.g. scripts/setup.sh controller,worker,dev
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=${1:-controller,worker}
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+# torch is pinned (torch==2.13.0) in the [worker] extra; an unpinned torch would pull a CUDA build.
+.venv/bin/python -m pip install --quiet -e ".[$extras]"

@@ -1,0 +1,77 @@
+"""Fixtures: a real controller and worker for the module, a shared tiny-model folder for the run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .daemons import Controller, Worker
+
+USER_CATALOG = """
+# A model no worker serves (jobs for it wait in the queue) and one whose weights are missing.
+[[models]]
+id = "unserved-sd"
+tasks = ["text2image"]
+execution_mode = "modular"
+source = "builtin:tiny-sd"
+pipeline_class = "StableDiffusionPipeline"
+[models.defaults]
+width = 64
+height = 64
+num_inference_steps = 2
+
+[[models]]
+id = "broken-sd"
+tasks = ["text2image"]
+source = "/nonexistent/weights/broken-sd"
+pipeline_class = "StableDiffusionPipeline"
+[models.defaults]
+width = 64
+height = 64
+num_inference_steps = 2
+"""
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model folder for the whole run, so tiny-sd is built once."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def user_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("catalog") / "user.toml"
+    path.write_text(USER_CATALOG)
+    return path
+
+
+@pytest.fixture(scope="module")
+def controller(log_dir: Path, user_catalog: Path) -> Iterator[Controller]:
+    daemon = Controller(log_dir, "--catalog", str(user_catalog)).start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def worker(controller: Controller, log_dir: Path, model_dir: Path) -> Iterator[Worker]:
+    daemon = Worker(log_dir, controller.address, "w-main", model_dir, "--slots", "1").start()
+    controller.wait_worker("w-main")
+    yield daemon
+    daemon.stop()
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    """Attach the daemons' logs to a failing test's report."""
+    if call.excinfo is None:
+        return
+    for name in ("controller", "worker"):
+        daemon = item.funcargs.get(name) if hasattr(item, "funcargs") else None
+        if daemon is not None:
+            item.add_report_section(call.when, f"{name} log", daemon.log()[-4000:])
