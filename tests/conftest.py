@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .daemons import Controller, Worker
+from tests.daemons import Controller, Worker
 
 USER_CATALOG = """
 # A model no worker serves (jobs for it wait in the queue) and one whose weights are missing.

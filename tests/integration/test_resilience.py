@@ -1,0 +1,83 @@
+"""Workers and the controller come and go: reconnects, restarts and drain on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import omnirt
+from omnirt.types import EventKind, JobState
+
+from tests.daemons import Controller, Worker, wait_for
+
+
+@pytest.fixture
+def own_controller(log_dir: Path) -> Controller:
+    daemon = Controller(log_dir, "--lease-timeout-ms", "3000").start()
+    yield daemon  # type: ignore[misc]
+    daemon.stop()
+
+
+def generate_once(address: str, seed: int = 1) -> omnirt.GenerateResult:
+    with omnirt.Client(address) as client:
+        return client.generate(model="tiny-sd", prompt="resilience", seed=seed, timeout=120)
+
+
+def test_a_killed_worker_restarted_reconnects_and_serves(
+    own_controller: Controller, log_dir: Path, model_dir: Path
+) -> None:
+    worker = Worker(log_dir, own_controller.address, "w-kill", model_dir).start()
+    try:
+        own_controller.wait_worker("w-kill")
+        assert generate_once(own_controller.address).artifacts
+        worker.signal(signal.SIGKILL)
+        worker.wait(10)
+        own_controller.wait_worker("w-kill", present=False, timeout=15)
+        worker.start()
+        own_controller.wait_worker("w-kill")
+        assert generate_once(own_controller.address, seed=2).artifacts
+    finally:
+        worker.stop()
+
+
+def test_the_worker_reconnects_after_a_controller_restart(log_dir: Path, model_dir: Path) -> None:
+    first = Controller(log_dir).start()
+    worker = Worker(log_dir, first.address, "w-reconnect", model_dir).start()
+    try:
+        first.wait_worker("w-reconnect")
+        assert first.stop() == 0, "the controller exits cleanly on SIGTERM"
+        second = Controller(log_dir, port=first.port).start()
+        try:
+            second.wait_worker("w-reconnect", timeout=30)
+            assert generate_once(second.address).report.worker_id == "w-reconnect"
+            assert worker.alive()
+        finally:
+            second.stop()
+    finally:
+        worker.stop()
+
+
+def test_sigterm_drains_the_worker(own_controller: Controller, log_dir: Path, model_dir: Path) -> None:
+    worker = Worker(log_dir, own_controller.address, "w-drain", model_dir).start()
+    own_controller.wait_worker("w-drain")
+    with omnirt.Client(own_controller.address) as client:
+        client.generate(model="tiny-sd", prompt="load first", seed=1, timeout=120)  # warm: the next run is all steps
+        job = client.submit(model="tiny-sd", prompt="a long one", seed=3, num_inference_steps=60)
+        events = client.watch(job.id, timeout=120)
+        for event in events:
+            if event.kind is EventKind.PROGRESS:
+                break  # it is running now
+        worker.signal(signal.SIGTERM)
+        wait_for(lambda: any(w.state == 2 for w in own_controller.workers()), 10, "the worker to report draining")
+        queued_after = client.submit(model="tiny-sd", prompt="must wait", seed=4)
+        assert worker.wait(60) == 0, "a drained worker exits 0"
+        finished = client.get_job(job.id)
+        assert finished.state is JobState.SUCCEEDED, finished.error
+        # nothing new was given to the draining worker
+        time.sleep(0.3)
+        assert client.get_job(queued_after.id).state is JobState.QUEUED
+        own_controller.wait_worker("w-drain", present=False, timeout=10)
+        client.cancel(queued_after.id)

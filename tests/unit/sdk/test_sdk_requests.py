@@ -1,0 +1,62 @@
+"""Keyword arguments -> GenerateRequest, as every Client method builds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnirt import errors
+from omnirt.client import artifact_file_name, build_request, media_input
+from omnirt.types import Adapter, Artifact, GenerateRequest, MediaInput, MediaKind, MediaRole, Task
+
+
+def test_keywords_build_a_request_and_none_means_unset() -> None:
+    req = build_request(model="tiny-sd", prompt="a fox", task="text2image", width=64, seed=None, scheduler=None)
+    assert req == GenerateRequest(model="tiny-sd", prompt="a fox", task=Task.TEXT2IMAGE, width=64)
+    assert req.task is Task.TEXT2IMAGE
+
+
+def test_media_shortcuts_take_bytes_paths_and_uris(tmp_path: Path) -> None:
+    mask = tmp_path / "mask.png"
+    mask.write_bytes(b"mask-bytes")
+    req = build_request(model="m", task="inpaint", image=b"img", mask=mask, audio="https://x.test/a.wav")
+    assert req.inputs == [
+        MediaInput(role=MediaRole.IMAGE, data=b"img"),
+        MediaInput(role=MediaRole.MASK, data=b"mask-bytes", mime_type="image/png"),
+        MediaInput(role=MediaRole.AUDIO, uri="https://x.test/a.wav"),
+    ]
+    assert media_input("image", str(mask)).data == b"mask-bytes"
+
+
+def test_adapters_by_name() -> None:
+    req = build_request(model="m", adapters=["style", Adapter("detail", 0.5)])
+    assert req.adapters == [Adapter("style", 1.0), Adapter("detail", 0.5)]
+
+
+def test_request_plus_keywords_is_a_copy() -> None:
+    base = GenerateRequest(model="tiny-sd", prompt="a fox", inputs=[MediaInput(MediaRole.IMAGE, b"x")])
+    req = build_request(base, seed=7, mask=b"m")
+    assert (req.seed, req.prompt, len(req.inputs)) == (7, "a fox", 2)
+    assert base.seed is None and len(base.inputs) == 1
+
+
+def test_unknown_field_and_missing_model_are_type_errors() -> None:
+    with pytest.raises(TypeError, match="steps"):
+        build_request(model="m", steps=4)
+    with pytest.raises(TypeError, match="model"):
+        build_request(prompt="a fox")
+
+
+def test_unknown_task_is_an_invalid_request_naming_the_field() -> None:
+    with pytest.raises(errors.InvalidRequest) as info:
+        build_request(model="m", task="text2hologram")
+    assert info.value.field == "task"
+    assert "text2image" in info.value.message
+
+
+def test_artifact_file_names_never_escape_the_folder() -> None:
+    art = Artifact(index=1, kind=MediaKind.IMAGE, mime_type="image/png", file_name="../../etc/x.png")
+    assert artifact_file_name("job-9", art) == "x.png"
+    art.file_name = ""
+    assert artifact_file_name("job-9", art) == "job-9-1.png"
