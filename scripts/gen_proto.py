@@ -47,7 +47,11 @@ def generate(out: Path) -> None:
 def differs(a: Path, b: Path) -> list[str]:
     """Names of files that differ between two flat folders."""
     names = {p.name for p in a.glob("*") if p.is_file()} | {p.name for p in b.glob("*") if p.is_file()}
-    return sorted(n for n in names if not (a / n).exists() or not (b / n).exists() or not filecmp.cmp(a / n, b / n, shallow=False))
+    return sorted(
+        n
+        for n in names
+        if not (a / n).exists() or not (b / n).exists() or not filecmp.cmp(a / n, b / n, shallow=False)
+    )
 
 
 def main() -> int:

@@ -10,4 +10,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned (torch==2.13.0) in the [worker] extra; an unpinned torch would pull a CUDA build.
-.venv/bin/python -m pip install --quiet -e ".[$extras]"
+# Strict editable mode: a link tree under build/ that mypy can follow (the default import hook
+# hides the package-dir mapping from it). Rerun this script after adding a module.
+.venv/bin/python -m pip install --quiet -e ".[$extras]" --config-settings editable_mode=strict

@@ -17,7 +17,8 @@ from omnirt.v1 import cluster_pb2, models_pb2, types_pb2
 # ---- enums -------------------------------------------------------------------------------
 
 
-def task_to_proto(task: t.Task | str | None) -> int:
+# Enum numbers are typed Any: the generated stubs give each enum its own ValueType.
+def task_to_proto(task: t.Task | str | None) -> Any:
     """`Task` -> `omnirt.v1.Task` number (0 for None)."""
     if not task:
         return types_pb2.TASK_UNSPECIFIED
@@ -30,7 +31,7 @@ def task_from_proto(value: int) -> t.Task | None:
     return t.Task[name.removeprefix("TASK_")] if name and value else None
 
 
-def _enum_to_proto(enum_type: Any, prefix: str, value: Any) -> int:
+def _enum_to_proto(enum_type: Any, prefix: str, value: Any) -> Any:
     return int(enum_type.Value(prefix + value.name)) if value else 0
 
 
@@ -40,7 +41,7 @@ def _enum_from_proto(enum_type: Any, prefix: str, py_enum: Any, value: int) -> A
     return py_enum[enum_type.Name(value).removeprefix(prefix)]
 
 
-def state_to_proto(state: t.JobState | None) -> int:
+def state_to_proto(state: t.JobState | None) -> Any:
     return _enum_to_proto(types_pb2.JobState, "JOB_STATE_", state)
 
 
@@ -284,8 +285,8 @@ def result_from_proto(m: types_pb2.GenerateResult) -> t.GenerateResult:
     )
 
 
-def error_to_proto(e: t.JobError | None) -> types_pb2.JobError | None:
-    return types_pb2.JobError(code=e.code, message=e.message, field=e.field) if e else None
+def error_to_proto(e: t.JobError) -> types_pb2.JobError:
+    return types_pb2.JobError(code=e.code, message=e.message, field=e.field)
 
 
 def error_from_proto(m: types_pb2.JobError) -> t.JobError:

@@ -29,7 +29,16 @@ def test_generate_writes_the_image_and_prints_path_and_report(
     controller: Controller, worker: Worker, tmp_path: Path
 ) -> None:
     proc = omnirtctl(
-        controller, "generate", "--model", "tiny-sd", "--prompt", "a red fox", "--seed", "42", "--out", str(tmp_path)
+        controller,
+        "generate",
+        "--model",
+        "tiny-sd",
+        "--prompt",
+        "a red fox",
+        "--seed",
+        "42",
+        "--out",
+        str(tmp_path),
     )
     files = list(tmp_path.glob("*.png"))
     assert len(files) == 1
@@ -66,7 +75,10 @@ def test_generate_json_for_scripts(controller: Controller, worker: Worker, tmp_p
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--model", "tiny-sd", "--prompt", "x", "--width", "65"], "INVALID_ARGUMENT: width: must be a multiple of 8"),
+        (
+            ["--model", "tiny-sd", "--prompt", "x", "--width", "65"],
+            "INVALID_ARGUMENT: width: must be a multiple of 8",
+        ),
         (["--model", "nope-sd", "--prompt", "x"], "NOT_FOUND: model 'nope-sd' not found"),
         (["--model", "tiny-sd", "--prompt", ""], "INVALID_ARGUMENT: prompt: required"),
         (["--model", "tiny-sd", "--prompt", "x", "--steps", "0"], "num_inference_steps: must be positive"),
@@ -107,7 +119,9 @@ def test_models_jobs_and_workers(controller: Controller, worker: Worker) -> None
 
 def test_validate_and_cancel(controller: Controller) -> None:
     resolved = json.loads(
-        omnirtctl(controller, "validate", "--model", "tiny-sd", "--prompt", "x", "--preset", "fast", "--json").stdout
+        omnirtctl(
+            controller, "validate", "--model", "tiny-sd", "--prompt", "x", "--preset", "fast", "--json"
+        ).stdout
     )
     assert resolved["config_resolved"]["num_inference_steps"] == 2
     submitted = omnirtctl(

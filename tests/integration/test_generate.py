@@ -16,7 +16,6 @@ from PIL import Image
 import omnirt
 from omnirt import errors
 from omnirt.types import EventKind, JobState, Task
-
 from tests.daemons import Controller, Worker
 
 
@@ -106,8 +105,16 @@ def test_cancel_a_queued_job(client: omnirt.Client) -> None:
     [
         ({"model": "tiny-sdd", "prompt": "x"}, errors.ModelNotFound, "model"),
         ({"model": "tiny-sd", "prompt": ""}, errors.InvalidRequest, "prompt"),
-        ({"model": "tiny-sd", "prompt": "x", "num_inference_steps": 0}, errors.InvalidRequest, "num_inference_steps"),
-        ({"model": "tiny-sd", "prompt": "x", "num_inference_steps": -2}, errors.InvalidRequest, "num_inference_steps"),
+        (
+            {"model": "tiny-sd", "prompt": "x", "num_inference_steps": 0},
+            errors.InvalidRequest,
+            "num_inference_steps",
+        ),
+        (
+            {"model": "tiny-sd", "prompt": "x", "num_inference_steps": -2},
+            errors.InvalidRequest,
+            "num_inference_steps",
+        ),
         ({"model": "tiny-sd", "prompt": "x", "width": 60}, errors.InvalidRequest, "width"),
         ({"model": "tiny-sd", "prompt": "x", "height": 4096}, errors.InvalidRequest, "height"),
         ({"model": "tiny-sd", "prompt": "x", "task": "text2video"}, errors.InvalidRequest, "task"),
@@ -115,7 +122,12 @@ def test_cancel_a_queued_job(client: omnirt.Client) -> None:
     ],
 )
 def test_bad_input_gets_a_precise_error_and_changes_nothing(
-    client: omnirt.Client, controller: Controller, worker: Worker, fields: dict[str, object], error: type, field: str
+    client: omnirt.Client,
+    controller: Controller,
+    worker: Worker,
+    fields: dict[str, object],
+    error: type,
+    field: str,
 ) -> None:
     before = len(client.list_jobs())
     for call in (client.generate, client.submit, client.validate):
@@ -189,7 +201,9 @@ def test_async_client_generates(controller: Controller, worker: Worker) -> None:
     assert png(result.artifacts[0].data).size == (64, 64)
 
 
-def test_module_level_generate_uses_the_environment(controller: Controller, worker: Worker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_module_level_generate_uses_the_environment(
+    controller: Controller, worker: Worker, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("OMNIRT_CONTROLLER", controller.address)
     result = omnirt.generate(model="tiny-sd", prompt="env", seed=42)
     assert result.artifacts[0].seed == 42

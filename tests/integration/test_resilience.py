@@ -10,7 +10,6 @@ import pytest
 
 import omnirt
 from omnirt.types import EventKind, JobState
-
 from tests.daemons import Controller, Worker, wait_for
 
 
@@ -64,14 +63,18 @@ def test_sigterm_drains_the_worker(own_controller: Controller, log_dir: Path, mo
     worker = Worker(log_dir, own_controller.address, "w-drain", model_dir).start()
     own_controller.wait_worker("w-drain")
     with omnirt.Client(own_controller.address) as client:
-        client.generate(model="tiny-sd", prompt="load first", seed=1, timeout=120)  # warm: the next run is all steps
+        client.generate(
+            model="tiny-sd", prompt="load first", seed=1, timeout=120
+        )  # warm: the next run is all steps
         job = client.submit(model="tiny-sd", prompt="a long one", seed=3, num_inference_steps=60)
         events = client.watch(job.id, timeout=120)
         for event in events:
             if event.kind is EventKind.PROGRESS:
                 break  # it is running now
         worker.signal(signal.SIGTERM)
-        wait_for(lambda: any(w.state == 2 for w in own_controller.workers()), 10, "the worker to report draining")
+        wait_for(
+            lambda: any(w.state == 2 for w in own_controller.workers()), 10, "the worker to report draining"
+        )
         queued_after = client.submit(model="tiny-sd", prompt="must wait", seed=4)
         assert worker.wait(60) == 0, "a drained worker exits 0"
         finished = client.get_job(job.id)

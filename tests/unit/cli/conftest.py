@@ -9,7 +9,7 @@ import pytest
 # The scripted server lives beside the SDK's tests.
 sys.path.insert(0, str(Path(__file__).parents[1] / "sdk"))
 
-from sdk_fake_server import FakeController, start  # noqa: E402
+from sdk_fake_server import FakeController, start
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from sdk_fake_server import FakeController, start  # noqa: E402
+from sdk_fake_server import FakeController, start
 
 
 @pytest.fixture

@@ -213,7 +213,9 @@ class _Generation(generation_pb2_grpc.GenerationServiceServicer):
         size = request.page_size or 2  # a small server default, so paging is exercised
         page = jobs[start : start + size]
         token = str(start + size) if start + size < len(jobs) else ""
-        return generation_pb2.ListJobsResponse(jobs=[conv.job_to_proto(j) for j in page], next_page_token=token)
+        return generation_pb2.ListJobsResponse(
+            jobs=[conv.job_to_proto(j) for j in page], next_page_token=token
+        )
 
     def WatchJob(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         self.fake.check("WatchJob", context)

@@ -50,3 +50,16 @@ def test_async_wait_raises_the_jobs_error(fake: FakeController) -> None:
                 await client.wait("j")
 
     asyncio.run(scenario())
+
+
+def test_async_wait_with_a_timeout_raises_the_jobs_own_deadline(fake: FakeController) -> None:
+    error = JobError("DEADLINE_EXCEEDED", "deadline passed while queued")
+    fake.events["j"] = failure_events("j", JobState.FAILED, error)
+    fake.jobs["j"] = job("j", JobState.FAILED, error=error)
+
+    async def scenario() -> None:
+        async with AsyncClient(fake.address) as client:
+            with pytest.raises(errors.DeadlineExceeded, match="deadline passed while queued"):
+                await client.wait("j", timeout=30)
+
+    asyncio.run(scenario())

@@ -30,7 +30,13 @@ def test_generate_sends_every_keyword_and_returns_the_result(fake: FakeControlle
             timeout=10,
         )
     sent = fake.requests[0]
-    assert (sent.model, sent.prompt, sent.width, sent.num_inference_steps, sent.seed) == ("tiny-sd", "a fox", 64, 4, 42)
+    assert (sent.model, sent.prompt, sent.width, sent.num_inference_steps, sent.seed) == (
+        "tiny-sd",
+        "a fox",
+        64,
+        4,
+        42,
+    )
     assert sent.guidance_scale == 7.5 and sent.labels == {"team": "a"} and sent.extra == {"clip_skip": 1}
     assert sent.inputs[0].role is MediaRole.IMAGE and sent.inputs[0].data == b"img"
     assert fake.metadata[0]["authorization"] == "Bearer k"
@@ -38,7 +44,9 @@ def test_generate_sends_every_keyword_and_returns_the_result(fake: FakeControlle
     assert result.report.timing("denoise") == 150.4
 
 
-def test_default_address_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, fake: FakeController) -> None:
+def test_default_address_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeController
+) -> None:
     monkeypatch.setenv("OMNIRT_CONTROLLER", fake.address)
     assert Client().address == fake.address
     result = omnirt.generate(model="tiny-sd", prompt="a fox")
@@ -75,9 +83,24 @@ def test_wait_fetches_the_result_when_success_comes_before_it(fake: FakeControll
 @pytest.mark.parametrize(
     ("state", "error", "cls", "message"),
     [
-        (JobState.FAILED, JobError("INTERNAL", "CUDA out of memory"), errors.ExecutionFailed, "CUDA out of memory"),
-        (JobState.FAILED, JobError("DEADLINE_EXCEEDED", "deadline passed"), errors.DeadlineExceeded, "deadline passed"),
-        (JobState.FAILED, JobError("INVALID_ARGUMENT", "bad mask", field="inputs"), errors.InvalidRequest, "bad mask"),
+        (
+            JobState.FAILED,
+            JobError("INTERNAL", "CUDA out of memory"),
+            errors.ExecutionFailed,
+            "CUDA out of memory",
+        ),
+        (
+            JobState.FAILED,
+            JobError("DEADLINE_EXCEEDED", "deadline passed"),
+            errors.DeadlineExceeded,
+            "deadline passed",
+        ),
+        (
+            JobState.FAILED,
+            JobError("INVALID_ARGUMENT", "bad mask", field="inputs"),
+            errors.InvalidRequest,
+            "bad mask",
+        ),
         (JobState.CANCELLED, None, errors.Cancelled, "job j was cancelled"),
     ],
 )
@@ -113,7 +136,7 @@ def test_wait_timeout_is_a_deadline_error(fake: FakeController) -> None:
     fake.jobs["j"] = job("j", JobState.RUNNING)
     fake.hold_watch = threading.Event()
     started = time.monotonic()
-    with Client(fake.address) as client, pytest.raises(errors.DeadlineExceeded, match="within 0.3 s"):
+    with Client(fake.address) as client, pytest.raises(errors.DeadlineExceeded, match=r"within 0\.3 s"):
         client.wait("j", timeout=0.3)
     assert time.monotonic() - started < 3
     fake.hold_watch.set()
@@ -126,7 +149,10 @@ def test_watch_yields_events_until_the_stream_ends(fake: FakeController) -> None
         later = list(client.watch("j", after_sequence=8))
     assert [e.sequence for e in events] == list(range(1, 11))
     assert events[1].state is JobState.RUNNING and events[1].worker_id == "w-1"
-    assert events[4].progress is not None and (events[4].progress.step, events[4].progress.total_steps) == (2, 4)
+    assert events[4].progress is not None and (events[4].progress.step, events[4].progress.total_steps) == (
+        2,
+        4,
+    )
     assert [e.kind for e in later] == [EventKind.RESULT, EventKind.STATE]
 
 
@@ -182,3 +208,12 @@ def test_raw_stubs_stay_reachable(fake: FakeController) -> None:
     with Client(fake.address) as client:
         resp = client.models.ListModels(models_pb2.ListModelsRequest())
     assert len(resp.models) == 2
+
+
+def test_a_jobs_own_deadline_is_its_error_not_the_waits(fake: FakeController) -> None:
+    error = JobError("DEADLINE_EXCEEDED", "deadline passed while queued")
+    fake.events["j"] = failure_events("j", JobState.FAILED, error)
+    fake.jobs["j"] = job("j", JobState.FAILED, error=error)
+    with Client(fake.address) as client, pytest.raises(errors.DeadlineExceeded) as info:
+        client.wait("j", timeout=30)
+    assert info.value.message == "deadline passed while queued"

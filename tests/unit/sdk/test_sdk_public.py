@@ -56,7 +56,9 @@ def test_lazy_names_are_the_real_ones() -> None:
 
 
 def _loaded_after(statement: str) -> set[str]:
-    code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    code = (
+        f"{statement}\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return set(json.loads(out))
 

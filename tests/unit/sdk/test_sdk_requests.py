@@ -12,7 +12,9 @@ from omnirt.types import Adapter, Artifact, GenerateRequest, MediaInput, MediaKi
 
 
 def test_keywords_build_a_request_and_none_means_unset() -> None:
-    req = build_request(model="tiny-sd", prompt="a fox", task="text2image", width=64, seed=None, scheduler=None)
+    req = build_request(
+        model="tiny-sd", prompt="a fox", task="text2image", width=64, seed=None, scheduler=None
+    )
     assert req == GenerateRequest(model="tiny-sd", prompt="a fox", task=Task.TEXT2IMAGE, width=64)
     assert req.task is Task.TEXT2IMAGE
 

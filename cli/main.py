@@ -1,0 +1,90 @@
+"""`omnirtctl`: the command line of OmniRT, a thin layer over the SDK.
+
+`main(argv)` returns the exit status: 0 on success, 1 on an error (one `error: ...` line on
+stderr), 2 on a usage error, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from omnirt import __version__
+from omnirt.errors import OmniRTError
+
+from . import generate, jobs, models, validate, workers
+from .output import error_line
+
+GROUPS = (generate, validate, models, jobs, workers)
+
+
+def _common(*, top: bool) -> argparse.ArgumentParser:
+    """--controller and --json; on subcommands they default to SUPPRESS so the top level's wins."""
+    parser = argparse.ArgumentParser(add_help=False)
+    default_controller = os.environ.get("OMNIRT_CONTROLLER") if top else argparse.SUPPRESS
+    parser.add_argument(
+        "--controller",
+        "-c",
+        metavar="ADDRESS",
+        default=default_controller,
+        help="controller address host:port (default: $OMNIRT_CONTROLLER, else 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="print JSON for machines instead of text",
+    )
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    parser = argparse.ArgumentParser(
+        prog="omnirtctl",
+        parents=[_common(top=True)],
+        description="Run generations on an OmniRT controller and inspect its jobs, models and workers.",
+    )
+    parser.add_argument("--version", action="version", version=f"omnirtctl {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _common(top=False)
+    for group in GROUPS:
+        group.register(subparsers, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]), run the command, and return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return exc.code if isinstance(exc.code, int) else 0
+    from omnirt.client import Client  # grpc loads only for a real command, not for --help
+
+    try:
+        with Client(args.controller) as client:
+            status: int = args.handler(args, client)
+            return status
+    except OmniRTError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 1
+    except OSError as exc:
+        print(
+            f"error: {exc.strerror or exc}: {exc.filename}" if exc.filename else f"error: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

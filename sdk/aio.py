@@ -1,0 +1,266 @@
+"""The asyncio client of the OmniRT controller: `Client`'s methods over `grpc.aio`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from pathlib import Path
+from typing import Any, Unpack
+
+import grpc
+import grpc.aio
+
+from omnirt import _convert as conv
+from omnirt import errors
+from omnirt.types import (
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobEvent,
+    JobState,
+    ModelSpec,
+    Task,
+    ValidationResult,
+    WorkerInfo,
+)
+from omnirt.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
+)
+
+from .client import (
+    CancelResult,
+    JobFollower,
+    Metadata,
+    RequestFields,
+    artifact_file_name,
+    build_request,
+    channel_options,
+    default_address,
+    map_rpc_error,
+    parse_state,
+    parse_task,
+    remaining,
+    validation_from_proto,
+    wait_timed_out,
+)
+
+__all__ = ["AsyncClient"]
+
+
+class AsyncClient:
+    """An asyncio connection to one controller; the same methods as `omnirt.Client`, awaited.
+
+    Create it inside a running event loop, and close it with `await client.close()` or
+    `async with AsyncClient() as client:`. `watch` is an async iterator.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        timeout: float | None = None,
+        metadata: Metadata = (),
+        options: Sequence[tuple[str, Any]] = (),
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self.address = address or default_address()
+        self.timeout = timeout
+        self.metadata = tuple(metadata)
+        opts = channel_options(options)
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(self.address, options=opts)
+        else:
+            self.channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
+        self.generation = generation_pb2_grpc.GenerationServiceStub(self.channel)
+        self.models = models_pb2_grpc.ModelServiceStub(self.channel)
+        self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        await self.channel.close(None)
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.address!r})"
+
+    async def _call(self, method: Any, message: Any, timeout: float | None = None) -> Any:
+        try:
+            return await method(message, timeout=timeout or self.timeout, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise map_rpc_error(exc, self.address) from None
+
+    async def _stream(self, method: Any, message: Any, timeout: float | None) -> AsyncGenerator[Any, None]:
+        call = method(message, timeout=timeout, metadata=self.metadata)
+        try:
+            async for item in call:
+                yield item
+        except grpc.RpcError as exc:
+            raise map_rpc_error(exc, self.address) from None
+        finally:
+            call.cancel()
+
+    # ---- generation ----------------------------------------------------------------------
+
+    async def generate(
+        self,
+        request: GenerateRequest | None = None,
+        *,
+        timeout: float | None = None,
+        **fields: Unpack[RequestFields],
+    ) -> GenerateResult:
+        """Run one generation and wait for its result; `timeout` (s) is the call's deadline."""
+        req = build_request(request, **fields)
+        resp = await self._call(self.generation.Generate, conv.request_to_proto(req), timeout)
+        if resp.HasField("result"):
+            return conv.result_from_proto(resp.result)
+        job = conv.job_from_proto(resp.job)
+        return JobFollower(job.id).outcome(job)
+
+    async def submit(
+        self,
+        request: GenerateRequest | None = None,
+        *,
+        timeout: float | None = None,
+        **fields: Unpack[RequestFields],
+    ) -> Job:
+        """Queue a generation and return its job at once."""
+        req = build_request(request, **fields)
+        message = generation_pb2.SubmitRequest(request=conv.request_to_proto(req))
+        return conv.job_from_proto((await self._call(self.generation.Submit, message, timeout)).job)
+
+    async def validate(
+        self,
+        request: GenerateRequest | None = None,
+        *,
+        timeout: float | None = None,
+        **fields: Unpack[RequestFields],
+    ) -> ValidationResult:
+        """Resolve a request into its execution plan without running it."""
+        req = build_request(request, **fields)
+        message = generation_pb2.ValidateRequest(request=conv.request_to_proto(req))
+        return validation_from_proto(await self._call(self.generation.Validate, message, timeout))
+
+    # ---- jobs ----------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str) -> Job:
+        """The job as it stands now."""
+        resp = await self._call(self.generation.GetJob, generation_pb2.GetJobRequest(job_id=job_id))
+        return conv.job_from_proto(resp.job)
+
+    async def list_jobs(
+        self, states: Sequence[JobState | str] | None = None, model: str = "", limit: int = 0
+    ) -> list[Job]:
+        """Jobs, newest first, optionally only in `states` or of `model`; at most `limit` (0: all)."""
+        wanted = [conv.state_to_proto(parse_state(s)) for s in states or ()]
+        jobs: list[Job] = []
+        token = ""
+        while True:
+            size = max(limit - len(jobs), 0)
+            message = generation_pb2.ListJobsRequest(
+                states=wanted, model=model, page_size=size, page_token=token
+            )
+            resp = await self._call(self.generation.ListJobs, message)
+            jobs.extend(conv.job_from_proto(j) for j in resp.jobs)
+            token = resp.next_page_token
+            if not token or not resp.jobs or (limit and len(jobs) >= limit):
+                return jobs[:limit] if limit else jobs
+
+    async def watch(
+        self, job_id: str, after_sequence: int = 0, *, timeout: float | None = None
+    ) -> AsyncGenerator[JobEvent, None]:
+        """The job's events from the start (or after `after_sequence`) until the server ends the stream."""
+        message = generation_pb2.WatchJobRequest(job_id=job_id, after_sequence=after_sequence)
+        async for resp in self._stream(self.generation.WatchJob, message, timeout):
+            yield conv.event_from_proto(resp.event)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        """Cancel a queued or running job; the result's `cancelled` is False if it had already ended."""
+        message = generation_pb2.CancelJobRequest(job_id=job_id)
+        resp = await self._call(self.generation.CancelJob, message)
+        return CancelResult(**vars(conv.job_from_proto(resp.job)), cancelled=resp.cancelled)
+
+    async def wait(
+        self,
+        job_id: str,
+        timeout: float | None = None,
+        *,
+        on_event: Callable[[JobEvent], None] | None = None,
+    ) -> GenerateResult:
+        """Follow a job to its end and return its result (see `Client.wait`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        follower = JobFollower(job_id)
+        while True:
+            ended = False
+            events = self.watch(job_id, follower.last_sequence, timeout=remaining(deadline))
+            try:
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        if on_event is not None:
+                            on_event(event)
+                        if ended := follower.feed(event):
+                            break
+            except errors.DeadlineExceeded:
+                if timeout is None:
+                    raise
+                raise wait_timed_out(job_id, timeout) from None
+            if ended:
+                return follower.outcome(await self.get_job(job_id) if follower.needs_job else None)
+            job = await self.get_job(job_id)
+            if job.state.terminal:
+                return follower.outcome(job)
+            if timeout is not None and time.monotonic() >= (deadline or 0):
+                raise wait_timed_out(job_id, timeout)
+            await asyncio.sleep(0.2)
+
+    async def download_artifact(self, job_id: str, index: int, *, timeout: float | None = None) -> bytes:
+        """The bytes of artifact `index` of a finished job, streamed in chunks."""
+        message = generation_pb2.DownloadArtifactRequest(job_id=job_id, index=index)
+        chunks = [r.chunk async for r in self._stream(self.generation.DownloadArtifact, message, timeout)]
+        return b"".join(chunks)
+
+    async def save(self, result: GenerateResult, folder: str | os.PathLike[str]) -> list[Path]:
+        """Write every artifact into `folder` under its file name, downloading those not inline."""
+        target = Path(folder)
+        target.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for artifact in result.artifacts:
+            data = artifact.data or await self.download_artifact(result.job_id, artifact.index)
+            path = target / artifact_file_name(result.job_id, artifact)
+            path.write_bytes(data)
+            paths.append(path)
+        return paths
+
+    # ---- catalog and cluster -------------------------------------------------------------
+
+    async def list_models(self, task: Task | str | None = None) -> list[ModelSpec]:
+        """Catalog entries, optionally only those that do `task`."""
+        message = models_pb2.ListModelsRequest(task=conv.task_to_proto(parse_task(task) if task else None))
+        return [conv.model_from_proto(m) for m in (await self._call(self.models.ListModels, message)).models]
+
+    async def describe_model(self, name: str) -> ModelSpec:
+        """One catalog entry by id or alias."""
+        resp = await self._call(self.models.DescribeModel, models_pb2.DescribeModelRequest(model=name))
+        return conv.model_from_proto(resp.model)
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """The workers connected to the controller."""
+        resp = await self._call(self.cluster.ListWorkers, cluster_pb2.ListWorkersRequest())
+        return [conv.worker_from_proto(w) for w in resp.workers]
+
+    async def drain_worker(self, worker_id: str) -> WorkerInfo:
+        """Let a worker finish what it runs, give it nothing new, and stop it."""
+        message = cluster_pb2.DrainWorkerRequest(worker_id=worker_id)
+        return conv.worker_from_proto((await self._call(self.cluster.DrainWorker, message)).worker)

@@ -1,0 +1,25 @@
+"""Shared fixtures: the tiny Stable Diffusion is built once per session into a temp model dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.tiny_models import ensure_builtin
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model dir holding a freshly built `tiny-sd`."""
+    root = tmp_path_factory.mktemp("models")
+    ensure_builtin("tiny-sd", root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def executor(model_dir: Path) -> LegacyCallExecutor:
+    """One warm-capable legacy_call executor for the session (its cache outlives a test)."""
+    return LegacyCallExecutor(WorkerConfig(model_dir=str(model_dir), worker_id="w-test", torch_threads=1))

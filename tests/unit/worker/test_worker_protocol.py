@@ -1,0 +1,139 @@
+"""Gateway messages the worker sends and reads, and the pieces of the stream around them."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from omnirt import types as t
+from omnirt.v1 import models_pb2, types_pb2
+from omnirt.worker import protocol
+from omnirt.worker.daemon import backoff_delay
+from omnirt.worker.outbox import MAX_RESULT_ATTEMPTS, Outbox
+from omnirt.worker.v1 import gateway_pb2
+
+
+def test_importing_the_worker_package_stays_light() -> None:
+    code = (
+        "import sys, omnirt.worker, omnirt.worker.v1, omnirt.worker.main, omnirt.worker.daemon;"
+        "heavy = [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules];"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_hello_and_heartbeat() -> None:
+    hello = protocol.hello_message(
+        worker_id="w-1",
+        execution_mode="legacy_call",
+        backend="cpu",
+        models=["tiny-sd"],
+        slots=2,
+        loaded_models=[],
+        hostname="host",
+        pid=42,
+        version="0.1.0",
+    )
+    assert hello.WhichOneof("message") == "hello"
+    assert (hello.hello.worker_id, hello.hello.slots, list(hello.hello.models)) == ("w-1", 2, ["tiny-sd"])
+    beat = protocol.heartbeat_message(busy_slots=1, loaded_models=["tiny-sd"], memory_bytes=5, draining=True)
+    assert beat.heartbeat.draining and beat.heartbeat.busy_slots == 1
+
+
+def test_result_and_error_messages() -> None:
+    result = t.GenerateResult(
+        job_id="j", artifacts=[t.Artifact(0, t.MediaKind.IMAGE, "image/png", data=b"x")]
+    )
+    msg = protocol.result_message("a", protocol.ItemOutcome("j", result=result))
+    assert msg.result.WhichOneof("outcome") == "result"
+    assert msg.result.result.artifacts[0].data == b"x"
+    err = protocol.result_message("a", protocol.ItemOutcome("j", error=t.JobError("CANCELLED", "stop")))
+    assert (err.result.job_id, err.result.error.code) == ("j", "CANCELLED")
+
+
+def test_event_message_leaves_sequence_to_the_controller() -> None:
+    event = t.JobEvent("j", t.EventKind.PROGRESS, progress=t.Progress(2, 4, "denoise"))
+    msg = protocol.event_message("a", event)
+    assert msg.event.assignment_id == "a"
+    assert msg.event.event.sequence == 0
+    assert (msg.event.event.progress.step, msg.event.event.progress.total_steps) == (2, 4)
+
+
+def test_controller_messages() -> None:
+    welcome = protocol.controller_message(
+        gateway_pb2.ConnectResponse(welcome=gateway_pb2.Welcome(worker_id="w", heartbeat_interval_ms=500))
+    )
+    assert welcome == protocol.Welcome("w", 500, 0)
+    cancel = protocol.controller_message(
+        gateway_pb2.ConnectResponse(
+            cancel=gateway_pb2.CancelAssignment(job_id="j", reason="DEADLINE_EXCEEDED")
+        )
+    )
+    assert cancel == protocol.CancelRequest("", "j", "DEADLINE_EXCEEDED")
+    assert protocol.controller_message(gateway_pb2.ConnectResponse(drain=gateway_pb2.Drain(reason="r"))) == (
+        protocol.DrainRequest("r")
+    )
+    assert protocol.controller_message(gateway_pb2.ConnectResponse()) is None
+
+
+def test_assignment_from_proto() -> None:
+    msg = gateway_pb2.Assignment(
+        assignment_id="a",
+        model=models_pb2.ModelSpec(id="m", source="builtin:tiny-sd", runtime={"dtype": "float16"}),
+        deadline_ms=99,
+        batch_group_id="g",
+    )
+    msg.items.add(
+        job_id="j", attempt=2, queue_wait_ms=3.0, request=types_pb2.GenerateRequest(prompt="p", seed=5)
+    )
+    assignment = protocol.assignment_from_proto(msg)
+    assert (assignment.assignment_id, assignment.deadline_ms, assignment.batch_group_id) == ("a", 99, "g")
+    assert assignment.model.runtime == {"dtype": "float16"}
+    [item] = assignment.items
+    assert (item.job_id, item.attempt, item.queue_wait_ms) == ("j", 2, 3.0)
+    assert (item.request.prompt, item.request.seed, item.request.width) == ("p", 5, None)
+    assert protocol.assignment_job_ids(gateway_pb2.ConnectResponse(assignment=msg)) == ("a", ["j"])
+
+
+@pytest.mark.parametrize("attempt", range(12))
+def test_backoff_grows_is_capped_and_jittered(attempt: int) -> None:
+    low = backoff_delay(attempt, cap_s=5.0, rand=lambda: 0.0)
+    high = backoff_delay(attempt, cap_s=5.0, rand=lambda: 1.0)
+    ceiling = min(5.0, 0.2 * 2**attempt)
+    assert (low, high) == pytest.approx((ceiling / 2, ceiling))
+
+
+def test_outbox_keeps_results_across_a_dropped_stream() -> None:
+    async def scenario() -> None:
+        box = Outbox()
+        box.put("event-1")
+        box.put("result-1", durable=True)
+        first = await box.get()
+        box.sent(first)
+        result = await box.get()
+        assert box.failed(result)  # the write failed: the result goes back to the front
+        box.put("event-2")
+        assert box.drop_live() == 1  # disconnected: the event is gone, the result is not
+        assert box.durable_pending() == 1
+        again = await box.get()
+        assert again.message == "result-1"
+        box.sent(again)
+        await asyncio.wait_for(box.wait_idle(), 1)
+
+    asyncio.run(scenario())
+
+
+def test_outbox_gives_up_on_a_result_that_never_sends() -> None:
+    async def scenario() -> None:
+        box = Outbox()
+        box.put("result", durable=True)
+        for _ in range(MAX_RESULT_ATTEMPTS - 1):
+            assert box.failed(await box.get())
+        assert not box.failed(await box.get())
+        assert box.durable_pending() == 0
+
+    asyncio.run(scenario())

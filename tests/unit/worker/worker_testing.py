@@ -1,0 +1,78 @@
+"""Helpers for the worker unit tests (a uniquely named module: test folders have no __init__.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from omnirt.v1 import models_pb2, types_pb2
+from omnirt.worker.executor import CancelFlags
+from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
+from omnirt.worker.v1 import gateway_pb2
+
+
+def make_assignment(
+    *,
+    job_ids: tuple[str, ...] = ("job-1",),
+    source: str = "builtin:tiny-sd",
+    steps: int = 4,
+    seed: int = 7,
+    num_outputs: int = 1,
+    deadline_ms: int = 0,
+    scheduler: str = "",
+    model_id: str = "tiny-sd",
+) -> Assignment:
+    """An Assignment built the way the controller sends it (a proto), converted like the daemon does."""
+    msg = gateway_pb2.Assignment(
+        assignment_id="as-" + "-".join(job_ids),
+        model=models_pb2.ModelSpec(
+            id=model_id,
+            source=source,
+            pipeline_class="StableDiffusionPipeline",
+            execution_mode="legacy_call",
+            tasks=[types_pb2.TASK_TEXT2IMAGE],
+        ),
+        deadline_ms=deadline_ms,
+        batch_group_id="bg-1" if len(job_ids) > 1 else "",
+        trace_context={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+    )
+    for index, job_id in enumerate(job_ids):
+        msg.items.add(
+            job_id=job_id,
+            attempt=1,
+            queue_wait_ms=12.5,
+            request=types_pb2.GenerateRequest(
+                task=types_pb2.TASK_TEXT2IMAGE,
+                model=model_id,
+                prompt=f"a watercolor fox number {index}",
+                negative_prompt="blurry",
+                width=64,
+                height=64,
+                num_inference_steps=steps,
+                guidance_scale=5.0,
+                seed=seed + 100 * index,
+                num_outputs=num_outputs,
+                scheduler=scheduler,
+                output=types_pb2.OutputOptions(format="png"),
+            ),
+        )
+    return assignment_from_proto(msg)
+
+
+def run_assignment(
+    executor: LegacyCallExecutor, assignment: Assignment, flags: CancelFlags | None = None, on_event=None
+) -> tuple[list[ItemOutcome], list]:
+    """Run on an event loop like the daemon does; return the outcomes and the events in order."""
+    events: list = []
+    flags = flags or CancelFlags()
+
+    def emit(event) -> None:
+        events.append(event)
+        if on_event is not None:
+            on_event(event, flags)
+
+    async def go() -> list[ItemOutcome]:
+        return await executor.run(assignment, emit, flags)
+
+    outcomes = asyncio.run(go())
+    return outcomes, events

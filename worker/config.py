@@ -1,0 +1,72 @@
+"""`WorkerConfig`: everything the worker daemon is told at start.
+
+Flags (`--slots`) and environment variables (`OMNIRT_SLOTS`) derive from the fields through
+`omnirt._config`; precedence is flag, then environment, then the default below.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+EXECUTION_MODES = ("legacy_call",)
+BACKENDS = ("auto", "cpu", "cuda", "ascend")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def default_worker_id() -> str:
+    """A worker id unique on this host for this process: `HOSTNAME-PID`."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Configuration of one worker process (one execution mode on one backend)."""
+
+    controller: str = field(
+        default="127.0.0.1:50051", metadata={"help": "controller address (host:port) to connect to"}
+    )
+    mode: str = field(
+        default="legacy_call", metadata={"help": "execution mode: " + ", ".join(EXECUTION_MODES)}
+    )
+    backend: str = field(
+        default="cpu", metadata={"help": "backend: cpu, cuda, ascend or auto (cuda, then ascend, then cpu)"}
+    )
+    models: list[str] = field(
+        default_factory=list,
+        metadata={"help": "catalog model ids this worker serves; empty = every model of its mode"},
+    )
+    slots: int = field(default=1, metadata={"help": "assignments run at the same time"})
+    model_dir: str = field(
+        default="~/.cache/omnirt/models", metadata={"help": "folder for models OmniRT builds (builtin:NAME)"}
+    )
+    worker_id: str = field(default="", metadata={"help": "stable worker id; empty = HOSTNAME-PID"})
+    drain_timeout_s: float = field(
+        default=120.0, metadata={"help": "seconds a drain waits for running jobs before stopping them"}
+    )
+    reconnect_max_s: float = field(
+        default=5.0, metadata={"help": "longest wait between reconnect attempts, in seconds"}
+    )
+    torch_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    log_json: bool = field(default=False, metadata={"help": "log one JSON object per line"})
+    log_level: str = field(default="INFO", metadata={"help": "log level: DEBUG, INFO, WARNING, ERROR"})
+
+    def __post_init__(self) -> None:
+        # Frozen: normalized values are written once, here, so every reader sees the same.
+        object.__setattr__(self, "model_dir", os.path.abspath(os.path.expanduser(self.model_dir)))
+        object.__setattr__(self, "worker_id", self.worker_id or default_worker_id())
+        object.__setattr__(self, "models", list(self.models))
+        object.__setattr__(self, "log_level", self.log_level.upper())
+        if self.mode not in EXECUTION_MODES:
+            raise ValueError(f"mode must be one of {', '.join(EXECUTION_MODES)}, not {self.mode!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        if self.slots < 1:
+            raise ValueError(f"slots must be at least 1, not {self.slots}")
+        if self.drain_timeout_s < 0 or self.reconnect_max_s <= 0:
+            raise ValueError("drain_timeout_s must be >= 0 and reconnect_max_s > 0")
+        if self.torch_threads < 0:
+            raise ValueError(f"torch_threads must be >= 0, not {self.torch_threads}")

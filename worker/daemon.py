@@ -1,0 +1,445 @@
+"""`WorkerDaemon`: one stream to the controller, assignments run on the executor.
+
+The worker dials `WorkerGatewayService.Connect`, sends Hello, waits for Welcome, then sends a
+Heartbeat every interval while it runs what the controller assigns (at most `slots` at
+once), streaming AssignmentEvents and one AssignmentResult per job. When the stream fails it
+reconnects with exponential backoff and jitter, says Hello again with the same worker id and
+then sends the results that finished while it was away. A drain (SIGTERM, SIGINT or the
+controller's Drain) announces `draining`, takes nothing new, lets running jobs finish within
+`drain_timeout_s`, flushes results, closes the stream and ends `run()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+import omnirt
+from omnirt import types as t
+from omnirt.worker import protocol
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.executor import CancelFlags, Executor, create_executor
+from omnirt.worker.log import job_context
+from omnirt.worker.memory import current_rss_bytes
+from omnirt.worker.outbox import Outbox
+from omnirt.worker.protocol import Assignment, CancelRequest, DrainRequest, ItemOutcome, Welcome
+from omnirt.worker.v1 import gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# grpc-stubs do not know grpc.aio.EOF, the sentinel read() returns at the end of a stream.
+STREAM_END: Any = grpc.aio.EOF  # type: ignore[attr-defined]
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+WELCOME_TIMEOUT_S = 10.0
+DEFAULT_HEARTBEAT_S = 5.0
+BACKOFF_BASE_S = 0.2
+# A session shorter than this does not reset the backoff (a controller that keeps closing
+# the stream right after Welcome must not be hammered).
+STABLE_SESSION_S = 10.0
+# After drain_timeout_s: time for stopped jobs to answer and for results to be flushed.
+DRAIN_GRACE_S = 10.0
+# The JobError code of jobs stopped because the drain timed out: retryable elsewhere.
+DRAIN_STOP_CODE = "UNAVAILABLE"
+
+
+def backoff_delay(
+    attempt: int, cap_s: float, base_s: float = BACKOFF_BASE_S, rand: Callable[[], float] = random.random
+) -> float:
+    """Seconds to wait before reconnect `attempt` (0-based): exponential, capped, "equal jitter"."""
+    ceiling = min(cap_s, base_s * (2 ** min(attempt, 30)))
+    return ceiling / 2 + rand() * ceiling / 2
+
+
+class WorkerDaemon:
+    """The worker process's main object: connection, heartbeats, assignments, drain."""
+
+    def __init__(self, config: WorkerConfig, executor: Executor | None = None) -> None:
+        self.config = config
+        self._executor = executor
+        self._flags = CancelFlags()
+        self._outbox = Outbox()
+        self._slots = asyncio.Semaphore(config.slots)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._active: dict[str, str] = {}  # job id -> assignment id
+        self._busy = 0
+        self._draining = False
+        self._closing = False
+        self._drain_reason = ""
+        self._drain_requested = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._call: Any = None
+        self._heartbeat_s = DEFAULT_HEARTBEAT_S
+        self._welcomed_at: float | None = None
+
+    # ---- public --------------------------------------------------------------------------
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    @property
+    def executor(self) -> Executor:
+        if self._executor is None:
+            self._executor = create_executor(self.config)
+        return self._executor
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def connected(self) -> bool:
+        return self._call is not None
+
+    @property
+    def busy_slots(self) -> int:
+        """Jobs running now (a batched assignment counts each of its jobs, as the controller does)."""
+        return self._busy
+
+    async def run(self) -> int:
+        """Serve until drained; returns the exit code (0). Raises when the executor cannot start."""
+        await self.executor.start()
+        log.info(
+            "worker %s ready: mode=%s backend=%s slots=%d controller=%s",
+            self.worker_id,
+            self.config.mode,
+            self.executor.backend,
+            self.config.slots,
+            self.config.controller,
+        )
+        connection = asyncio.create_task(self._connection_loop(), name="omnirt-worker-connection")
+        try:
+            await self._drain_requested.wait()
+            await self._finish_running()
+            await self._flush()
+        finally:
+            self._closing = True
+            await self._close_stream(connection)
+            await self.executor.close()
+        log.info("worker %s stopped", self.worker_id)
+        return 0
+
+    def request_drain(self, reason: str) -> None:
+        """Start draining (idempotent); a second request stops running jobs without waiting."""
+        if self._draining:
+            log.warning("drain requested again (%s): stopping running jobs now", reason)
+            self._hurry.set()
+            return
+        self._draining = True
+        self._drain_reason = reason
+        log.info("draining (%s): %d assignment(s) in progress", reason, len(self._tasks))
+        self._queue_heartbeat()
+        self._drain_requested.set()
+
+    # ---- drain ---------------------------------------------------------------------------
+
+    async def _wait_tasks(self, timeout: float) -> None:
+        """Until no assignment runs, `timeout` passes or a second drain request hurries us."""
+        deadline = time.monotonic() + timeout
+        hurry = asyncio.create_task(self._hurry.wait())
+        try:
+            while self._tasks and not self._hurry.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                await asyncio.wait(
+                    [*self._tasks, hurry], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            hurry.cancel()
+
+    async def _finish_running(self) -> None:
+        await self._wait_tasks(self.config.drain_timeout_s)
+        if not self._tasks:
+            return
+        log.warning("drain: stopping %d job(s) still running", len(self._active))
+        for job_id in list(self._active):
+            self._flags.request(job_id, DRAIN_STOP_CODE)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=DRAIN_GRACE_S)
+        if self._tasks:
+            log.error("drain: %d assignment(s) did not stop in time; leaving them", len(self._tasks))
+
+    async def _flush(self) -> None:
+        if not self._outbox.durable_pending():
+            return
+        try:
+            await asyncio.wait_for(self._outbox.wait_idle(), DRAIN_GRACE_S)
+        except TimeoutError:
+            log.warning("drain: %d result(s) could not be sent", self._outbox.durable_pending())
+
+    async def _close_stream(self, connection: asyncio.Task[None]) -> None:
+        call = self._call
+        if call is not None:
+            # Half-close, then let the controller end the stream so buffered results arrive.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(call.done_writing(), 5.0)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(connection), 5.0)
+        connection.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connection
+
+    # ---- connection ----------------------------------------------------------------------
+
+    async def _connection_loop(self) -> None:
+        attempt = 0
+        warned = False
+        while not self._closing:
+            self._welcomed_at = None
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                failure = f"{exc.code().name} {exc.details()}"
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                failure = "the controller ended the stream"
+            if self._closing:
+                return
+            stable = (
+                self._welcomed_at is not None and time.monotonic() - self._welcomed_at >= STABLE_SESSION_S
+            )
+            attempt = 0 if stable else attempt + 1
+            delay = backoff_delay(attempt, self.config.reconnect_max_s)
+            # The first failure of an outage is worth a warning; its retries are routine.
+            warned = warned and self._welcomed_at is None
+            level = logging.INFO if warned else logging.WARNING
+            warned = True
+            log.log(level, "stream to %s: %s; reconnecting in %.2f s", self.config.controller, failure, delay)
+            await asyncio.sleep(delay)
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self.config.controller, options=CHANNEL_OPTIONS) as channel:
+            call = gateway_pb2_grpc.WorkerGatewayServiceStub(channel).Connect()
+            try:
+                await call.write(self._hello())
+                first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+                if first is STREAM_END:
+                    raise ConnectionError("the controller closed the stream before Welcome")
+                welcome = protocol.controller_message(first)
+                if not isinstance(welcome, Welcome):
+                    raise ConnectionError(f"expected Welcome, got {type(welcome).__name__}")
+                self._on_welcome(welcome)
+                self._call = call
+                await self._serve_stream(call)
+            finally:
+                self._call = None
+                dropped = self._outbox.drop_live()
+                if dropped:
+                    log.debug("dropped %d event(s) while disconnected", dropped)
+                call.cancel()
+
+    async def _serve_stream(self, call: Any) -> None:
+        # Busy slots and draining right away: Hello does not carry them.
+        self._queue_heartbeat()
+        tasks = [
+            asyncio.create_task(self._read_loop(call)),
+            asyncio.create_task(self._write_loop(call)),
+            asyncio.create_task(self._heartbeat_loop()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _on_welcome(self, welcome: Welcome) -> None:
+        self._welcomed_at = time.monotonic()
+        if welcome.heartbeat_interval_ms:
+            self._heartbeat_s = welcome.heartbeat_interval_ms / 1000.0
+        if welcome.worker_id and welcome.worker_id != self.worker_id:
+            log.warning("controller calls this worker %r; keeping %r", welcome.worker_id, self.worker_id)
+        log.info(
+            "connected to %s (heartbeat %.1f s, lease %d ms, %d result(s) to resend)",
+            self.config.controller,
+            self._heartbeat_s,
+            welcome.lease_timeout_ms,
+            self._outbox.durable_pending(),
+        )
+
+    async def _read_loop(self, call: Any) -> None:
+        while True:
+            msg = await call.read()
+            if msg is STREAM_END:
+                return
+            try:
+                parsed = protocol.controller_message(msg)
+            except Exception as exc:
+                log.exception("cannot read a controller message")
+                self._refuse_raw(msg, f"the worker cannot read the assignment: {exc}")
+                continue
+            self._handle(parsed)
+
+    async def _write_loop(self, call: Any) -> None:
+        while True:
+            item = await self._outbox.get()
+            try:
+                await call.write(item.message)
+            except BaseException:
+                if not self._outbox.failed(item) and item.durable:
+                    log.error("giving up on a result after %d failed writes", item.attempts)
+                raise
+            self._outbox.sent(item)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            self._queue_heartbeat()
+
+    def _hello(self) -> Any:
+        return protocol.hello_message(
+            worker_id=self.worker_id,
+            execution_mode=self.config.mode,
+            backend=self.executor.backend,
+            models=list(self.config.models),
+            slots=self.config.slots,
+            loaded_models=self.executor.loaded_models(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            version=omnirt.__version__,
+        )
+
+    def _queue_heartbeat(self) -> None:
+        if self._call is None or self._closing:
+            return
+        beat = protocol.heartbeat_message(
+            busy_slots=self._busy,
+            loaded_models=self.executor.loaded_models(),
+            memory_bytes=current_rss_bytes(),
+            draining=self._draining,
+        )
+        self._outbox.put(beat)
+
+    # ---- controller messages -------------------------------------------------------------
+
+    def _handle(self, msg: protocol.ControllerMessage | None) -> None:
+        if isinstance(msg, Assignment):
+            self._accept(msg)
+        elif isinstance(msg, CancelRequest):
+            if msg.job_id in self._active:
+                log.info("job %s: stop requested (%s)", msg.job_id, msg.reason or "CANCELLED")
+                self._flags.request(msg.job_id, msg.reason or "CANCELLED")
+            else:
+                log.debug("cancel for job %s, which is not running here", msg.job_id)
+        elif isinstance(msg, DrainRequest):
+            self.request_drain(f"controller: {msg.reason}" if msg.reason else "controller")
+        elif isinstance(msg, Welcome):
+            self._on_welcome(msg)
+        else:
+            log.debug("ignoring a controller message this worker does not know")
+
+    def _refusal(self, assignment: Assignment) -> t.JobError | None:
+        if self._draining:
+            return t.JobError("UNAVAILABLE", f"worker {self.worker_id} is draining")
+        spec = assignment.model
+        if spec.execution_mode and spec.execution_mode != self.config.mode:
+            return t.JobError(
+                "FAILED_PRECONDITION",
+                f"model {spec.id!r} needs execution mode {spec.execution_mode!r}; worker {self.worker_id} "
+                f"runs {self.config.mode!r}",
+            )
+        if self.config.models and spec.id not in self.config.models:
+            return t.JobError(
+                "FAILED_PRECONDITION", f"worker {self.worker_id} does not serve model {spec.id!r}"
+            )
+        return None
+
+    def _accept(self, assignment: Assignment) -> None:
+        refusal = self._refusal(assignment)
+        if refusal is not None:
+            log.warning("refusing assignment %s: %s", assignment.assignment_id, refusal.message)
+            for job_id in assignment.job_ids:
+                self._send_result(assignment.assignment_id, ItemOutcome(job_id, error=refusal))
+            return
+        duplicates = [item for item in assignment.items if item.job_id in self._active]
+        if duplicates:
+            log.warning("ignoring %d job(s) already running here", len(duplicates))
+            assignment.items = [item for item in assignment.items if item.job_id not in self._active]
+        if not assignment.items:
+            return
+        for job_id in assignment.job_ids:
+            self._active[job_id] = assignment.assignment_id
+        task = asyncio.create_task(self._run_assignment(assignment))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _refuse_raw(self, msg: Any, reason: str) -> None:
+        assignment_id, job_ids = protocol.assignment_job_ids(msg)
+        for job_id in job_ids:
+            self._send_result(
+                assignment_id, ItemOutcome(job_id, error=t.JobError("INVALID_ARGUMENT", reason))
+            )
+
+    # ---- running -------------------------------------------------------------------------
+
+    async def _run_assignment(self, assignment: Assignment) -> None:
+        trace = assignment.trace_context.get("traceparent", "").split("-")
+        with job_context(assignment.job_ids, assignment.assignment_id, trace[1] if len(trace) == 4 else ""):
+            async with self._slots:
+                self._busy += len(assignment.items)
+                log.info("running %d job(s) of model %s", len(assignment.items), assignment.model.id)
+                emit = functools.partial(self._emit, assignment.assignment_id)
+                try:
+                    outcomes = await self.executor.run(assignment, emit, self._flags)
+                except Exception as exc:  # an executor bug costs these jobs, never the worker
+                    log.exception("executor failed")
+                    error = t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}")
+                    outcomes = [ItemOutcome(job_id, error=error) for job_id in assignment.job_ids]
+                finally:
+                    self._busy -= len(assignment.items)
+            by_job = {outcome.job_id: outcome for outcome in outcomes}
+            for job_id in assignment.job_ids:
+                outcome = by_job.get(job_id) or ItemOutcome(
+                    job_id, error=t.JobError("INTERNAL", "the executor returned no outcome for this job")
+                )
+                if outcome.error is not None:
+                    log.info("job %s failed: %s %s", job_id, outcome.error.code, outcome.error.message)
+                else:
+                    log.info("job %s succeeded", job_id)
+                self._send_result(assignment.assignment_id, outcome)
+                self._flags.clear(job_id)
+                self._active.pop(job_id, None)
+
+    def _emit(self, assignment_id: str, event: t.JobEvent) -> None:
+        # Events only matter live; while disconnected they are dropped (results are not).
+        if self._call is not None:
+            self._outbox.put(protocol.event_message(assignment_id, event))
+
+    def _send_result(self, assignment_id: str, outcome: ItemOutcome) -> None:
+        try:
+            msg = protocol.result_message(assignment_id, outcome)
+            size = protocol.message_size(msg)
+        except Exception as exc:  # a result that cannot be encoded still ends its job
+            log.exception("cannot encode the result of job %s", outcome.job_id)
+            error = t.JobError(
+                "INTERNAL", f"the worker cannot encode the result: {type(exc).__name__}: {exc}"
+            )
+            msg = protocol.result_message(assignment_id, ItemOutcome(outcome.job_id, error=error))
+            size = 0
+        if size > MAX_MESSAGE_BYTES:
+            error = t.JobError(
+                "RESOURCE_EXHAUSTED",
+                f"the result is {size} bytes, over the {MAX_MESSAGE_BYTES}-byte stream message limit",
+            )
+            msg = protocol.result_message(assignment_id, ItemOutcome(outcome.job_id, error=error))
+        self._outbox.put(msg, durable=True)

@@ -1,0 +1,381 @@
+"""`LegacyCallExecutor`: the `legacy_call` execution mode, a diffusers pipeline called as is.
+
+One assignment = one model; its items are grouped by compatible settings and each group is
+one pipeline call (prompts as a list, one generator per output), so a batch from the
+controller's batcher runs as a single call. The blocking call runs in a thread; progress,
+cancellation and deadlines go through `callback_on_step_end`.
+
+Stage timings: `load` is the model cache load (absent when warm); `denoise` runs from the
+call's start (text encoding included) to the last step callback; `decode` from the last step
+callback to the call's return (the pipeline decodes internally); `export` is the encoding of
+one job's artifacts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import omnirt
+from omnirt import types as t
+from omnirt.worker import backends, export
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.executor import (
+    CancelFlags,
+    EventSink,
+    Executor,
+    JobFailure,
+    StopCheck,
+    StopRun,
+    stop_error,
+)
+from omnirt.worker.memory import PeakMemory
+from omnirt.worker.model_cache import CachedPipeline, ModelCache, ModelLoadError
+from omnirt.worker.pipeline_args import (
+    ItemPlan,
+    call_parameters,
+    pipeline_kwargs,
+    plan_item,
+    resolved_config,
+    scheduler_class,
+)
+from omnirt.worker.protocol import Assignment, ItemOutcome
+from omnirt.worker.run_events import RunRecorder, StepMonitor
+
+log = logging.getLogger(__name__)
+
+MODE = "legacy_call"
+
+
+def _trace_id(trace_context: dict[str, str]) -> str:
+    # W3C traceparent: version-traceid-spanid-flags.
+    parts = trace_context.get("traceparent", "").split("-")
+    return parts[1] if len(parts) == 4 else ""
+
+
+def _quiet_libraries() -> None:
+    """Route diffusers/transformers logs through ours (their default handlers print unformatted)."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    for lib in (diffusers_logging, transformers_logging):
+        lib.disable_default_handler()
+        lib.enable_propagation()
+        lib.disable_progress_bar()
+
+
+def _fresh_scheduler(base: Any, name: str) -> tuple[Any, list[str]]:
+    """A new scheduler from the pipeline's config: of class `name` when given, else the same class."""
+    cls = scheduler_class(name) if name else type(base)
+    warnings = []
+    compatibles = {c.__name__ for c in getattr(base, "compatibles", [])}
+    if name and compatibles and cls.__name__ not in compatibles | {type(base).__name__}:
+        warnings.append(f"scheduler {cls.__name__} is not listed as compatible with this pipeline")
+    return cls.from_config(base.config), warnings
+
+
+def _prompt_kwargs(group: list[ItemPlan]) -> dict[str, Any]:
+    """Prompt arguments of one call: one job as is; a batch as one prompt per output."""
+    if len(group) == 1:
+        request = group[0].item.request
+        kwargs: dict[str, Any] = {"prompt": request.prompt, "num_images_per_prompt": group[0].num_outputs}
+        if request.negative_prompt:
+            kwargs["negative_prompt"] = request.negative_prompt
+        return kwargs
+    # Repeating each job's prompt per output keeps outputs (and seeds) in job order, whatever
+    # number of outputs each job asks for.
+    kwargs = {"prompt": [p.item.request.prompt for p in group for _ in range(p.num_outputs)]}
+    if any(p.item.request.negative_prompt for p in group):
+        kwargs["negative_prompt"] = [
+            p.item.request.negative_prompt for p in group for _ in range(p.num_outputs)
+        ]
+    kwargs["num_images_per_prompt"] = 1
+    return kwargs
+
+
+class LegacyCallExecutor(Executor):
+    """Runs assignments by calling the model's diffusers pipeline."""
+
+    mode = MODE
+
+    def __init__(self, config: WorkerConfig, cache: ModelCache | None = None) -> None:
+        self.config = config
+        self.cache = cache or ModelCache(config.model_dir)
+        self._backend = ""
+        self._start_lock = threading.Lock()
+
+    @property
+    def backend(self) -> str:
+        return self._backend or self.config.backend
+
+    def _start_sync(self) -> str:
+        with self._start_lock:
+            if not self._backend:
+                import diffusers  # noqa: F401  (the first import takes seconds: pay it before any job)
+
+                _quiet_libraries()
+                backend = backends.detect_backend(self.config.backend)
+                backends.configure_threads(self.config.torch_threads)
+                self._backend = backend
+            return self._backend
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start_sync)
+
+    def loaded_models(self) -> list[str]:
+        return self.cache.loaded_models()
+
+    async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        loop = asyncio.get_running_loop()
+
+        def emit_threadsafe(event: t.JobEvent) -> None:
+            # The loop may be gone when the worker stops mid-run; the event has nowhere to go then.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(emit, event)
+
+        return await asyncio.to_thread(self.run_sync, assignment, emit_threadsafe, flags)
+
+    def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        """`run` without the event loop: blocks; `emit` is called from this thread."""
+        return _AssignmentRun(self, assignment, emit, flags).execute()
+
+
+class _AssignmentRun:
+    """The state of one assignment while it runs."""
+
+    def __init__(
+        self, executor: LegacyCallExecutor, assignment: Assignment, emit: EventSink, flags: CancelFlags
+    ):
+        self.executor = executor
+        self.assignment = assignment
+        self.spec = assignment.model
+        self.recorder = RunRecorder(emit)
+        self.stop = StopCheck(flags, assignment)
+        self.outcomes: dict[str, ItemOutcome] = {}
+        self.cold = False
+        self.placement = backends.Placement("cpu", "cpu", "float32")
+        self.memory = PeakMemory("cpu")
+
+    # ---- outcomes ------------------------------------------------------------------------
+
+    def fail(self, job_ids: list[str], error: t.JobError) -> None:
+        for job_id in job_ids:
+            self.outcomes.setdefault(job_id, ItemOutcome(job_id, error=error))
+
+    def drop_stopped(self, plans: list[ItemPlan], where: str) -> list[ItemPlan]:
+        """Fail the plans whose job must stop; return the others."""
+        kept = []
+        for plan in plans:
+            reason = self.stop.reason(plan.job_id)
+            if reason:
+                self.fail([plan.job_id], stop_error(reason, where))
+            else:
+                kept.append(plan)
+        return kept
+
+    # ---- the run -------------------------------------------------------------------------
+
+    def execute(self) -> list[ItemOutcome]:
+        items = self.assignment.items
+        worker_id = self.executor.config.worker_id
+        for item in items:
+            self.recorder.running(item.job_id, worker_id, item.attempt)
+        try:
+            self._execute()
+        except Exception as exc:  # a bug here must cost the jobs, never the worker
+            log.exception("assignment %s failed", self.assignment.assignment_id)
+            self.fail([i.job_id for i in items], t.JobError("INTERNAL", f"{type(exc).__name__}: {exc}"))
+        return [self.outcomes[item.job_id] for item in items]
+
+    def _execute(self) -> None:
+        job_ids = self.assignment.job_ids
+        try:
+            backend = self.executor._start_sync()
+            self.placement = backends.placement_for(backend, self.spec.runtime)
+        except backends.BackendError as exc:
+            self.fail(job_ids, t.JobError("FAILED_PRECONDITION", str(exc)))
+            return
+        self.memory = PeakMemory(self.placement.device)
+        self.memory.reset()
+        plans = []
+        for item in self.assignment.items:
+            try:
+                plans.append(plan_item(item, self.spec))
+            except JobFailure as failure:
+                self.fail([item.job_id], failure.error)
+        plans = self.drop_stopped(plans, "before start")
+        if not plans:
+            return
+        cached = self._load([p.job_id for p in plans])
+        if cached is None:
+            return
+        accepted = call_parameters(cached.pipeline)
+        groups: dict[str, list[ItemPlan]] = {}
+        for plan in plans:
+            try:
+                pipeline_kwargs(plan, accepted)
+            except JobFailure as failure:
+                self.fail([plan.job_id], failure.error)
+                continue
+            groups.setdefault(plan.group_key(), []).append(plan)
+        for group in groups.values():
+            self._run_group(cached, group)
+
+    def _load(self, job_ids: list[str]) -> CachedPipeline | None:
+        load_start: list[float] = []
+
+        def on_load_start() -> None:
+            load_start.append(time.perf_counter())
+            self.recorder.stage_started(job_ids, "load")
+
+        try:
+            cached = self.executor.cache.get(self.spec, self.placement, on_load_start)
+        except ModelLoadError as exc:
+            log.warning("%s", exc)
+            self.fail(job_ids, t.JobError("FAILED_PRECONDITION", str(exc)))
+            return None
+        if cached.cold and load_start:
+            start = load_start[0]
+            self.recorder.stage_finished(job_ids, "load", start, start + cached.load_ms / 1000.0)
+        self.cold = cached.cold
+        return cached
+
+    # ---- one pipeline call ---------------------------------------------------------------
+
+    def _run_group(self, cached: CachedPipeline, group: list[ItemPlan]) -> None:
+        group = self.drop_stopped(group, "before start")
+        if not group:
+            return
+        job_ids = [p.job_id for p in group]
+        try:
+            images, call_info = self._call(cached.pipeline, group)
+        except StopRun:
+            for plan in group:
+                self.fail(
+                    [plan.job_id], stop_error(self.stop.reason(plan.job_id) or "CANCELLED", "while running")
+                )
+            return
+        except JobFailure as failure:
+            self.fail(job_ids, failure.error)
+            return
+        except Exception as exc:
+            log.exception("pipeline call failed")
+            self.fail(job_ids, t.JobError("INTERNAL", f"{type(exc).__name__}: {exc}"))
+            return
+        for plan, plan_images in zip(group, images, strict=True):
+            reason = self.stop.reason(plan.job_id)
+            if reason:  # stopped while the rest of its batch went on
+                self.fail([plan.job_id], stop_error(reason, "while running"))
+                continue
+            try:
+                self.outcomes[plan.job_id] = self._result(plan, plan_images, cached, call_info)
+            except Exception as exc:
+                log.exception("export failed")
+                self.fail(
+                    [plan.job_id], t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}")
+                )
+
+    def _call(self, pipeline: Any, group: list[ItemPlan]) -> tuple[list[list[Any]], dict[str, Any]]:
+        """One pipeline call for `group`; returns each plan's images and facts for the report."""
+        import torch
+
+        first = group[0]
+        job_ids = [p.job_id for p in group]
+        # A shallow copy with its own scheduler: schedulers keep per-call state, and several
+        # slots may run the same cached pipeline at once. The weights stay shared.
+        view = copy.copy(pipeline)
+        view.scheduler, warnings = _fresh_scheduler(pipeline.scheduler, first.scheduler)
+        kwargs: dict[str, Any] = {**first.common, **first.specific, **_prompt_kwargs(group)}
+        device = self.placement.device
+        kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for p in group for seed in p.seeds]
+        monitor = StepMonitor(
+            self.recorder, self.stop, job_ids, int(first.common.get("num_inference_steps", 0))
+        )
+        if "callback_on_step_end" in call_parameters(view):
+            kwargs["callback_on_step_end"] = monitor
+
+        monitor.start()
+        output = view(**kwargs)
+        monitor.finish()
+
+        images: list[Any] = list(output[0] if isinstance(output, tuple) else output.images)
+        expected = sum(p.num_outputs for p in group)
+        if len(images) != expected:
+            raise JobFailure("INTERNAL", f"the pipeline returned {len(images)} images, expected {expected}")
+        split, at = [], 0
+        for plan in group:
+            split.append(images[at : at + plan.num_outputs])
+            at += plan.num_outputs
+        info = {
+            "scheduler": type(view.scheduler).__name__,
+            "num_inference_steps": monitor.total_steps or first.common.get("num_inference_steps"),
+            "warnings": warnings,
+        }
+        return split, info
+
+    # ---- results -------------------------------------------------------------------------
+
+    def _result(
+        self, plan: ItemPlan, images: list[Any], cached: CachedPipeline, info: dict[str, Any]
+    ) -> ItemOutcome:
+        job_id = plan.job_id
+        req = plan.item.request
+        export_start = time.perf_counter()
+        self.recorder.stage_started([job_id], "export")
+        artifacts = [
+            export.image_artifact(
+                image, index=i, seed=plan.seeds[i], job_id=job_id, fmt=plan.output_format, quality=req.quality
+            )
+            for i, image in enumerate(images)
+        ]
+        self.recorder.stage_finished([job_id], "export", export_start)
+        pipeline_class = type(cached.pipeline).__name__
+        first = artifacts[0]
+        config = resolved_config(
+            plan,
+            {
+                "width": first.width,
+                "height": first.height,
+                "num_inference_steps": info["num_inference_steps"],
+                "scheduler": info["scheduler"],
+                "dtype": self.placement.dtype,
+                "device": self.placement.device,
+                "pipeline_class": pipeline_class,
+                "source": cached.key.source,
+            },
+        )
+        report = t.RunReport(
+            run_id=str(uuid.uuid4()),
+            job_id=job_id,
+            worker_id=self.executor.config.worker_id,
+            model=self.spec.id,
+            task=req.task or (self.spec.tasks[0] if self.spec.tasks else None),
+            backend=self.placement.backend,
+            execution_mode=MODE,
+            device=self.placement.device,
+            dtype=self.placement.dtype,
+            queue_wait_ms=plan.item.queue_wait_ms,
+            timings=list(self.recorder.timings.get(job_id, [])),
+            execution_ms=self.recorder.elapsed_ms(),
+            peak_memory_bytes=self.memory.peak_bytes(),
+            config_resolved=config,
+            cold_start=self.cold,
+            attempt=plan.item.attempt,
+            batch_size=len(self.assignment.items),
+            batch_group_id=self.assignment.batch_group_id,
+            seeds=list(plan.seeds),
+            trace_id=_trace_id(self.assignment.trace_context),
+            warnings=list(info["warnings"]),
+            started_at=self.recorder.started_at,
+            finished_at=datetime.now(UTC),
+            pipeline_class=pipeline_class,
+            omnirt_version=omnirt.__version__,
+        )
+        return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))

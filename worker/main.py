@@ -1,0 +1,72 @@
+"""`omnirt-worker`: the worker daemon's command line.
+
+Flags and `OMNIRT_*` environment variables come from `WorkerConfig`. SIGTERM or SIGINT
+drains the worker (a second one stops running jobs at once); it exits 0 once drained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import omnirt
+from omnirt import _config
+from omnirt.worker.backends import BackendError
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.daemon import WorkerDaemon
+from omnirt.worker.log import setup_logging
+
+log = logging.getLogger("omnirt.worker")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (one flag per WorkerConfig field)."""
+    parser = argparse.ArgumentParser(
+        prog="omnirt-worker",
+        description="OmniRT worker: connects to the controller and runs generation jobs.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {omnirt.__version__}")
+    _config.add_arguments(parser, WorkerConfig)
+    return parser
+
+
+def load_config(argv: list[str] | None = None) -> WorkerConfig:
+    """WorkerConfig from `argv` (default sys.argv) and the environment; exits 2 on a bad value."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _config.from_args(WorkerConfig, args)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+async def serve(config: WorkerConfig) -> int:
+    """Run the daemon until drained, draining on SIGTERM/SIGINT."""
+    daemon = WorkerDaemon(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.request_drain, sig.name)
+    try:
+        return await daemon.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point of `omnirt-worker`."""
+    config = load_config(argv)
+    setup_logging(config.log_level, config.log_json, config.worker_id)
+    try:
+        return asyncio.run(serve(config))
+    except (BackendError, ValueError) as exc:
+        # Startup failures (no such backend, unknown mode) end the process with a clear line.
+        log.error("worker cannot start: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

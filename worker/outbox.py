@@ -1,0 +1,92 @@
+"""`Outbox`: messages waiting to go up the controller stream.
+
+Results must reach the controller: one whose write fails is put back at the front and sent
+after the next Hello. Events and heartbeats are only useful live: they are dropped while no
+stream is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+# A result whose write failed this many times is given up (the controller retries the job
+# elsewhere once the lease of this worker's old stream expires).
+MAX_RESULT_ATTEMPTS = 5
+
+
+@dataclass
+class OutgoingMessage:
+    """One message for the stream; `durable` ones (results) survive reconnects."""
+
+    message: Any
+    durable: bool = False
+    attempts: int = 0
+
+
+class Outbox:
+    """A FIFO of outgoing messages with put-back for results that failed to send."""
+
+    def __init__(self) -> None:
+        self._items: deque[OutgoingMessage] = deque()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._in_flight = 0
+
+    def _changed(self) -> None:
+        if self._items:
+            self._ready.set()
+        else:
+            self._ready.clear()
+        if self._items or self._in_flight:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    def put(self, message: Any, *, durable: bool = False) -> None:
+        """Queue `message` (durable: keep it until it was written)."""
+        self._items.append(OutgoingMessage(message, durable))
+        self._changed()
+
+    async def get(self) -> OutgoingMessage:
+        """The next message; call `sent` or `failed` with it afterwards."""
+        while not self._items:
+            await self._ready.wait()
+        item = self._items.popleft()
+        self._in_flight += 1
+        self._changed()
+        return item
+
+    def sent(self, item: OutgoingMessage) -> None:
+        """`item` was written to the stream."""
+        self._in_flight -= 1
+        self._changed()
+
+    def failed(self, item: OutgoingMessage) -> bool:
+        """The write of `item` failed; durable items go back to the front. True when kept."""
+        self._in_flight -= 1
+        item.attempts += 1
+        kept = item.durable and item.attempts < MAX_RESULT_ATTEMPTS
+        if kept:
+            self._items.appendleft(item)
+        self._changed()
+        return kept
+
+    def drop_live(self) -> int:
+        """Forget events and heartbeats (the stream is down); return how many were dropped."""
+        kept = deque(item for item in self._items if item.durable)
+        dropped = len(self._items) - len(kept)
+        self._items = kept
+        self._changed()
+        return dropped
+
+    def durable_pending(self) -> int:
+        """Results not yet written."""
+        return sum(1 for item in self._items if item.durable)
+
+    async def wait_idle(self) -> None:
+        """Until everything queued has been written (or dropped)."""
+        await self._idle.wait()

@@ -1,0 +1,183 @@
+"""From a resolved request to diffusers pipeline arguments.
+
+`plan_item` checks what can be checked without the model (output format, scheduler name,
+seeds); `pipeline_kwargs` adds what needs the loaded pipeline (its call signature decides
+which extras and media inputs it takes). Every refusal is a `JobFailure` naming the field.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import json
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from omnirt import types as t
+from omnirt.worker import export
+from omnirt.worker.executor import JobFailure
+from omnirt.worker.protocol import AssignmentItem
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+
+# Request media roles -> the pipeline argument that takes them.
+MEDIA_ARGUMENTS = {
+    t.MediaRole.IMAGE: "image",
+    t.MediaRole.MASK: "mask_image",
+    t.MediaRole.CONTROL_IMAGE: "control_image",
+}
+# Arguments the executor sets itself; a request's extras may not override them.
+RESERVED_ARGUMENTS = frozenset(
+    {
+        "prompt",
+        "negative_prompt",
+        "num_images_per_prompt",
+        "generator",
+        "callback_on_step_end",
+        "callback_on_step_end_tensor_inputs",
+        "callback",
+        "callback_steps",
+        "output_type",
+        "return_dict",
+        "latents",
+        "prompt_embeds",
+        "negative_prompt_embeds",
+    }
+)
+
+
+@dataclass
+class ItemPlan:
+    """One job's share of a pipeline call."""
+
+    item: AssignmentItem
+    num_outputs: int
+    seeds: list[int]
+    output_format: str
+    scheduler: str
+    # width, height, num_inference_steps, guidance_scale when set (request, else model default).
+    common: dict[str, Any] = field(default_factory=dict)
+    # Model-specific extras and media inputs, filled once the pipeline is known.
+    specific: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        return self.item.job_id
+
+    def group_key(self) -> str:
+        """Plans with equal keys can share one pipeline call (seeds, prompts and counts differ)."""
+        if any(k in self.specific for k in MEDIA_ARGUMENTS.values()):
+            return "solo:" + self.job_id  # media inputs are not batched
+        return json.dumps([self.common, self.scheduler, self.specific], sort_keys=True, default=str)
+
+
+def scheduler_class(name: str) -> Any:
+    """The diffusers scheduler class called `name`; JobFailure(INVALID_ARGUMENT) when there is none."""
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
+        raise JobFailure(
+            INVALID_ARGUMENT, f"unknown scheduler {name!r} (a diffusers scheduler class name)", "scheduler"
+        )
+    return cls
+
+
+def _first_positive(*values: Any) -> Any:
+    return next((v for v in values if v is not None and v > 0), None)
+
+
+def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
+    """Validate one item and fix its seeds; request values first, then the model's defaults."""
+    req, defaults = item.request, spec.defaults
+    num_outputs = 1 if req.num_outputs is None else req.num_outputs
+    if num_outputs < 1:
+        raise JobFailure(INVALID_ARGUMENT, "num_outputs must be at least 1", "num_outputs")
+    try:
+        fmt = export.image_format(req.output_format)
+    except ValueError as exc:
+        raise JobFailure(INVALID_ARGUMENT, str(exc), "output.format") from exc
+    scheduler = req.scheduler or ""
+    if scheduler:
+        scheduler_class(scheduler)
+    # Seed of output 0; random (and reported) when the request left it unset.
+    seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+    common = {
+        "width": _first_positive(req.width, defaults.width),
+        "height": _first_positive(req.height, defaults.height),
+        "num_inference_steps": _first_positive(req.num_inference_steps, defaults.num_inference_steps),
+        "guidance_scale": req.guidance_scale
+        if req.guidance_scale is not None
+        else (defaults.guidance_scale or None),
+    }
+    return ItemPlan(
+        item=item,
+        num_outputs=num_outputs,
+        seeds=[seed + i for i in range(num_outputs)],
+        output_format=fmt,
+        scheduler=scheduler,
+        common={k: v for k, v in common.items() if v is not None},
+    )
+
+
+def call_parameters(pipeline: Any) -> set[str]:
+    """Names the pipeline's `__call__` accepts."""
+    return set(inspect.signature(pipeline.__call__).parameters)
+
+
+def _plain_number(value: Any) -> Any:
+    # google.protobuf.Struct carries every number as a double; integral ones go back to int.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _load_media(media: t.MediaInput) -> Any:
+    from PIL import Image
+
+    if media.data:
+        raw = media.data
+    elif media.uri.startswith("file://"):
+        raw = Path(urlparse(media.uri).path).read_bytes()
+    else:
+        raise JobFailure(
+            INVALID_ARGUMENT, f"cannot read input {media.uri!r}: only inline data or file://", "inputs"
+        )
+    image = Image.open(io.BytesIO(raw))
+    return image.convert("L" if media.role is t.MediaRole.MASK else "RGB")
+
+
+def pipeline_kwargs(plan: ItemPlan, accepted: set[str]) -> None:
+    """Fill `plan.specific` with the request's extras, media inputs and strength the pipeline takes."""
+    req = plan.item.request
+    specific: dict[str, Any] = {}
+    for key, value in req.extra.items():
+        if key in RESERVED_ARGUMENTS or key not in accepted:
+            raise JobFailure(INVALID_ARGUMENT, f"the pipeline does not take {key!r}", f"extra.{key}")
+        specific[key] = _plain_number(value)
+    for media in req.inputs:
+        argument = MEDIA_ARGUMENTS.get(media.role)
+        if argument is None or argument not in accepted:
+            role = media.role.value if media.role else "unspecified"
+            raise JobFailure(INVALID_ARGUMENT, f"the pipeline does not take a {role} input", "inputs")
+        try:
+            specific[argument] = _load_media(media)
+        except OSError as exc:
+            raise JobFailure(INVALID_ARGUMENT, f"cannot read the {argument} input: {exc}", "inputs") from exc
+    if req.strength is not None:
+        if "strength" not in accepted:
+            raise JobFailure(INVALID_ARGUMENT, "the pipeline does not take 'strength'", "strength")
+        specific["strength"] = req.strength
+    plan.specific = specific
+
+
+def resolved_config(plan: ItemPlan, extra: dict[str, Any]) -> dict[str, Any]:
+    """The configuration a job really ran with, for `RunReport.config_resolved` (no prompts, no media)."""
+    config: dict[str, Any] = dict(plan.common)
+    config.update({k: v for k, v in plan.specific.items() if k not in MEDIA_ARGUMENTS.values()})
+    config.update(seeds=plan.seeds, num_outputs=plan.num_outputs, output_format=plan.output_format)
+    config.update(extra)
+    return config

@@ -1,0 +1,190 @@
+"""The worker side of `omnirt.worker.v1`: gateway messages <-> plain dataclasses.
+
+The one module of the worker that reads or builds gateway protobuf messages; the daemon and
+the executors work on the dataclasses below and on `omnirt.types`. Public contract messages
+inside them (GenerateRequest, ModelSpec, JobEvent, GenerateResult, JobError) go through
+`omnirt._convert`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omnirt import _convert
+from omnirt import types as t
+from omnirt.worker.v1 import gateway_pb2
+
+
+@dataclass
+class AssignmentItem:
+    """One job of an assignment; `request` is already resolved by the controller."""
+
+    job_id: str
+    request: t.GenerateRequest
+    attempt: int = 1
+    queue_wait_ms: float = 0.0
+
+
+@dataclass
+class Assignment:
+    """One pipeline call the controller gives this worker: one job or a batch of compatible jobs."""
+
+    assignment_id: str
+    model: t.ModelSpec
+    items: list[AssignmentItem] = field(default_factory=list)
+    # Absolute deadline in Unix epoch milliseconds; 0 = none.
+    deadline_ms: int = 0
+    trace_context: dict[str, str] = field(default_factory=dict)
+    batch_group_id: str = ""
+
+    @property
+    def job_ids(self) -> list[str]:
+        """The ids of the jobs, in item order."""
+        return [item.job_id for item in self.items]
+
+
+@dataclass
+class ItemOutcome:
+    """How one job of an assignment ended: exactly one of `result` and `error` is set."""
+
+    job_id: str
+    result: t.GenerateResult | None = None
+    error: t.JobError | None = None
+
+
+@dataclass
+class Welcome:
+    """The controller accepted this worker."""
+
+    worker_id: str
+    heartbeat_interval_ms: int
+    lease_timeout_ms: int
+
+
+@dataclass
+class CancelRequest:
+    """Stop a job at its next step; `reason` becomes the JobError code."""
+
+    assignment_id: str
+    job_id: str
+    reason: str
+
+
+@dataclass
+class DrainRequest:
+    """Finish what runs, take nothing new, exit."""
+
+    reason: str
+
+
+ControllerMessage = Welcome | Assignment | CancelRequest | DrainRequest
+
+
+def hello_message(
+    *,
+    worker_id: str,
+    execution_mode: str,
+    backend: str,
+    models: list[str],
+    slots: int,
+    loaded_models: list[str],
+    hostname: str,
+    pid: int,
+    version: str,
+    labels: dict[str, str] | None = None,
+    token: str = "",
+) -> gateway_pb2.ConnectRequest:
+    """The first message of every stream."""
+    hello = gateway_pb2.Hello(
+        worker_id=worker_id,
+        execution_mode=execution_mode,
+        backend=backend,
+        models=models,
+        slots=slots,
+        loaded_models=loaded_models,
+        hostname=hostname,
+        pid=pid,
+        version=version,
+        labels=labels or {},
+        token=token,
+    )
+    return gateway_pb2.ConnectRequest(hello=hello)
+
+
+def heartbeat_message(
+    *, busy_slots: int, loaded_models: list[str], memory_bytes: int, draining: bool
+) -> gateway_pb2.ConnectRequest:
+    """A lease-keeping heartbeat."""
+    beat = gateway_pb2.Heartbeat(
+        busy_slots=busy_slots, loaded_models=loaded_models, memory_bytes=memory_bytes, draining=draining
+    )
+    return gateway_pb2.ConnectRequest(heartbeat=beat)
+
+
+def event_message(assignment_id: str, event: t.JobEvent) -> gateway_pb2.ConnectRequest:
+    """A job event; the controller numbers events, so `sequence` stays 0."""
+    wrapped = gateway_pb2.AssignmentEvent(assignment_id=assignment_id, event=_convert.event_to_proto(event))
+    return gateway_pb2.ConnectRequest(event=wrapped)
+
+
+def result_message(assignment_id: str, outcome: ItemOutcome) -> gateway_pb2.ConnectRequest:
+    """The end of one job: its GenerateResult or its JobError."""
+    msg = gateway_pb2.AssignmentResult(assignment_id=assignment_id, job_id=outcome.job_id)
+    if outcome.result is not None:
+        msg.result.CopyFrom(_convert.result_to_proto(outcome.result))
+    else:
+        error = outcome.error or t.JobError("INTERNAL", "the worker produced neither a result nor an error")
+        msg.error.CopyFrom(_convert.error_to_proto(error))
+    return gateway_pb2.ConnectRequest(result=msg)
+
+
+def assignment_from_proto(msg: gateway_pb2.Assignment) -> Assignment:
+    """An `omnirt.worker.v1.Assignment` as plain data."""
+    items = [
+        AssignmentItem(
+            job_id=item.job_id,
+            request=_convert.request_from_proto(item.request),
+            attempt=item.attempt,
+            queue_wait_ms=item.queue_wait_ms,
+        )
+        for item in msg.items
+    ]
+    return Assignment(
+        assignment_id=msg.assignment_id,
+        model=_convert.model_from_proto(msg.model),
+        items=items,
+        deadline_ms=msg.deadline_ms,
+        trace_context=dict(msg.trace_context),
+        batch_group_id=msg.batch_group_id,
+    )
+
+
+def controller_message(msg: gateway_pb2.ConnectResponse) -> ControllerMessage | None:
+    """What the controller sent, or None for a message this worker does not know."""
+    kind = msg.WhichOneof("message")
+    if kind == "welcome":
+        w = msg.welcome
+        return Welcome(w.worker_id, w.heartbeat_interval_ms, w.lease_timeout_ms)
+    if kind == "assignment":
+        return assignment_from_proto(msg.assignment)
+    if kind == "cancel":
+        c = msg.cancel
+        return CancelRequest(c.assignment_id, c.job_id, c.reason)
+    if kind == "drain":
+        return DrainRequest(msg.drain.reason)
+    return None
+
+
+def message_size(msg: gateway_pb2.ConnectRequest) -> int:
+    """Serialized size in bytes (results with inline artifacts can be large)."""
+    return msg.ByteSize()
+
+
+def assignment_job_ids(msg: gateway_pb2.ConnectResponse) -> tuple[str, list[str]]:
+    """(assignment id, job ids) of an assignment message, read without converting the requests.
+
+    For answering an assignment whose conversion failed.
+    """
+    if msg.WhichOneof("message") != "assignment":
+        return "", []
+    return msg.assignment.assignment_id, [item.job_id for item in msg.assignment.items]
