@@ -8,8 +8,12 @@ python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
+log=$(mktemp)
+# pip's output goes to a log that is shown only when the install fails.
+install() { .venv/bin/python -m pip install --quiet "$@" >"$log" 2>&1 || { cat "$log"; exit 1; }; }
+install --upgrade pip
 # torch is pinned (torch==2.13.0) in the [worker] extra; an unpinned torch would pull a CUDA build.
 # Strict editable mode: a link tree under build/ that mypy can follow (the default import hook
 # hides the package-dir mapping from it). Rerun this script after adding a module.
-.venv/bin/python -m pip install --quiet -e ".[$extras]" --config-settings editable_mode=strict
+install -e ".[$extras]" --config-settings editable_mode=strict
+rm -f "$log"
