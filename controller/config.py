@@ -16,6 +16,17 @@ class ControllerConfig:
     max_queue: int = field(
         default=10000, metadata={"help": "queued jobs before Submit answers RESOURCE_EXHAUSTED"}
     )
+    priority_aging_s: float = field(
+        default=30.0,
+        metadata={"help": "seconds of waiting that raise a job's priority by one (0 = no aging)"},
+    )
+    max_batch_size: int = field(
+        default=8, metadata={"help": "most jobs in one pipeline call for models that batch (1 = no batching)"}
+    )
+    batch_window_ms: int = field(
+        default=0,
+        metadata={"help": "how long a batchable job may wait for companions (0 = batch only what is queued)"},
+    )
     max_attempts: int = field(default=3, metadata={"help": "runs of a job before a lost worker fails it"})
     heartbeat_interval_ms: int = field(default=1000, metadata={"help": "how often workers send heartbeats"})
     lease_timeout_ms: int = field(

@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 
 from omnirt.errors import FailedPrecondition, InvalidRequest
 from omnirt.types import (
@@ -57,6 +58,21 @@ def _fingerprint(request: GenerateRequest) -> bytes:
     return hashlib.sha256(repr(sorted(data.items())).encode()).digest()
 
 
+def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
+    """What jobs must share to run in one pipeline call; None when this one never batches.
+
+    Prompts, negative prompts, seeds and output counts may differ; jobs with media inputs are
+    not batched yet.
+    """
+    spec, r = plan.spec, plan.request
+    if max_batch_size <= 1 or not spec.supports_batching or r.inputs:
+        return None
+    adapters = tuple((a.name, a.scale) for a in r.adapters)
+    shape = (r.width, r.height, r.num_frames, r.fps, r.num_inference_steps, r.guidance_scale, r.strength)
+    output = (r.output_format, r.quality, r.inline_limit_bytes)
+    return (spec.id, r.task, shape, r.scheduler, adapters, output, json.dumps(r.extra, sort_keys=True))
+
+
 class Engine:
     """Validates, queues, dispatches and tracks jobs; knows the connected workers."""
 
@@ -64,10 +80,12 @@ class Engine:
         self.config = config
         self.catalog = catalog
         self.store = JobStore(max_finished=config.max_finished_jobs, ttl_s=config.job_ttl_s)
-        self.queue = JobQueue(config.max_queue)
+        self.queue = JobQueue(config.max_queue, config.priority_aging_s)
         self.workers = WorkerRegistry()
         self._live: dict[str, JobRecord] = {}
         self._wake = asyncio.Event()
+        # When a job held back for batch companions must go anyway (monotonic; 0 = none).
+        self._window_due = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- life cycle -----------------------------------------------------------------------
@@ -120,10 +138,12 @@ class Engine:
             labels=dict(req.labels),
             deadline_ms=min((d for d in deadlines if d), default=0),
         )
+        # Workers see one deadline per job: the effective one.
+        req.deadline_ms = job.deadline_ms
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
         self.store.add(record)
         self._live[job.id] = record
-        self.queue.push(record)
+        self.queue.push(record, self._batch_key(record))
         record.append(JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED))
         log.info("job queued", extra={"job_id": job.id, "model": job.model})
         self._wake.set()
@@ -297,7 +317,7 @@ class Engine:
                 continue
             job.state, job.worker_id, record.assignment_id = JobState.QUEUED, "", ""
             record.enqueued_at = time.monotonic()
-            self.queue.push(record)
+            self.queue.push(record, self._batch_key(record))
             record.append(
                 JobEvent(
                     job_id=job_id,
@@ -336,23 +356,54 @@ class Engine:
     def _with_serving(self, spec: ModelSpec) -> ModelSpec:
         return dataclasses.replace(spec, serving_workers=self.workers.serving_count(spec))
 
+    def _batch_key(self, record: JobRecord) -> Hashable | None:
+        return batch_key(record.plan, self._batch_limit(record.plan.spec))
+
+    def _batch_limit(self, spec: ModelSpec) -> int:
+        model_limit = spec.limits.max_batch_size or self.config.max_batch_size
+        return max(1, min(self.config.max_batch_size, model_limit))
+
     def _place(self, record: JobRecord) -> bool:
+        """Send this job (and queued jobs that can share its call) to the best free worker."""
         handle = self.workers.pick(record.plan.spec)
         if handle is None:
             return False
+        limit = self._batch_limit(record.plan.spec)
+        peers = self.queue.batch_peers(record.job.id, limit - 1)
+        window_s = self.config.batch_window_ms / 1000
+        if window_s and len(peers) + 1 < limit and self._batch_key(record) is not None:
+            due = record.enqueued_at + window_s
+            if due > time.monotonic():  # wait a little for companions
+                self._window_due = min(self._window_due or due, due)
+                return False
+        for peer in peers:
+            self.queue.remove(peer.job.id)
+        batch = [record, *peers]
+        assignment_id = "asg-" + uuid.uuid4().hex[:16]
+        items = [self._start(r, handle, assignment_id) for r in batch]
+        handle.link.send(
+            Assignment(
+                assignment_id,
+                items,
+                record.plan.spec,
+                # A batch carries each job's own deadline in its request.
+                deadline_ms=record.job.deadline_ms if len(batch) == 1 else 0,
+                batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(batch) > 1 else "",
+            )
+        )
+        return True
+
+    def _start(self, record: JobRecord, handle: WorkerHandle, assignment_id: str) -> AssignmentItem:
+        """Mark one job RUNNING on `handle` under `assignment_id`."""
         job = record.job
         job.state = JobState.RUNNING
         job.started_at = utcnow()
         job.attempts += 1
         job.worker_id = handle.id
         job.waiting_reason = ""
-        record.assignment_id = "asg-" + uuid.uuid4().hex[:16]
-        handle.running[job.id] = record.assignment_id
+        record.assignment_id = assignment_id
+        handle.running[job.id] = assignment_id
         wait_ms = (time.monotonic() - record.enqueued_at) * 1000
-        item = AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms)
-        handle.link.send(
-            Assignment(record.assignment_id, [item], record.plan.spec, deadline_ms=job.deadline_ms)
-        )
         record.append(
             JobEvent(
                 job_id=job.id,
@@ -362,7 +413,7 @@ class Engine:
                 attempt=job.attempts,
             )
         )
-        return True
+        return AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms)
 
     def dispatch(self) -> int:
         """Give queued jobs to workers with free slots; returns how many were placed."""
@@ -371,8 +422,11 @@ class Engine:
 
     async def _dispatch_loop(self) -> None:
         while True:
-            await self._wake.wait()
+            timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
+            self._window_due = 0.0
             try:
                 self.dispatch()
             except Exception:  # a bug here must not stop dispatching for everyone

@@ -31,6 +31,8 @@ class JobRecord:
     # The result with every artifact's bytes; `job.result` is the same minus oversized bytes.
     result: GenerateResult | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
+    # Kept across requeues, so a retried job keeps its place (and its aging).
+    first_enqueued_at: float = field(default_factory=time.monotonic)
     assignment_id: str = ""
     finished_at_monotonic: float = 0.0
     _changed: asyncio.Event = field(default_factory=asyncio.Event)

@@ -1,10 +1,16 @@
-"""The bounded priority queue of jobs waiting for a worker."""
+"""The bounded priority queue of jobs waiting for a worker.
+
+Order: higher priority first, FIFO within a priority, and waiting raises a job's effective
+priority by one level every `aging_s` seconds so nothing starves. Because every job ages at the
+same rate, comparing `priority + (now - enqueued) / aging_s` between two jobs does not depend on
+`now`: the heap key `enqueued / aging_s - priority` is fixed at push time and the heap stays valid.
+"""
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 from omnirt.errors import QueueFull
 
@@ -12,12 +18,16 @@ from .jobs import JobRecord
 
 
 class JobQueue:
-    """Higher priority first, FIFO within a priority; removal is lazy (stale heap entries)."""
+    """Priority queue with aging, a size bound, lazy removal and an index of batchable jobs."""
 
-    def __init__(self, max_size: int) -> None:
+    def __init__(self, max_size: int, aging_s: float = 0.0) -> None:
         self.max_size = max_size
-        self._heap: list[tuple[int, int, str]] = []
+        self.aging_s = aging_s
+        self._heap: list[tuple[float, int, str]] = []
         self._live: dict[str, JobRecord] = {}
+        # batch key -> queued jobs with that key, in arrival order
+        self._by_key: dict[Hashable, dict[str, JobRecord]] = {}
+        self._keys: dict[str, Hashable] = {}
         self._counter = itertools.count()
 
     def __len__(self) -> int:
@@ -31,13 +41,36 @@ class JobQueue:
         if len(self._live) >= self.max_size:
             raise QueueFull(f"queue is full ({self.max_size} jobs waiting); retry later", retry_after_s=1.0)
 
-    def push(self, record: JobRecord) -> None:
+    def _rank(self, record: JobRecord) -> float:
+        aging = record.first_enqueued_at / self.aging_s if self.aging_s > 0 else 0.0
+        return aging - record.job.priority
+
+    def push(self, record: JobRecord, batch_key: Hashable | None = None) -> None:
+        """Queue a job; `batch_key` files it with the jobs it may share a pipeline call with."""
         self.check_room()
-        self._live[record.job.id] = record
-        heapq.heappush(self._heap, (-record.job.priority, next(self._counter), record.job.id))
+        job_id = record.job.id
+        self._live[job_id] = record
+        heapq.heappush(self._heap, (self._rank(record), next(self._counter), job_id))
+        if batch_key is not None:
+            self._by_key.setdefault(batch_key, {})[job_id] = record
+            self._keys[job_id] = batch_key
 
     def remove(self, job_id: str) -> JobRecord | None:
-        return self._live.pop(job_id, None)
+        record = self._live.pop(job_id, None)
+        key = self._keys.pop(job_id, None)
+        if key is not None:
+            peers = self._by_key[key]
+            peers.pop(job_id, None)
+            if not peers:
+                del self._by_key[key]
+        return record
+
+    def batch_peers(self, job_id: str, limit: int) -> list[JobRecord]:
+        """Up to `limit` other queued jobs that may share a call with `job_id`, oldest first."""
+        key = self._keys.get(job_id)
+        if key is None or limit <= 0:
+            return []
+        return list(itertools.islice((r for j, r in self._by_key[key].items() if j != job_id), limit))
 
     def records(self) -> Iterator[JobRecord]:
         """Live records in dispatch order (sorts a copy: for inspection, not the hot path)."""
@@ -54,19 +87,20 @@ class JobQueue:
         return 0
 
     def take(self, place: Callable[[JobRecord], bool], budget: int) -> int:
-        """Pop jobs in order and offer each to `place` until `budget` jobs were placed.
+        """Pop jobs in order and offer each to `place` until `budget` calls were placed.
 
-        Jobs `place` refuses (no worker for them now) keep their position.
+        `place` returns True when it dispatched the job (it removes the job, and any batch peers
+        it took along, with `remove`); jobs it refuses keep their position.
         """
         placed = 0
-        refused: list[tuple[int, int, str]] = []
+        refused: list[tuple[float, int, str]] = []
         while self._heap and placed < budget:
             entry = heapq.heappop(self._heap)
             record = self._live.get(entry[2])
             if record is None:
-                continue
+                continue  # removed earlier (cancelled, expired, or taken along in a batch)
             if place(record):
-                del self._live[entry[2]]
+                self.remove(entry[2])
                 placed += 1
             else:
                 refused.append(entry)

@@ -76,10 +76,15 @@ class WorkerHandle:
         return self.info.id
 
     @property
+    def busy_slots(self) -> int:
+        """Assignments running now: a batch is one pipeline call, so it takes one slot."""
+        return len(set(self.running.values()))
+
+    @property
     def free_slots(self) -> int:
         if self.info.state is not WorkerState.READY:
             return 0
-        return max(0, self.info.slots - len(self.running))
+        return max(0, self.info.slots - self.busy_slots)
 
     def serves(self, spec: ModelSpec) -> bool:
         """True when this worker's mode matches and it lists the model (or lists none)."""
@@ -87,7 +92,7 @@ class WorkerHandle:
         return mode_ok and (not self.info.models or spec.id in self.info.models)
 
     def snapshot(self) -> WorkerInfo:
-        self.info.busy_slots = len(self.running)
+        self.info.busy_slots = self.busy_slots
         self.info.running_job_ids = sorted(self.running)
         return self.info
 
@@ -131,7 +136,7 @@ class WorkerRegistry:
             return None
         return min(
             free,
-            key=lambda w: (spec.id not in w.info.loaded_models, len(w.running) / max(1, w.info.slots), w.id),
+            key=lambda w: (spec.id not in w.info.loaded_models, w.busy_slots / max(1, w.info.slots), w.id),
         )
 
     def serving_count(self, spec: ModelSpec) -> int:

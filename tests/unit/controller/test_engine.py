@@ -48,7 +48,7 @@ def request(**kw: object) -> GenerateRequest:
 
 
 def test_priority_then_fifo() -> None:
-    engine = make_engine()
+    engine = make_engine(max_batch_size=1)
     low1, _ = engine.submit(request(priority=0))
     high, _ = engine.submit(request(priority=50))
     low2, _ = engine.submit(request(priority=0))
@@ -58,7 +58,7 @@ def test_priority_then_fifo() -> None:
 
 
 def test_never_more_jobs_than_slots_and_result_frees_a_slot() -> None:
-    engine = make_engine()
+    engine = make_engine(max_batch_size=1)
     jobs = [engine.submit(request())[0] for _ in range(3)]
     link = connect(engine, "w1", slots=2)
     engine.dispatch()
@@ -175,3 +175,62 @@ def test_watch_replays_and_ends_at_the_final_state() -> None:
         return [e.state.value for e in [x async for x in engine.watch(record.job.id)] if e.state]
 
     assert asyncio.run(scenario()) == ["queued", "cancelled"]
+
+
+def test_waiting_raises_priority_so_nothing_starves() -> None:
+    engine = make_engine(max_batch_size=1, priority_aging_s=1.0)
+    old, _ = engine.submit(request(priority=0))
+    old.first_enqueued_at -= 10  # it has waited 10 s: worth 10 priority levels
+    engine.queue.remove(old.job.id)
+    engine.queue.push(old)
+    new_high, _ = engine.submit(request(priority=5))
+    link = connect(engine, "w1", slots=1)
+    engine.dispatch()
+    assert link.assignments()[0].items[0].job_id == old.job.id
+    assert engine.get(new_high.job.id).state is JobState.QUEUED
+
+
+def test_compatible_jobs_share_one_call_and_one_slot() -> None:
+    engine = make_engine(max_batch_size=4)
+    same = [engine.submit(request(prompt=f"p{i}", seed=i))[0] for i in range(5)]
+    other_size, _ = engine.submit(request(width=128))
+    link = connect(engine, "w1", slots=1)
+    engine.dispatch()
+    (batch,) = link.assignments()
+    assert [i.job_id for i in batch.items] == [r.job.id for r in same[:4]]
+    assert [i.request.seed for i in batch.items] == [0, 1, 2, 3], "seeds stay per request"
+    assert batch.batch_group_id
+    handle = engine.workers.get("w1")
+    assert handle.busy_slots == 1 and handle.free_slots == 0
+    for item in batch.items:
+        engine.worker_result(handle, batch.assignment_id, item.job_id, GenerateResult(""), None)
+    engine.dispatch()
+    second = link.assignments()[1]
+    assert [i.job_id for i in second.items] == [same[4].job.id], "a different size is another call"
+    assert engine.get(other_size.job.id).state is JobState.QUEUED
+
+
+def test_batch_window_waits_for_companions() -> None:
+    async def scenario() -> list[int]:
+        engine = make_engine(max_batch_size=4, batch_window_ms=150)
+        await engine.start()
+        try:
+            link = connect(engine, "w1", slots=1)
+            engine.submit(request(prompt="a"))
+            await asyncio.sleep(0.05)
+            engine.submit(request(prompt="b"))
+            await asyncio.sleep(0.4)
+            return [len(a.items) for a in link.assignments()]
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(scenario()) == [2]
+
+
+def test_no_batching_for_a_model_that_does_not_batch_or_when_off() -> None:
+    engine = make_engine(max_batch_size=1)
+    for i in range(3):
+        engine.submit(request(prompt=str(i)))
+    link = connect(engine, "w1", slots=3)
+    engine.dispatch()
+    assert [len(a.items) for a in link.assignments()] == [1, 1, 1]
