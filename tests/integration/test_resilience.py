@@ -84,3 +84,39 @@ def test_sigterm_drains_the_worker(own_controller: Controller, log_dir: Path, mo
         assert client.get_job(queued_after.id).state is JobState.QUEUED
         own_controller.wait_worker("w-drain", present=False, timeout=10)
         client.cancel(queued_after.id)
+
+
+def test_a_silent_worker_loses_its_lease_and_its_job_finishes_elsewhere(
+    own_controller: Controller, log_dir: Path, model_dir: Path
+) -> None:
+    """SIGSTOP freezes a worker with its stream open: no heartbeats, so the lease (3 s) expires."""
+    frozen = Worker(log_dir, own_controller.address, "w-frozen", model_dir).start()
+    spare: Worker | None = None
+    try:
+        own_controller.wait_worker("w-frozen")
+        with omnirt.Client(own_controller.address) as client:
+            client.generate(model="tiny-sd", prompt="warm", seed=1, timeout=120)
+            job = client.submit(model="tiny-sd", prompt="interrupted", seed=8, num_inference_steps=100)
+            for event in client.watch(job.id, timeout=120):
+                if event.kind is EventKind.PROGRESS:
+                    break
+            frozen.signal(signal.SIGSTOP)
+            spare = Worker(log_dir, own_controller.address, "w-spare", model_dir).start()
+            result = client.wait(job.id, timeout=180)
+            assert result.report.worker_id == "w-spare"
+            final = client.get_job(job.id)
+            assert final.attempts == 2
+            frozen.signal(signal.SIGCONT)
+            # the thawed worker reconnects; whatever it sends about the old run is ignored
+            own_controller.wait_worker("w-frozen", timeout=30)
+            time.sleep(1)
+            events = list(client.watch(job.id))
+            assert sum(1 for e in events if e.kind is EventKind.RESULT) == 1
+            assert [e.state for e in events if e.state][-1] is JobState.SUCCEEDED
+            requeued = [e for e in events if e.state is JobState.QUEUED and e.error]
+            assert requeued and "no heartbeat" in requeued[0].error.message
+    finally:
+        frozen.signal(signal.SIGCONT)
+        frozen.stop()
+        if spare:
+            spare.stop()
