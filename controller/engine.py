@@ -272,6 +272,9 @@ class Engine:
             log.info("late result ignored", extra={"job_id": job_id, "worker_id": handle.id})
             return
         if error is not None:
+            if error.code == "UNAVAILABLE":  # the worker gave the job up (drain timeout): retry it
+                self._retry_or_fail(record, f"worker {handle.id} gave the job up: {error.message}")
+                return
             state = JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
             self._finish(record, state, error)
             return
@@ -304,29 +307,29 @@ class Engine:
         """Requeue (or fail, when attempts are spent) the jobs a lost worker was running."""
         for job_id, assignment_id in list(handle.running.items()):
             record = self._current(job_id, assignment_id)
-            if record is None:
-                continue
-            job = record.job
-            message = f"worker {handle.id} was lost while running the job ({reason})"
-            if job.attempts >= self.config.max_attempts:
-                self._finish(
-                    record,
-                    JobState.FAILED,
-                    JobError("UNAVAILABLE", f"{message}; gave up after {job.attempts} attempts"),
-                )
-                continue
-            job.state, job.worker_id, record.assignment_id = JobState.QUEUED, "", ""
-            record.enqueued_at = time.monotonic()
-            self.queue.push(record, self._batch_key(record))
-            record.append(
-                JobEvent(
-                    job_id=job_id,
-                    kind=EventKind.STATE,
-                    state=JobState.QUEUED,
-                    error=JobError("UNAVAILABLE", message),
-                )
-            )
+            if record is not None:
+                self._retry_or_fail(record, f"worker {handle.id} was lost while running the job ({reason})")
         handle.running.clear()
+
+    def _retry_or_fail(self, record: JobRecord, message: str) -> None:
+        """Put a running job back in the queue, or fail it with UNAVAILABLE when attempts are spent."""
+        job = record.job
+        if job.attempts >= self.config.max_attempts:
+            error = JobError("UNAVAILABLE", f"{message}; gave up after {job.attempts} attempts")
+            self._finish(record, JobState.FAILED, error)
+            return
+        job.state, job.worker_id, record.assignment_id = JobState.QUEUED, "", ""
+        record.enqueued_at = time.monotonic()
+        self.queue.push(record, self._batch_key(record))
+        record.append(
+            JobEvent(
+                job_id=job.id,
+                kind=EventKind.STATE,
+                state=JobState.QUEUED,
+                error=JobError("UNAVAILABLE", message),
+            )
+        )
+        self._wake.set()
 
     def _finish(self, record: JobRecord, state: JobState, error: JobError | None = None) -> None:
         self._live.pop(record.job.id, None)

@@ -234,3 +234,14 @@ def test_no_batching_for_a_model_that_does_not_batch_or_when_off() -> None:
     link = connect(engine, "w1", slots=3)
     engine.dispatch()
     assert [len(a.items) for a in link.assignments()] == [1, 1, 1]
+
+
+def test_a_job_the_worker_gives_up_is_retried() -> None:
+    engine = make_engine()
+    record, _ = engine.submit(request())
+    first = connect(engine, "w1")
+    engine.dispatch()
+    a = first.assignments()[0]
+    error = JobError("UNAVAILABLE", "the worker stopped the job to shut down (drain timeout)")
+    engine.worker_result(engine.workers.get("w1"), a.assignment_id, record.job.id, None, error)
+    assert record.job.state is JobState.QUEUED and len(engine.queue) == 1
