@@ -198,6 +198,18 @@ class Engine:
         self._finish(record, JobState.CANCELLED, JobError("CANCELLED", "cancelled by the client"))
         return job, True
 
+    def abandon(self, job_id: str) -> None:
+        """The client of a `Generate` went away: past its deadline the job expires, else it is cancelled."""
+        record = self.store.get(job_id)
+        if record.job.state.terminal:
+            return
+        deadline = record.job.deadline_ms
+        # gRPC ends the call at the deadline; allow for the clocks' granularity.
+        if deadline and time.time() * 1000 + 100 >= deadline:
+            self._expire(record)
+        else:
+            self.cancel(job_id)
+
     def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]:
         """The full bytes of one artifact of a succeeded job."""
         record = self.store.get(job_id)
@@ -372,16 +384,17 @@ class Engine:
         if handle is None:
             return False
         limit = self._batch_limit(record.plan.spec)
-        peers = self.queue.batch_peers(record.job.id, limit - 1)
         window_s = self.config.batch_window_ms / 1000
-        if window_s and len(peers) + 1 < limit and self._batch_key(record) is not None:
+        if (
+            window_s
+            and self.queue.count_peers(record.job.id) + 1 < limit
+            and self._batch_key(record) is not None
+        ):
             due = record.enqueued_at + window_s
             if due > time.monotonic():  # wait a little for companions
                 self._window_due = min(self._window_due or due, due)
                 return False
-        for peer in peers:
-            self.queue.remove(peer.job.id)
-        batch = [record, *peers]
+        batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
         assignment_id = "asg-" + uuid.uuid4().hex[:16]
         items = [self._start(r, handle, assignment_id) for r in batch]
         handle.link.send(
@@ -448,14 +461,19 @@ class Engine:
             job = record.job
             if not job.deadline_ms or job.deadline_ms > now_ms:
                 continue
-            if job.state is JobState.RUNNING:
-                with contextlib.suppress(Exception):
-                    handle = self.workers.get(job.worker_id)
-                    handle.link.send(CancelAssignment(record.assignment_id, job.id, "DEADLINE_EXCEEDED"))
-            self.queue.remove(job.id)
-            where = "while running" if job.state is JobState.RUNNING else "while queued"
-            self._finish(record, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}"))
+            self._expire(record)
         self.store.evict()
+
+    def _expire(self, record: JobRecord) -> None:
+        """Fail a job whose deadline passed; a running one is told to stop at its next step."""
+        job = record.job
+        if job.state is JobState.RUNNING:
+            with contextlib.suppress(Exception):
+                handle = self.workers.get(job.worker_id)
+                handle.link.send(CancelAssignment(record.assignment_id, job.id, "DEADLINE_EXCEEDED"))
+        self.queue.remove(job.id)
+        where = "while running" if job.state is JobState.RUNNING else "while queued"
+        self._finish(record, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}"))
 
     async def _reaper_loop(self) -> None:
         while True:

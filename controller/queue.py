@@ -25,8 +25,9 @@ class JobQueue:
         self.aging_s = aging_s
         self._heap: list[tuple[float, int, str]] = []
         self._live: dict[str, JobRecord] = {}
-        # batch key -> queued jobs with that key, in arrival order
+        # batch key -> queued jobs with that key, and a heap of them in queue order
         self._by_key: dict[Hashable, dict[str, JobRecord]] = {}
+        self._key_heaps: dict[Hashable, list[tuple[float, int, str]]] = {}
         self._keys: dict[str, Hashable] = {}
         self._counter = itertools.count()
 
@@ -50,9 +51,11 @@ class JobQueue:
         self.check_room()
         job_id = record.job.id
         self._live[job_id] = record
-        heapq.heappush(self._heap, (self._rank(record), next(self._counter), job_id))
+        entry = (self._rank(record), next(self._counter), job_id)
+        heapq.heappush(self._heap, entry)
         if batch_key is not None:
             self._by_key.setdefault(batch_key, {})[job_id] = record
+            heapq.heappush(self._key_heaps.setdefault(batch_key, []), entry)
             self._keys[job_id] = batch_key
 
     def remove(self, job_id: str) -> JobRecord | None:
@@ -63,14 +66,28 @@ class JobQueue:
             peers.pop(job_id, None)
             if not peers:
                 del self._by_key[key]
+                del self._key_heaps[key]
         return record
 
-    def batch_peers(self, job_id: str, limit: int) -> list[JobRecord]:
-        """Up to `limit` other queued jobs that may share a call with `job_id`, oldest first."""
+    def count_peers(self, job_id: str) -> int:
+        """How many other queued jobs could share a pipeline call with `job_id`."""
         key = self._keys.get(job_id)
-        if key is None or limit <= 0:
-            return []
-        return list(itertools.islice((r for j, r in self._by_key[key].items() if j != job_id), limit))
+        return len(self._by_key[key]) - 1 if key is not None else 0
+
+    def take_peers(self, job_id: str, limit: int) -> list[JobRecord]:
+        """Remove and return up to `limit` jobs that can share `job_id`'s call, in queue order."""
+        key = self._keys.get(job_id)
+        peers: list[JobRecord] = []
+        heap = self._key_heaps.get(key) if key is not None else None
+        while heap and len(peers) < limit:
+            other = heapq.heappop(heap)[2]
+            record = self._by_key[key].get(other)
+            if record is None or other == job_id:
+                continue  # stale (already gone), or the job itself, which the caller removes
+            peers.append(record)
+        for record in peers:
+            self.remove(record.job.id)
+        return peers
 
     def records(self) -> Iterator[JobRecord]:
         """Live records in dispatch order (sorts a copy: for inspection, not the hot path)."""

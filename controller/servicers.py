@@ -46,8 +46,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         try:
             await self.engine.wait(record)
         except asyncio.CancelledError:
-            # The client went away (or its deadline passed): nobody wants this job any more.
-            self.engine.cancel(record.job.id)
+            # The client went away (cancelled) or its deadline passed (expired): nobody waits any more.
+            self.engine.abandon(record.job.id)
             raise
         job = record.job
         if job.result is None or job.error is not None:
