@@ -9,6 +9,9 @@ Stage timings: `load` is the model cache load (absent when warm); `denoise` runs
 call's start (text encoding included) to the last step callback; `decode` from the last step
 callback to the call's return (the pipeline decodes internally); `export` is the encoding of
 one job's artifacts.
+
+Models of the `null` family (no compute, for control-plane tests and benchmarks) are run by
+`omnirt.worker.null_model` instead, on the event loop, without the model cache.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
-from omnirt.worker import backends, export
+from omnirt.worker import backends, export, null_model
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import (
     CancelFlags,
@@ -133,6 +136,11 @@ class LegacyCallExecutor(Executor):
         return self.cache.loaded_models()
 
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        if null_model.is_null_model(assignment.model):
+            # No compute, so no thread: it runs on the loop and never reaches the model cache.
+            return await null_model.run_null(
+                assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend
+            )
         loop = asyncio.get_running_loop()
 
         def emit_threadsafe(event: t.JobEvent) -> None:
@@ -144,6 +152,10 @@ class LegacyCallExecutor(Executor):
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         """`run` without the event loop: blocks; `emit` is called from this thread."""
+        if null_model.is_null_model(assignment.model):
+            return null_model.run_null_sync(
+                assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend
+            )
         return _AssignmentRun(self, assignment, emit, flags).execute()
 
 
