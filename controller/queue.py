@@ -25,6 +25,8 @@ class JobQueue:
         self.aging_s = aging_s
         self._heap: list[tuple[float, int, str]] = []
         self._live: dict[str, JobRecord] = {}
+        # job id -> its current heap entry (rank, sequence, job id)
+        self._entries: dict[str, tuple[float, int, str]] = {}
         # batch key -> queued jobs with that key, and a heap of them in queue order
         self._by_key: dict[Hashable, dict[str, JobRecord]] = {}
         self._key_heaps: dict[Hashable, list[tuple[float, int, str]]] = {}
@@ -52,6 +54,7 @@ class JobQueue:
         job_id = record.job.id
         self._live[job_id] = record
         entry = (self._rank(record), next(self._counter), job_id)
+        self._entries[job_id] = entry
         heapq.heappush(self._heap, entry)
         if batch_key is not None:
             self._by_key.setdefault(batch_key, {})[job_id] = record
@@ -60,6 +63,7 @@ class JobQueue:
 
     def remove(self, job_id: str) -> JobRecord | None:
         record = self._live.pop(job_id, None)
+        self._entries.pop(job_id, None)
         key = self._keys.pop(job_id, None)
         if key is not None:
             peers = self._by_key[key]
@@ -97,11 +101,11 @@ class JobQueue:
                 yield record
 
     def position(self, job_id: str) -> int:
-        """How many queued jobs are ahead of this one."""
-        for i, record in enumerate(self.records()):
-            if record.job.id == job_id:
-                return i
-        return 0
+        """How many queued jobs are ahead of this one (one pass, no sort)."""
+        mine = self._entries.get(job_id)
+        if mine is None:
+            return 0
+        return sum(1 for entry in self._entries.values() if entry < mine)
 
     def take(self, place: Callable[[JobRecord], bool], budget: int) -> int:
         """Pop jobs in order and offer each to `place` until `budget` calls were placed.
@@ -114,8 +118,8 @@ class JobQueue:
         while self._heap and placed < budget:
             entry = heapq.heappop(self._heap)
             record = self._live.get(entry[2])
-            if record is None:
-                continue  # removed earlier (cancelled, expired, or taken along in a batch)
+            if record is None or self._entries.get(entry[2]) != entry:
+                continue  # removed earlier (cancelled, expired, taken along in a batch) or requeued
             if place(record):
                 self.remove(entry[2])
                 placed += 1

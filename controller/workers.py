@@ -67,9 +67,31 @@ class WorkerHandle:
 
     info: WorkerInfo
     link: WorkerLink
-    # job id -> assignment id, for jobs the worker runs now
+    # job id -> assignment id, for jobs the worker runs now (change it through start/release)
     running: dict[str, str] = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
+    # assignment id -> jobs of it still running: one pipeline call takes one slot
+    _calls: dict[str, int] = field(default_factory=dict)
+
+    def start(self, job_id: str, assignment_id: str) -> None:
+        self.running[job_id] = assignment_id
+        self._calls[assignment_id] = self._calls.get(assignment_id, 0) + 1
+
+    def release(self, job_id: str, assignment_id: str) -> bool:
+        """Forget a finished job; True when it was running here under that assignment."""
+        if self.running.get(job_id) != assignment_id:
+            return False
+        del self.running[job_id]
+        left = self._calls[assignment_id] - 1
+        if left:
+            self._calls[assignment_id] = left
+        else:
+            del self._calls[assignment_id]
+        return True
+
+    def release_all(self) -> None:
+        self.running.clear()
+        self._calls.clear()
 
     @property
     def id(self) -> str:
@@ -78,7 +100,7 @@ class WorkerHandle:
     @property
     def busy_slots(self) -> int:
         """Assignments running now: a batch is one pipeline call, so it takes one slot."""
-        return len(set(self.running.values()))
+        return len(self._calls)
 
     @property
     def free_slots(self) -> int:
@@ -124,6 +146,10 @@ class WorkerRegistry:
 
     def all(self) -> list[WorkerHandle]:
         return sorted(self._workers.values(), key=lambda w: w.id)
+
+    def free_slots(self) -> int:
+        """Free slots over every worker (the dispatcher's budget; no sorting, it runs often)."""
+        return sum(w.free_slots for w in self._workers.values())
 
     def candidates(self, spec: ModelSpec) -> list[WorkerHandle]:
         """Workers that serve the model, whether or not they have a free slot."""
