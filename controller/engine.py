@@ -276,8 +276,7 @@ class Engine:
         error: JobError | None,
     ) -> None:
         handle.last_seen = time.monotonic()
-        if handle.running.get(job_id) == assignment_id:
-            del handle.running[job_id]
+        if handle.release(job_id, assignment_id):
             self._wake.set()
         record = self._current(job_id, assignment_id)
         if record is None:
@@ -321,7 +320,7 @@ class Engine:
             record = self._current(job_id, assignment_id)
             if record is not None:
                 self._retry_or_fail(record, f"worker {handle.id} was lost while running the job ({reason})")
-        handle.running.clear()
+        handle.release_all()
 
     def _retry_or_fail(self, record: JobRecord, message: str) -> None:
         """Put a running job back in the queue, or fail it with UNAVAILABLE when attempts are spent."""
@@ -418,7 +417,7 @@ class Engine:
         job.worker_id = handle.id
         job.waiting_reason = ""
         record.assignment_id = assignment_id
-        handle.running[job.id] = assignment_id
+        handle.start(job.id, assignment_id)
         wait_ms = (time.monotonic() - record.enqueued_at) * 1000
         record.append(
             JobEvent(
@@ -433,7 +432,7 @@ class Engine:
 
     def dispatch(self) -> int:
         """Give queued jobs to workers with free slots; returns how many were placed."""
-        budget = sum(w.free_slots for w in self.workers.all())
+        budget = self.workers.free_slots()
         return self.queue.take(self._place, budget) if budget and len(self.queue) else 0
 
     async def _dispatch_loop(self) -> None:
