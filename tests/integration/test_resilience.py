@@ -120,3 +120,22 @@ def test_a_silent_worker_loses_its_lease_and_its_job_finishes_elsewhere(
         frozen.stop()
         if spare:
             spare.stop()
+
+
+def test_a_job_waits_for_a_worker_that_serves_its_model(
+    own_controller: Controller, log_dir: Path, model_dir: Path
+) -> None:
+    with omnirt.Client(own_controller.address) as client:
+        job = client.submit(model="tiny-sd", prompt="patience", seed=6)
+        time.sleep(0.5)
+        waiting = client.get_job(job.id)
+        assert waiting.state is JobState.QUEUED
+        assert (
+            waiting.waiting_reason == "no connected worker serves model tiny-sd (execution mode legacy_call)"
+        )
+        worker = Worker(log_dir, own_controller.address, "w-late", model_dir).start()
+        try:
+            result = client.wait(job.id, timeout=120)
+            assert result.report.worker_id == "w-late" and result.report.queue_wait_ms >= 500
+        finally:
+            worker.stop()
