@@ -57,7 +57,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("request")
     g.add_argument("--model", "-m", required=True, help="model id or alias from the catalog")
     g.add_argument("--prompt", "-p", help="what to generate")
-    g.add_argument("--task", "-t", choices=[t.value for t in Task], help="default: text2image")
+    g.add_argument("--task", "-t", choices=[t.value for t in Task], help="default: the model's first task")
     g.add_argument("--negative-prompt", help="what to avoid")
     g.add_argument("--width", type=int)
     g.add_argument("--height", type=int)

@@ -38,5 +38,12 @@ class ControllerConfig:
     max_message_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "gRPC message size limit"})
     max_finished_jobs: int = field(default=10000, metadata={"help": "finished jobs kept in memory"})
     job_ttl_s: float = field(default=3600.0, metadata={"help": "seconds a finished job stays readable"})
+    http: str = field(
+        default="",
+        metadata={"help": "HTTP/JSON gateway, OpenAI routes and /metrics on HOST:PORT (empty = off)"},
+    )
+    http_max_body_bytes: int = field(
+        default=64 * 1024 * 1024, metadata={"help": "largest HTTP request body the gateway accepts"}
+    )
     log_json: bool = field(default=False, metadata={"help": "log one JSON object per line"})
     log_level: str = field(default="INFO", metadata={"help": "log level"})

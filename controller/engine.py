@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Hashable
 
-from omnirt.errors import FailedPrecondition, InvalidRequest
+from omnirt.errors import FailedPrecondition, InvalidRequest, OmniRTError
 from omnirt.types import (
     EventKind,
     GenerateRequest,
@@ -31,10 +31,13 @@ from omnirt.types import (
     WorkerState,
 )
 
+from . import tracing
 from .catalog import Catalog
 from .config import ControllerConfig
 from .jobs import JobRecord, JobStore, utcnow
+from .metrics import EngineMetrics
 from .queue import JobQueue
+from .tracing import JobTracing
 from .validation import Plan, validate
 from .workers import (
     Assignment,
@@ -87,6 +90,9 @@ class Engine:
         # When a job held back for batch companions must go anyway (monotonic; 0 = none).
         self._window_due = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        # Observers of the job life cycle: they only watch, never change what the engine does.
+        self.metrics = EngineMetrics(self)
+        self.tracing = JobTracing()
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -109,6 +115,16 @@ class Engine:
 
     def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[JobRecord, bool]:
         """Queue a request; returns the job and whether an idempotency key matched an existing one."""
+        try:
+            record, deduplicated = self._submit(request, call_deadline_ms)
+        except OmniRTError as exc:
+            self.metrics.request_rejected(request, exc)
+            raise
+        self.metrics.request_accepted(record)
+        return record, deduplicated
+
+    def _submit(self, request: GenerateRequest, call_deadline_ms: int) -> tuple[JobRecord, bool]:
+        started_ns = time.time_ns()
         fingerprint = _fingerprint(request)
         if request.idempotency_key:
             existing = self.store.by_idempotency_key(request.idempotency_key)
@@ -121,6 +137,7 @@ class Engine:
                     )
                 return existing, True
         plan = self.validate(request)
+        validated_ns = time.time_ns()
         self.queue.check_room()
         now_ms = int(time.time() * 1000)
         deadlines = [plan.request.deadline_ms, call_deadline_ms]
@@ -141,6 +158,7 @@ class Engine:
         # Workers see one deadline per job: the effective one.
         req.deadline_ms = job.deadline_ms
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
+        self.tracing.submitted(record, started_ns, validated_ns)
         self.store.add(record)
         self._live[job.id] = record
         self.queue.push(record, self._batch_key(record))
@@ -266,6 +284,8 @@ class Engine:
         if event.kind is EventKind.PROGRESS:
             record.job.progress = event.progress
         record.append(event)
+        self.metrics.worker_event(record, event)
+        self.tracing.worker_event(record)
 
     def worker_result(
         self,
@@ -282,6 +302,7 @@ class Engine:
         if record is None:
             log.info("late result ignored", extra={"job_id": job_id, "worker_id": handle.id})
             return
+        self.metrics.result_received(record)
         if error is not None:
             if error.code == "UNAVAILABLE":  # the worker gave the job up (drain timeout): retry it
                 self._retry_or_fail(record, f"worker {handle.id} gave the job up: {error.message}")
@@ -291,6 +312,8 @@ class Engine:
             return
         assert result is not None
         result.job_id = job_id
+        # The controller's trace id is the job's, also for the jobs of a batch.
+        result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
         record.result = result
         record.job.result = self._client_view(record, result)
         self._finish(record, JobState.SUCCEEDED)
@@ -330,6 +353,8 @@ class Engine:
             self._finish(record, JobState.FAILED, error)
             return
         job.state, job.worker_id, record.assignment_id = JobState.QUEUED, "", ""
+        self.metrics.requeued(record)
+        self.tracing.requeued(record, message)
         record.enqueued_at = time.monotonic()
         self.queue.push(record, self._batch_key(record))
         record.append(
@@ -345,6 +370,8 @@ class Engine:
     def _finish(self, record: JobRecord, state: JobState, error: JobError | None = None) -> None:
         self._live.pop(record.job.id, None)
         self.store.finish(record, state, error=error)
+        self.metrics.finished(record)
+        self.tracing.finished(record)
         log.info(
             "job finished",
             extra={"job_id": record.job.id, "state": state.value, "error": error.message if error else ""},
@@ -396,6 +423,8 @@ class Engine:
         batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
         assignment_id = "asg-" + uuid.uuid4().hex[:16]
         items = [self._start(r, handle, assignment_id) for r in batch]
+        self.metrics.dispatched(batch)
+        self.tracing.dispatched(batch, handle.id, assignment_id)
         handle.link.send(
             Assignment(
                 assignment_id,
@@ -403,6 +432,7 @@ class Engine:
                 record.plan.spec,
                 # A batch carries each job's own deadline in its request.
                 deadline_ms=record.job.deadline_ms if len(batch) == 1 else 0,
+                trace_context=self.tracing.assignment_context(batch),
                 batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(batch) > 1 else "",
             )
         )

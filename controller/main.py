@@ -11,6 +11,7 @@ import sys
 from omnirt._config import add_arguments, from_args
 from omnirt._logging import setup_logging
 
+from . import tracing
 from .catalog import CatalogError
 from .config import ControllerConfig
 
@@ -25,6 +26,8 @@ async def serve(config: ControllerConfig) -> None:
     await server.start()
     # A line tools and tests can wait for (the port matters when listening on :0).
     print(f"omnirt-controller listening on {server.address}", flush=True)
+    if server.http is not None:
+        print(f"omnirt-controller HTTP gateway on {server.http.address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -32,6 +35,7 @@ async def serve(config: ControllerConfig) -> None:
     await stop.wait()
     log.info("shutting down")
     await server.stop()
+    tracing.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser, ControllerConfig)
     config = from_args(ControllerConfig, parser.parse_args(argv))
     setup_logging(config.log_level, config.log_json)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(tracing.JobTraceFilter())  # trace_id on every line that names a job
+    tracing.setup("omnirt-controller")
     try:
         asyncio.run(serve(config))
     except CatalogError as exc:

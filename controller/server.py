@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,6 +25,10 @@ from .engine import Engine
 from .gateway import WorkerGateway
 from .interceptors import ErrorInterceptor
 from .servicers import ClusterServicer, GenerationServicer, ModelServicer
+from .tracing import TraceInterceptor
+
+if TYPE_CHECKING:
+    from .http import HttpGateway
 
 log = logging.getLogger("omnirt.controller")
 
@@ -43,18 +48,21 @@ class ControllerServer:
         self.engine = Engine(config, catalog or Catalog.load(config.catalog))
         limit = config.max_message_bytes
         self.server = grpc.aio.server(
-            interceptors=[ErrorInterceptor()],
+            interceptors=[TraceInterceptor(), ErrorInterceptor()],
             options=[
                 ("grpc.max_send_message_length", limit),
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.so_reuseport", 0),
             ],
         )
-        generation_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(self.engine), self.server
-        )
-        models_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.engine), self.server)
-        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(ClusterServicer(self.engine), self.server)
+        public = {
+            SERVICE_NAMES[0]: GenerationServicer(self.engine),
+            SERVICE_NAMES[1]: ModelServicer(self.engine),
+            SERVICE_NAMES[2]: ClusterServicer(self.engine),
+        }
+        generation_pb2_grpc.add_GenerationServiceServicer_to_server(public[SERVICE_NAMES[0]], self.server)
+        models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.server)
+        cluster_pb2_grpc.add_ClusterServiceServicer_to_server(public[SERVICE_NAMES[2]], self.server)
         gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(WorkerGateway(self.engine), self.server)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -64,10 +72,18 @@ class ControllerServer:
         self.port = self.server.add_insecure_port(config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {config.listen}")
+        # The HTTP gateway calls the same servicers, so HTTP and gRPC share every code path.
+        self.http: HttpGateway | None = None
+        if config.http:
+            from .http import HttpGateway
+
+            self.http = HttpGateway(self.engine, public, config.http, config.http_max_body_bytes)
 
     async def start(self) -> None:
         await self.engine.start()
         await self.server.start()
+        if self.http is not None:
+            await self.http.start()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -82,5 +98,7 @@ class ControllerServer:
     async def stop(self, grace_s: float = 5.0) -> None:
         """Report NOT_SERVING, let calls in flight finish for up to `grace_s`, then stop."""
         await self.health.enter_graceful_shutdown()
+        if self.http is not None:
+            await self.http.stop()
         await self.engine.stop()
         await self.server.stop(grace_s)

@@ -16,6 +16,8 @@ from .catalog import Catalog
 MAX_PRIORITY = 100
 MAX_SEED = 2**63 - 1 - 1024  # room for seed + output index
 TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
+# Tasks that take `strength` (how far to move from the input image).
+STRENGTH_TASKS = {Task.IMAGE2IMAGE, Task.INPAINT}
 REQUIRED_INPUTS: dict[Task, tuple[MediaRole, ...]] = {
     Task.IMAGE2IMAGE: (MediaRole.IMAGE,),
     Task.INPAINT: (MediaRole.IMAGE, MediaRole.MASK),
@@ -88,13 +90,15 @@ def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
     for name in PRESET_FIELDS:
         if getattr(req, name) not in (None, ""):
             continue
+        if name == "strength" and req.task not in STRENGTH_TASKS:
+            continue  # a model's default strength is for its image-input tasks only
         value = overrides.get(name) or getattr(spec.defaults, name, None) or None
         setattr(req, name, value)
     if req.num_outputs is None:
         req.num_outputs = 1
 
 
-def _check_inputs(req: GenerateRequest) -> None:
+def _check_inputs(req: GenerateRequest, task: Task) -> None:
     roles = []
     for i, item in enumerate(req.inputs):
         if item.role is None:
@@ -102,9 +106,9 @@ def _check_inputs(req: GenerateRequest) -> None:
         if not item.data and not item.uri:
             raise _bad(f"inputs[{i}]", "needs data or uri")
         roles.append(item.role)
-    for role in REQUIRED_INPUTS.get(req.task, ()):
+    for role in REQUIRED_INPUTS.get(task, ()):
         if role not in roles:
-            raise _bad("inputs", f"{req.task.value} needs an input with role {role.value}")
+            raise _bad("inputs", f"{task.value} needs an input with role {role.value}")
 
 
 def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None = None) -> Plan:
@@ -126,7 +130,7 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
         raise _bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
     if req.timeout_ms < 0:
         raise _bad("timeout_ms", f"must not be negative (got {req.timeout_ms})")
-    _check_inputs(req)
+    _check_inputs(req, req.task)
     _apply_defaults(req, spec)
     lim = spec.limits
     _positive(req, "width", lim.max_width, 8)
@@ -157,7 +161,7 @@ def resolved_config(req: GenerateRequest, spec: ModelSpec) -> dict[str, Any]:
     config: dict[str, Any] = {k: getattr(req, k) for k in keys if getattr(req, k) is not None}
     config.update(
         model=spec.id,
-        task=req.task.value,
+        task=req.task.value if req.task else "",
         execution_mode=spec.execution_mode,
         source=spec.source,
         pipeline_class=spec.pipeline_class,

@@ -7,6 +7,12 @@ scripts/setup.sh controller,worker,dev
 if [ ! -x .tools/node_modules/.bin/buf ]; then
   npm install --silent --no-save --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0 >/dev/null
 fi
+# promtool (Debian's prometheus package) checks the /metrics exposition; the metrics tests fall
+# back to prometheus_client's parser where it cannot be installed.
+if ! command -v promtool >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
+    >/dev/null 2>&1 || echo "promtool could not be installed; metrics are checked with prometheus_client only"
+fi
 scripts/check_proto.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -169,7 +169,7 @@ def build_request(request: GenerateRequest | None = None, **fields: Any) -> Gene
         req = GenerateRequest(**fields)
     else:
         req = dataclasses.replace(request, **fields)
-    req.task = parse_task(req.task)
+    req.task = parse_task(req.task) if req.task else None
     req.inputs = [*req.inputs, *media]
     req.adapters = [a if isinstance(a, Adapter) else Adapter(name=a) for a in req.adapters]
     req.labels = dict(req.labels)

@@ -86,10 +86,13 @@ class Adapter:
 
 @dataclass
 class GenerateRequest:
-    """One generation. Fields left as None take the model's or preset's defaults."""
+    """One generation. Fields left as None take the model's or preset's defaults.
+
+    `task` left as None means the model's first task (text2image for tiny-sd, text2video for tiny-wan).
+    """
 
     model: str
-    task: Task = Task.TEXT2IMAGE
+    task: Task | None = None
     prompt: str = ""
     negative_prompt: str = ""
     inputs: list[MediaInput] = field(default_factory=list)

@@ -10,7 +10,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-EXECUTION_MODES = ("legacy_call",)
+EXECUTION_MODES = ("legacy_call", "subprocess", "persistent_worker")
 BACKENDS = ("auto", "cpu", "cuda", "ascend")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -49,6 +49,13 @@ class WorkerConfig:
         default=5.0, metadata={"help": "longest wait between reconnect attempts, in seconds"}
     )
     torch_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    script_dirs: list[str] = field(
+        default_factory=list,
+        metadata={"help": "subprocess mode: folders searched for relative command paths (then examples/)"},
+    )
+    metrics: str = field(
+        default="", metadata={"help": "serve Prometheus /metrics on HOST:PORT or PORT (empty = off)"}
+    )
     log_json: bool = field(default=False, metadata={"help": "log one JSON object per line"})
     log_level: str = field(default="INFO", metadata={"help": "log level: DEBUG, INFO, WARNING, ERROR"})
 

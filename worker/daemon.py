@@ -33,6 +33,7 @@ from omnirt.worker.log import job_context
 from omnirt.worker.memory import current_rss_bytes
 from omnirt.worker.outbox import Outbox
 from omnirt.worker.protocol import Assignment, CancelRequest, DrainRequest, ItemOutcome, Welcome
+from omnirt.worker.telemetry import WorkerTelemetry
 from omnirt.worker.v1 import gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,12 @@ class WorkerDaemon:
         self._call: Any = None
         self._heartbeat_s = DEFAULT_HEARTBEAT_S
         self._welcomed_at: float | None = None
+        self.telemetry = WorkerTelemetry(
+            config.worker_id,
+            config.slots,
+            lambda: self._busy,
+            lambda: self._executor.loaded_models() if self._executor else [],
+        )
 
     # ---- public --------------------------------------------------------------------------
 
@@ -396,6 +403,7 @@ class WorkerDaemon:
         trace = assignment.trace_context.get("traceparent", "").split("-")
         with job_context(assignment.job_ids, assignment.assignment_id, trace[1] if len(trace) == 4 else ""):
             async with self._slots:
+                started_ns = time.time_ns()
                 self._busy += len(assignment.items)
                 log.info("running %d job(s) of model %s", len(assignment.items), assignment.model.id)
                 emit = functools.partial(self._emit, assignment.assignment_id)
@@ -407,6 +415,7 @@ class WorkerDaemon:
                     outcomes = [ItemOutcome(job_id, error=error) for job_id in assignment.job_ids]
                 finally:
                     self._busy -= len(assignment.items)
+            self.telemetry.assignment_done(assignment, outcomes, started_ns, time.time_ns())
             by_job = {outcome.job_id: outcome for outcome in outcomes}
             for job_id in assignment.job_ids:
                 outcome = by_job.get(job_id) or ItemOutcome(

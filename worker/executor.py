@@ -30,6 +30,8 @@ DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 # execution mode -> (module, class); later issues add modular, subprocess, persistent_worker.
 _EXECUTORS: dict[str, tuple[str, str]] = {
     "legacy_call": ("omnirt.worker.legacy_call", "LegacyCallExecutor"),
+    "subprocess": ("omnirt.worker.subprocess_mode", "SubprocessExecutor"),
+    "persistent_worker": ("omnirt.worker.persistent.executor", "PersistentWorkerExecutor"),
 }
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
-from omnirt.worker import backends, export, null_model
+from omnirt.worker import backends, null_model, task_pipelines
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import (
     CancelFlags,
@@ -228,11 +228,13 @@ class _AssignmentRun:
         cached = self._load([p.job_id for p in plans])
         if cached is None:
             return
-        accepted = call_parameters(cached.pipeline)
         groups: dict[str, list[ItemPlan]] = {}
         for plan in plans:
             try:
-                pipeline_kwargs(plan, accepted)
+                # image2image / inpaint on a text-to-image model: a pipeline sharing its modules.
+                pipeline = task_pipelines.pipeline_for_task(cached.pipeline, plan.task, self.spec)
+                task_pipelines.check_size(pipeline, plan.common)
+                pipeline_kwargs(plan, call_parameters(pipeline))
             except JobFailure as failure:
                 self.fail([plan.job_id], failure.error)
                 continue
@@ -267,7 +269,8 @@ class _AssignmentRun:
             return
         job_ids = [p.job_id for p in group]
         try:
-            images, call_info = self._call(cached.pipeline, group)
+            pipeline = task_pipelines.pipeline_for_task(cached.pipeline, group[0].task, self.spec)
+            images, call_info = self._call(pipeline, group)
         except StopRun:
             for plan in group:
                 self.fail(
@@ -304,20 +307,23 @@ class _AssignmentRun:
         # slots may run the same cached pipeline at once. The weights stay shared.
         view = copy.copy(pipeline)
         view.scheduler, warnings = _fresh_scheduler(pipeline.scheduler, first.scheduler)
-        kwargs: dict[str, Any] = {**first.common, **first.specific, **_prompt_kwargs(group)}
+        accepted = call_parameters(view)
+        generic = {**first.common, **first.specific, **_prompt_kwargs(group)}
+        kwargs = task_pipelines.adapt_kwargs(generic, accepted)
         device = self.placement.device
         kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for p in group for seed in p.seeds]
         monitor = StepMonitor(
             self.recorder, self.stop, job_ids, int(first.common.get("num_inference_steps", 0))
         )
-        if "callback_on_step_end" in call_parameters(view):
+        if "callback_on_step_end" in accepted:
             kwargs["callback_on_step_end"] = monitor
 
         monitor.start()
         output = view(**kwargs)
         monitor.finish()
 
-        images: list[Any] = list(output[0] if isinstance(output, tuple) else output.images)
+        images = task_pipelines.call_outputs(output)  # images, or one frame array per video
+        images = task_pipelines.finish_outputs(first.task, images, first.specific, self.spec.runtime)
         expected = sum(p.num_outputs for p in group)
         if len(images) != expected:
             raise JobFailure("INTERNAL", f"the pipeline returned {len(images)} images, expected {expected}")
@@ -329,6 +335,7 @@ class _AssignmentRun:
             "scheduler": type(view.scheduler).__name__,
             "num_inference_steps": monitor.total_steps or first.common.get("num_inference_steps"),
             "warnings": warnings,
+            "pipeline_class": type(pipeline).__name__,
         }
         return split, info
 
@@ -342,13 +349,20 @@ class _AssignmentRun:
         export_start = time.perf_counter()
         self.recorder.stage_started([job_id], "export")
         artifacts = [
-            export.image_artifact(
-                image, index=i, seed=plan.seeds[i], job_id=job_id, fmt=plan.output_format, quality=req.quality
+            task_pipelines.output_artifact(
+                image,
+                task=plan.task,
+                index=i,
+                seed=plan.seeds[i],
+                job_id=job_id,
+                fmt=plan.output_format,
+                quality=req.quality,
+                fps=plan.fps,
             )
             for i, image in enumerate(images)
         ]
         self.recorder.stage_finished([job_id], "export", export_start)
-        pipeline_class = type(cached.pipeline).__name__
+        pipeline_class = info.get("pipeline_class") or type(cached.pipeline).__name__
         first = artifacts[0]
         config = resolved_config(
             plan,
@@ -363,6 +377,8 @@ class _AssignmentRun:
                 "source": cached.key.source,
             },
         )
+        if first.num_frames:  # the frames really made (Wan rounds num_frames to 4k+1)
+            config["num_frames"] = first.num_frames
         report = t.RunReport(
             run_id=str(uuid.uuid4()),
             job_id=job_id,

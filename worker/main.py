@@ -14,6 +14,7 @@ import sys
 
 import omnirt
 from omnirt import _config
+from omnirt.worker import telemetry
 from omnirt.worker.backends import BackendError
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
@@ -46,6 +47,8 @@ def load_config(argv: list[str] | None = None) -> WorkerConfig:
 async def serve(config: WorkerConfig) -> int:
     """Run the daemon until drained, draining on SIGTERM/SIGINT."""
     daemon = WorkerDaemon(config)
+    if config.metrics:
+        daemon.telemetry.serve(config.metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_drain, sig.name)
@@ -60,12 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point of `omnirt-worker`."""
     config = load_config(argv)
     setup_logging(config.log_level, config.log_json, config.worker_id)
+    telemetry.setup_tracing("omnirt-worker")
     try:
         return asyncio.run(serve(config))
-    except (BackendError, ValueError) as exc:
+    except (BackendError, ValueError, OSError) as exc:
         # Startup failures (no such backend, unknown mode) end the process with a clear line.
         log.error("worker cannot start: %s", exc)
         return 2
+    finally:
+        telemetry.shutdown_tracing()
 
 
 if __name__ == "__main__":

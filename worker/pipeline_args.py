@@ -8,16 +8,13 @@ which extras and media inputs it takes). Every refusal is a `JobFailure` naming 
 from __future__ import annotations
 
 import inspect
-import io
 import json
 import secrets
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from omnirt import types as t
-from omnirt.worker import export
+from omnirt.worker import media_inputs, task_pipelines, video_export
 from omnirt.worker.executor import JobFailure
 from omnirt.worker.protocol import AssignmentItem
 
@@ -62,6 +59,9 @@ class ItemPlan:
     common: dict[str, Any] = field(default_factory=dict)
     # Model-specific extras and media inputs, filled once the pipeline is known.
     specific: dict[str, Any] = field(default_factory=dict)
+    task: t.Task = t.Task.TEXT2IMAGE
+    # Frames per second of a video output (export only; 0 for images).
+    fps: float = 0.0
 
     @property
     def job_id(self) -> str:
@@ -71,7 +71,8 @@ class ItemPlan:
         """Plans with equal keys can share one pipeline call (seeds, prompts and counts differ)."""
         if any(k in self.specific for k in MEDIA_ARGUMENTS.values()):
             return "solo:" + self.job_id  # media inputs are not batched
-        return json.dumps([self.common, self.scheduler, self.specific], sort_keys=True, default=str)
+        key = [self.task.value, self.fps, self.common, self.scheduler, self.specific]
+        return json.dumps(key, sort_keys=True, default=str)
 
 
 def scheduler_class(name: str) -> Any:
@@ -96,8 +97,9 @@ def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
     num_outputs = 1 if req.num_outputs is None else req.num_outputs
     if num_outputs < 1:
         raise JobFailure(INVALID_ARGUMENT, "num_outputs must be at least 1", "num_outputs")
+    task = task_pipelines.task_of(req, spec)
     try:
-        fmt = export.image_format(req.output_format)
+        fmt = task_pipelines.output_format(task, req.output_format)
     except ValueError as exc:
         raise JobFailure(INVALID_ARGUMENT, str(exc), "output.format") from exc
     scheduler = req.scheduler or ""
@@ -113,6 +115,10 @@ def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
         if req.guidance_scale is not None
         else (defaults.guidance_scale or None),
     }
+    fps = 0.0
+    if task_pipelines.is_video(task):
+        common["num_frames"] = _first_positive(req.num_frames, defaults.num_frames)
+        fps = float(_first_positive(req.fps, defaults.fps) or video_export.DEFAULT_FPS)
     return ItemPlan(
         item=item,
         num_outputs=num_outputs,
@@ -120,6 +126,8 @@ def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
         output_format=fmt,
         scheduler=scheduler,
         common={k: v for k, v in common.items() if v is not None},
+        task=task,
+        fps=fps,
     )
 
 
@@ -135,21 +143,6 @@ def _plain_number(value: Any) -> Any:
     return value
 
 
-def _load_media(media: t.MediaInput) -> Any:
-    from PIL import Image
-
-    if media.data:
-        raw = media.data
-    elif media.uri.startswith("file://"):
-        raw = Path(urlparse(media.uri).path).read_bytes()
-    else:
-        raise JobFailure(
-            INVALID_ARGUMENT, f"cannot read input {media.uri!r}: only inline data or file://", "inputs"
-        )
-    image = Image.open(io.BytesIO(raw))
-    return image.convert("L" if media.role is t.MediaRole.MASK else "RGB")
-
-
 def pipeline_kwargs(plan: ItemPlan, accepted: set[str]) -> None:
     """Fill `plan.specific` with the request's extras, media inputs and strength the pipeline takes."""
     req = plan.item.request
@@ -158,18 +151,22 @@ def pipeline_kwargs(plan: ItemPlan, accepted: set[str]) -> None:
         if key in RESERVED_ARGUMENTS or key not in accepted:
             raise JobFailure(INVALID_ARGUMENT, f"the pipeline does not take {key!r}", f"extra.{key}")
         specific[key] = _plain_number(value)
-    for media in req.inputs:
-        argument = MEDIA_ARGUMENTS.get(media.role)
+    for index, media in enumerate(req.inputs):
+        argument = MEDIA_ARGUMENTS.get(media.role) if media.role else None
         if argument is None or argument not in accepted:
             role = media.role.value if media.role else "unspecified"
-            raise JobFailure(INVALID_ARGUMENT, f"the pipeline does not take a {role} input", "inputs")
-        try:
-            specific[argument] = _load_media(media)
-        except OSError as exc:
-            raise JobFailure(INVALID_ARGUMENT, f"cannot read the {argument} input: {exc}", "inputs") from exc
+            reason = f"the pipeline does not take a {role} input"
+            raise JobFailure(INVALID_ARGUMENT, reason, f"inputs[{index}]")
+    width, height = plan.common.get("width"), plan.common.get("height")
+    size = (int(width), int(height)) if width and height else None
+    specific.update(media_inputs.image_inputs(req.inputs, MEDIA_ARGUMENTS, size))
     if req.strength is not None:
         if "strength" not in accepted:
             raise JobFailure(INVALID_ARGUMENT, "the pipeline does not take 'strength'", "strength")
+        steps = plan.common.get("num_inference_steps")
+        if steps and int(steps * req.strength) < 1:  # diffusers would fail on an empty schedule
+            reason = f"strength {req.strength} runs 0 of {steps} steps; raise strength or num_inference_steps"
+            raise JobFailure(INVALID_ARGUMENT, reason, "strength")
         specific["strength"] = req.strength
     plan.specific = specific
 
@@ -179,5 +176,7 @@ def resolved_config(plan: ItemPlan, extra: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = dict(plan.common)
     config.update({k: v for k, v in plan.specific.items() if k not in MEDIA_ARGUMENTS.values()})
     config.update(seeds=plan.seeds, num_outputs=plan.num_outputs, output_format=plan.output_format)
+    if plan.fps:
+        config["fps"] = plan.fps
     config.update(extra)
     return config

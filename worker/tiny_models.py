@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnirt.worker import tiny_video_models
+
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
 MARKER = "omnirt_builtin.json"
@@ -152,6 +154,12 @@ def build_tiny_sd(target: Path) -> None:
 
 BUILDERS: dict[str, Builder] = {
     "tiny-sd": Builder(build_tiny_sd, version=1, description="tiny Stable Diffusion, 64x64, random weights"),
+    "tiny-wan": Builder(
+        tiny_video_models.build_tiny_wan, version=1, description="tiny Wan text-to-video, random weights"
+    ),
+    "tiny-wan-i2v": Builder(
+        tiny_video_models.build_tiny_wan_i2v, version=1, description="tiny Wan image-to-video, random weights"
+    ),
 }
 
 

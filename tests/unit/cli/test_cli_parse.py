@@ -16,8 +16,9 @@ def _request(*argv: str) -> GenerateRequest:
 
 
 def test_minimal_command_leaves_everything_else_unset() -> None:
+    # no --task: the controller picks the model's first task
     assert _request("--model", "tiny-sd", "--prompt", "a fox") == GenerateRequest(
-        model="tiny-sd", prompt="a fox", task=Task.TEXT2IMAGE
+        model="tiny-sd", prompt="a fox"
     )
 
 

@@ -239,7 +239,7 @@ class _Generation(generation_pb2_grpc.GenerationServiceServicer):
         self.fake.requests.append(req)
         return generation_pb2.ValidateResponse(
             model="tiny-sd",
-            task=conv.task_to_proto(req.task),
+            task=conv.task_to_proto(req.task or Task.TEXT2IMAGE),  # as the controller: the model's first task
             execution_mode="legacy_call",
             config_resolved=conv.struct_from_dict({"width": req.width or 64, "num_inference_steps": 4}),
             warnings=["guidance_scale ignored"],

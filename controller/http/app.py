@@ -1,0 +1,216 @@
+"""`HttpGateway`: the aiohttp server in the controller's event loop, over the same servicers.
+
+Routes: the transcoded public API (`transcode.ROUTES`), the OpenAI-compatible images and videos
+routes, `/metrics` (Prometheus) and `/healthz`. One middleware maps every error once (native or
+OpenAI JSON shape by path), counts requests, and keeps the server serving after bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from google.protobuf.message import Message
+
+from omnirt.errors import ExecutionFailed, OmniRTError
+
+from .. import tracing
+from ..metrics import CONTENT_TYPE
+from . import openai_images, openai_videos
+from .errors import error_response, from_http_exception
+from .streams import send_download, send_sse, send_websocket
+from .transcode import (
+    ASYNC_KEY,
+    DOWNLOAD,
+    ROUTES,
+    SSE,
+    WEBSOCKET,
+    Route,
+    artifact_links,
+    build_request,
+    flag,
+    method_of,
+    read_json,
+    to_json,
+)
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+log = logging.getLogger("omnirt.controller.http")
+OPENAI_PREFIXES = ("/v1/images", "/v1/videos")
+SHUTDOWN_GRACE_S = 2.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class CallContext:
+    """What the servicers read from a gRPC context, for calls that come over HTTP."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+
+    def time_remaining(self) -> float | None:
+        return None  # HTTP has no call deadline; requests carry timeout_ms / deadline_ms
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return tuple((k.lower(), v) for k, v in self.request.headers.items())
+
+
+def is_openai(path: str) -> bool:
+    return path.startswith(OPENAI_PREFIXES)
+
+
+class HttpGateway:
+    """Serves HTTP/JSON on `address` (HOST:PORT; port 0 picks one) next to the gRPC server."""
+
+    def __init__(
+        self, engine: Engine, servicers: Mapping[str, Any], address: str, max_body_bytes: int
+    ) -> None:
+        self.engine = engine
+        self.servicers = servicers  # full service name -> servicer
+        host, _, port = address.rpartition(":")
+        self.host, self.requested_port = host or "127.0.0.1", int(port)
+        self.port = 0
+        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._middleware])
+        for route in ROUTES:
+            self.app.router.add_route(route.method, route.path, self._handler(route))
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/healthz", self._healthz)
+        openai_images.register(self.app, self)
+        openai_videos.register(self.app, self)
+        self._runner: web.AppRunner | None = None
+
+    # ---- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        # handler_cancellation: a client that goes away cancels its handler (and a sync
+        # Generate's job), as a cancelled gRPC call does.
+        # Open event streams get a short grace at shutdown; the gRPC server has its own.
+        self._runner = web.AppRunner(
+            self.app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.requested_port, reuse_address=True)
+        await site.start()
+        addresses = self._runner.addresses  # the real port when asked for :0
+        self.port = int(addresses[0][1]) if addresses else self.requested_port
+        log.info("HTTP gateway listening on %s", self.address)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # ---- calls into the servicers ---------------------------------------------------------
+
+    def _rpc(self, rpc: str) -> tuple[Any, Callable[..., Any]]:
+        method = method_of(rpc)
+        servicer = self.servicers[method.containing_service.full_name]
+        return method, getattr(servicer, method.name)
+
+    async def call(self, rpc: str, msg: Message, request: web.Request) -> Any:
+        """Run a unary RPC in-process, with the caller's trace context."""
+        _, fn = self._rpc(rpc)
+        with tracing.remote_parent(request.headers):
+            return await fn(msg, CallContext(request))
+
+    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncIterator[Any]:
+        _, fn = self._rpc(rpc)
+        return fn(msg, CallContext(request))  # type: ignore[no-any-return]
+
+    def request_type(self, rpc: str) -> Any:
+        return method_of(rpc).input_type
+
+    # ---- handlers -------------------------------------------------------------------------
+
+    def _handler(self, route: Route) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            body = await read_json(request) if route.body else None
+            rpc, binding = route.rpc, route.body
+            if route.async_rpc:
+                wanted = (
+                    body.pop(ASYNC_KEY) if body and ASYNC_KEY in body else request.query.get(ASYNC_KEY, "")
+                )
+                if flag(wanted):
+                    rpc, binding = route.async_rpc, route.async_body
+            msg = build_request(binding, self.request_type(rpc), request.match_info, request.query, body)
+            if route.kind == SSE:
+                last = request.headers.get("Last-Event-ID", "")
+                if last.isdigit() and "after_sequence" not in request.query:
+                    msg.after_sequence = int(last)  # type: ignore[attr-defined]
+                return await send_sse(request, self.stream(rpc, msg, request))
+            if route.kind == WEBSOCKET:
+                return await send_websocket(
+                    request, self.stream(rpc, msg, request), self._ws_commands(request)
+                )
+            if route.kind == DOWNLOAD:
+                return await send_download(request, self.stream(rpc, msg, request))
+            response = await self.call(rpc, msg, request)
+            data = artifact_links(to_json(response), str(request.url.origin()))
+            if rpc.endswith(".Submit"):
+                location = f"/v1/jobs/{data['job']['id']}"
+                return web.json_response(data, status=202, headers={"Location": location})
+            return web.json_response(data, status=route.status)
+
+        return handle
+
+    def _ws_commands(
+        self, request: web.Request
+    ) -> dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]]:
+        job_id = request.match_info["job_id"]
+
+        async def cancel(_: dict[str, Any]) -> dict[str, Any]:
+            msg = build_request(
+                "", self.request_type("GenerationService.CancelJob"), {"job_id": job_id}, {}, None
+            )
+            return {"cancel": to_json(await self.call("GenerationService.CancelJob", msg, request))}
+
+        async def ping(_: dict[str, Any]) -> dict[str, Any]:
+            return {"pong": {}}
+
+        return {"cancel": cancel, "ping": ping}
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "SERVING", "workers": len(self.engine.list_workers())})
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.monotonic()
+        status = 499  # unless a response is made: the client went away (the handler was cancelled)
+        try:
+            response = await self._respond(request, handler)
+            status = response.status
+            return response
+        finally:
+            self._count(request, status, started)
+
+    async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The handler's response, or the error it raised as JSON (native or OpenAI shape)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            error: OmniRTError = from_http_exception(exc, request)
+        except OmniRTError as exc:
+            error = exc
+        except Exception as exc:
+            log.exception("HTTP handler failed: %s %s", request.method, request.path)
+            error = ExecutionFailed(f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(error, openai=is_openai(request.path))
+
+    def _count(self, request: web.Request, status: int, started: float) -> None:
+        resource = request.match_info.route.resource if request.match_info.route else None
+        route = resource.canonical if resource is not None else "unmatched"
+        metrics = self.engine.metrics
+        metrics.http_requests.labels(route, request.method, str(status)).inc()
+        metrics.http_latency.labels(route, request.method).observe(time.monotonic() - started)

@@ -1,0 +1,117 @@
+"""Errors at the HTTP edge, mapped once: gRPC status -> HTTP status, in two JSON shapes.
+
+The native routes answer `{"error": {"code": "INVALID_ARGUMENT", "message": ..., "field": ...}}`;
+the OpenAI-compatible routes answer OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+A RESOURCE_EXHAUSTED answer carries `Retry-After` (seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from omnirt.errors import OmniRTError, error_for
+
+# Google's mapping of gRPC codes to HTTP (google.rpc.Code), as grpc-gateway and Envoy use it.
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+# What the gateway itself answers for HTTP-level faults (no gRPC status behind them).
+GATEWAY_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+class HttpError(OmniRTError):
+    """A fault of the HTTP request itself (content type, body size, route), with its own status."""
+
+    def __init__(self, status: int, message: str, *, field: str = "") -> None:
+        super().__init__(message, field=field)
+        self.status = status
+        self.code = GATEWAY_CODES.get(status, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def bad_request(message: str, field: str = "") -> HttpError:
+    return HttpError(400, f"{field}: {message}" if field else message, field=field)
+
+
+def status_of(error: OmniRTError) -> int:
+    if isinstance(error, HttpError):
+        return error.status
+    return HTTP_STATUS.get(error.code, 500)
+
+
+def _headers(error: OmniRTError) -> dict[str, str]:
+    if error.retry_after_s is None:
+        return {}
+    return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+
+
+def native_body(error: OmniRTError) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": error.code.name, "message": error.message}
+    if error.field:
+        body["field"] = error.field
+    if error.subject:
+        body["subject"] = error.subject
+    if error.retry_after_s is not None:
+        body["retry_after_ms"] = int(error.retry_after_s * 1000)
+    return {"error": body}
+
+
+def openai_body(error: OmniRTError) -> dict[str, Any]:
+    status = status_of(error)
+    if status == 429:
+        kind = "rate_limit_error"
+    elif status == 401:
+        kind = "authentication_error"
+    elif status >= 500 or status == 499:
+        kind = "server_error"
+    else:
+        kind = "invalid_request_error"
+    code = "model_not_found" if error.subject == "model" else error.code.name.lower()
+    return {"error": {"message": error.message, "type": kind, "param": error.field or None, "code": code}}
+
+
+def error_response(error: OmniRTError, *, openai: bool = False) -> web.Response:
+    body = openai_body(error) if openai else native_body(error)
+    return web.json_response(body, status=status_of(error), headers=_headers(error))
+
+
+def from_http_exception(exc: web.HTTPException, request: web.Request) -> OmniRTError:
+    """An aiohttp exception (no route, wrong method, body too large) as one of our errors."""
+    if exc.status == 404:
+        return HttpError(404, f"no route for {request.method} {request.path}")
+    if exc.status == 405:
+        allowed = ", ".join(sorted(getattr(exc, "allowed_methods", ()) or ()))
+        return HttpError(405, f"{request.method} is not allowed on {request.path} (allowed: {allowed})")
+    if exc.status == 413:
+        return HttpError(413, f"request body too large ({exc.text or 'over the limit'})")
+    return HttpError(exc.status, exc.text or exc.reason)
+
+
+def job_error(code: str, message: str, field: str = "") -> OmniRTError:
+    """The typed error for a failed job's `JobError` code."""
+    return error_for(code, message, field=field)

@@ -1,0 +1,165 @@
+"""Reading OpenAI-style parameters (JSON bodies or multipart forms) into a `GenerateRequest`.
+
+OpenAI's own parameters (model, prompt, n, size, output_format, output_compression) map to the
+request's fields; OmniRT's extras ride along as extra body fields (`seed`, `negative_prompt`,
+`num_inference_steps`, `guidance_scale`, ...). Parameters OpenAI has and OmniRT does not use
+(quality, style, user, background, moderation, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from omnirt.types import GenerateRequest, Task
+
+from .errors import HttpError, bad_request
+
+# Image signatures -> MIME type (the controller does not decode images; the worker does).
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+FORMAT_ALIASES = {"jpg": "jpeg"}
+
+
+def sniff_image(data: bytes) -> str:
+    """The MIME type of PNG, JPEG, WEBP or GIF bytes, or ''."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return next((mime for magic, mime in _MAGIC if data.startswith(magic)), "")
+
+
+def png_size(data: bytes) -> tuple[int, int] | None:
+    """Width and height from a PNG header."""
+    if not data.startswith(b"\x89PNG\r\n\x1a\n") or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+class Params:
+    """Typed access to request parameters; a wrong value is a 400 naming the parameter."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+
+    def __contains__(self, name: str) -> bool:
+        return self.data.get(name) not in (None, "")
+
+    def text(self, name: str, default: str = "", *, required: bool = False) -> str:
+        value = self.data.get(name)
+        if value in (None, ""):
+            if required:
+                raise bad_request("required", name)
+            return default
+        if not isinstance(value, str):
+            raise bad_request(f"must be a string (got {type(value).__name__})", name)
+        return value
+
+    def integer(self, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+        value = self.data.get(name)
+        if value in (None, ""):
+            return None
+        try:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            number = int(value)
+        except (TypeError, ValueError):
+            raise bad_request(f"must be an integer (got {value!r})", name) from None
+        if minimum is not None and number < minimum:
+            raise bad_request(f"must be at least {minimum} (got {number})", name)
+        if maximum is not None and number > maximum:
+            raise bad_request(f"must be at most {maximum} (got {number})", name)
+        return number
+
+    def number(self, name: str) -> float | None:
+        value = self.data.get(name)
+        if value in (None, ""):
+            return None
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            raise bad_request(f"must be a number (got {value!r})", name) from None
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.text(name, default)
+        if value not in choices:
+            raise bad_request(f"must be one of {', '.join(choices)} (got {value!r})", name)
+        return value
+
+    def flag(self, name: str) -> bool:
+        value = self.data.get(name)
+        return value is True or (isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"))
+
+    def size(self) -> tuple[int, int] | None:
+        """`size` as (width, height); None for absent or `auto` (the model's default)."""
+        value = self.text("size", "auto")
+        if value == "auto":
+            return None
+        width, sep, height = value.lower().partition("x")
+        if not sep or not width.isdigit() or not height.isdigit():
+            raise bad_request(f"must be WIDTHxHEIGHT, e.g. 512x512, or auto (got {value!r})", "size")
+        return int(width), int(height)
+
+
+def generate_request(params: Params, task: Task) -> GenerateRequest:
+    """The request common to the images and videos routes."""
+    if params.flag("stream"):
+        raise bad_request(
+            "streaming responses are not supported; watch /v1/jobs/{id}/events instead", "stream"
+        )
+    req = GenerateRequest(
+        model=params.text("model", required=True),
+        task=task,
+        prompt=params.text("prompt", required=True),
+        negative_prompt=params.text("negative_prompt"),
+        scheduler=params.text("scheduler"),
+        preset=params.text("preset"),
+        num_outputs=params.integer("n", minimum=1, maximum=128),
+        num_inference_steps=params.integer("num_inference_steps"),
+        guidance_scale=params.number("guidance_scale"),
+        seed=params.integer("seed"),
+        strength=params.number("strength"),
+        priority=params.integer("priority") or 0,
+        timeout_ms=params.integer("timeout_ms", minimum=0) or 0,
+        idempotency_key=params.text("idempotency_key"),
+    )
+    size = params.size()
+    if size is not None:
+        req.width, req.height = size
+    fmt = params.text("output_format").lower()
+    req.output_format = FORMAT_ALIASES.get(fmt, fmt)
+    req.quality = params.integer("output_compression", minimum=0, maximum=100) or 0
+    extra = params.data.get("extra")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise bad_request("must be an object", "extra")
+        req.extra = dict(extra)
+    return req
+
+
+async def read_params(request: web.Request, *, multipart: bool) -> tuple[Params, dict[str, list[bytes]]]:
+    """JSON body or multipart form -> (parameters, uploaded files by field name)."""
+    if request.content_type == "application/json" and not multipart:
+        from .transcode import read_json
+
+        return Params(await read_json(request) or {}), {}
+    if request.content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        wanted = "multipart/form-data" if multipart else "application/json or multipart/form-data"
+        raise HttpError(415, f"expected Content-Type {wanted}, got {request.content_type or 'none'}")
+    form = await request.post()
+    values: dict[str, Any] = {}
+    files: dict[str, list[bytes]] = {}
+    for key, value in form.items():
+        name = key.removesuffix("[]")
+        if isinstance(value, web.FileField):
+            files.setdefault(name, []).append(value.file.read())
+        else:
+            values[name] = value
+    return Params(values), files

@@ -1,0 +1,143 @@
+"""OpenAI-compatible video jobs: `/v1/videos` over the job API (Submit, GetJob, Download, Cancel).
+
+A video is a job: its id is the job id. Status: queued, in_progress (running), completed
+(succeeded) or failed (failed or cancelled, with `error.code`). `seconds` becomes `num_frames`
+at the request's `fps` or the model's default fps; an `input_reference` file makes the job an
+image2video. `DELETE` cancels a queued or running job (`deleted` says whether it did); a
+finished job's video stays downloadable until the job expires.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from omnirt.types import GenerateRequest, Job, JobState, MediaInput, MediaRole, Task
+
+from .. import tracing
+from .errors import bad_request
+from .openai_params import Params, generate_request, read_params, sniff_image
+from .streams import send_download
+from .transcode import build_request
+
+if TYPE_CHECKING:
+    from .app import HttpGateway
+
+VIDEO_TASKS = (Task.TEXT2VIDEO, Task.IMAGE2VIDEO, Task.AUDIO2VIDEO)
+STATUS = {JobState.QUEUED: "queued", JobState.RUNNING: "in_progress", JobState.SUCCEEDED: "completed"}
+POLL_AFTER_MS = "500"
+
+
+def register(app: web.Application, gateway: HttpGateway) -> None:
+    engine = gateway.engine
+
+    def video(job: Job) -> dict[str, Any]:
+        req = engine.store.get(job.id).plan.request
+        return video_object(job, req, engine.config.job_ttl_s)
+
+    async def create(request: web.Request) -> web.Response:
+        params, files = await read_params(request, multipart=False)
+        references = files.get("input_reference", [])
+        req = generate_request(params, Task.IMAGE2VIDEO if references else Task.TEXT2VIDEO)
+        if references:
+            mime = sniff_image(references[0])
+            if not mime:
+                raise bad_request("not a PNG, JPEG, WEBP or GIF image", "input_reference")
+            req.inputs = [MediaInput(MediaRole.IMAGE, data=references[0], mime_type=mime)]
+        req.fps = params.number("fps")
+        req.num_frames = params.integer("num_frames", minimum=1)
+        seconds = params.number("seconds")
+        if seconds is not None and seconds <= 0:
+            raise bad_request(f"must be positive (got {seconds})", "seconds")
+        if seconds and req.num_frames is None:
+            fps = req.fps or engine.describe_model(req.model).defaults.fps
+            if fps:
+                req.num_frames = max(1, round(seconds * fps))
+        with tracing.remote_parent(request.headers):
+            record, _ = engine.submit(req)
+        return web.json_response(
+            video(engine.get(record.job.id)), headers={"openai-poll-after-ms": POLL_AFTER_MS}
+        )
+
+    async def retrieve(request: web.Request) -> web.Response:
+        job = engine.get(request.match_info["video_id"])
+        return web.json_response(video(job), headers={"openai-poll-after-ms": POLL_AFTER_MS})
+
+    async def listing(request: web.Request) -> web.Response:
+        params = Params(request.query)
+        limit = params.integer("limit", minimum=1, maximum=100) or 20
+        order = params.choice("order", ("asc", "desc"), "desc")
+        after = params.text("after")
+        jobs, _ = engine.list_jobs([], "", 1 << 30, 0)
+        jobs = [j for j in jobs if j.task in VIDEO_TASKS]
+        if order == "asc":
+            jobs.reverse()
+        if after:
+            ids = [j.id for j in jobs]
+            jobs = jobs[ids.index(after) + 1 :] if after in ids else []
+        page = jobs[:limit]
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [video(engine.get(j.id)) for j in page],
+                "first_id": page[0].id if page else None,
+                "last_id": page[-1].id if page else None,
+                "has_more": len(jobs) > limit,
+            }
+        )
+
+    async def content(request: web.Request) -> web.StreamResponse:
+        params = Params(request.query)
+        params.choice("variant", ("video",), "video")
+        job_id = request.match_info["video_id"]
+        msg = build_request(
+            "",
+            gateway.request_type("GenerationService.DownloadArtifact"),
+            {"job_id": job_id, "index": "0"},
+            {},
+            None,
+        )
+        return await send_download(
+            request, gateway.stream("GenerationService.DownloadArtifact", msg, request)
+        )
+
+    async def delete(request: web.Request) -> web.Response:
+        job, cancelled = engine.cancel(request.match_info["video_id"])
+        return web.json_response({"id": job.id, "object": "video.deleted", "deleted": cancelled})
+
+    app.router.add_post("/v1/videos", create)
+    app.router.add_get("/v1/videos", listing)
+    app.router.add_get("/v1/videos/{video_id}", retrieve)
+    app.router.add_get("/v1/videos/{video_id}/content", content)
+    app.router.add_delete("/v1/videos/{video_id}", delete)
+
+
+def video_object(job: Job, req: GenerateRequest, ttl_s: float) -> dict[str, Any]:
+    """OpenAI's `Video` for a job."""
+    if job.state is JobState.SUCCEEDED:
+        progress = 100
+    elif job.progress and job.progress.total_steps:
+        progress = min(99, int(100 * job.progress.step / job.progress.total_steps))
+    else:
+        progress = 0
+    seconds = req.num_frames / req.fps if req.num_frames and req.fps else 0
+    finished = int(job.finished_at.timestamp()) if job.finished_at else None
+    body: dict[str, Any] = {
+        "id": job.id,
+        "object": "video",
+        "model": job.model,
+        "status": STATUS.get(job.state, "failed"),
+        "progress": progress,
+        "prompt": req.prompt,
+        "created_at": int(job.created_at.timestamp()) if job.created_at else 0,
+        "completed_at": finished,
+        "expires_at": int(finished + ttl_s) if finished else None,
+        "seconds": f"{seconds:g}",
+        "size": f"{req.width}x{req.height}" if req.width and req.height else "",
+        "remixed_from_video_id": None,
+        "error": None,
+    }
+    if job.error is not None:
+        body["error"] = {"code": job.error.code.lower(), "message": job.error.message}
+    return body

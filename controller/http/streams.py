@@ -1,0 +1,158 @@
+"""Server streams over HTTP: Server-Sent Events, a WebSocket (which also takes commands), a download.
+
+Every stream asks for its first message before sending headers, so an unknown job is a plain
+404 JSON answer, not a stream that breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from omnirt.errors import OmniRTError
+
+from .errors import native_body
+from .transcode import to_json
+
+log = logging.getLogger("omnirt.controller.http")
+KEEPALIVE_S = 15.0
+# A WebSocket command -> a coroutine that answers it with a JSON object to send back.
+Command = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def first_of(stream: AsyncIterator[Any]) -> Any:
+    """The stream's first message (its errors raise here, before any header is sent)."""
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return None
+
+
+def _sse(event: Any) -> bytes:
+    data = to_json(event)
+    kind = event.WhichOneof("kind") or "message"
+    return f"id: {data.get('sequence', '')}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def send_sse(request: web.Request, stream: AsyncIterator[Any]) -> web.StreamResponse:
+    """`WatchJobResponse`s as `text/event-stream`: `id` = sequence, `event` = the event's kind.
+
+    Nothing left to send (a finished job resumed past its last event) is 204, which tells an
+    EventSource to stop reconnecting. A comment line every 15 s keeps idle proxies open.
+    """
+    item = await first_of(stream)
+    if item is None:
+        return web.Response(status=204)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await response.prepare(request)
+    pending: asyncio.Future[Any] | None = None
+    try:
+        while item is not None:
+            await response.write(_sse(item.event))
+            pending = asyncio.ensure_future(first_of(stream))
+            while not (await asyncio.wait({pending}, timeout=KEEPALIVE_S))[0]:
+                await response.write(b": keepalive\n\n")
+            item = pending.result()
+            pending = None
+    except OmniRTError as exc:
+        await response.write(f"event: error\ndata: {json.dumps(native_body(exc))}\n\n".encode())
+    finally:
+        if pending is not None:
+            pending.cancel()
+        with contextlib.suppress(Exception):
+            await stream.aclose()  # type: ignore[attr-defined]
+    await response.write_eof()
+    return response
+
+
+async def send_websocket(
+    request: web.Request, stream: AsyncIterator[Any], commands: dict[str, Command]
+) -> web.WebSocketResponse:
+    """Events as `{"event": JobEvent}` text frames; `{"type": NAME, ...}` frames run `commands[NAME]`.
+
+    A frame that is not a JSON object with a known `type` gets `{"error": {...}}` back and the
+    socket stays open. The server closes (1000) after the job's final event.
+    """
+    first = await first_of(stream)
+    ws = web.WebSocketResponse(heartbeat=30.0)
+    await ws.prepare(request)
+
+    async def pump() -> None:
+        item = first
+        try:
+            while item is not None:
+                await ws.send_json({"event": to_json(item.event)})
+                item = await first_of(stream)
+        except OmniRTError as exc:
+            await ws.send_json(native_body(exc))
+        await ws.close(code=1000, message=b"job finished")
+
+    pump_task = asyncio.create_task(pump())
+    try:
+        async for frame in ws:
+            if frame.type is WSMsgType.TEXT:
+                await ws.send_json(await _command(frame.data, commands))
+            elif frame.type is WSMsgType.BINARY:
+                await ws.send_json(_ws_error("binary frames are not understood; send JSON text"))
+    except ConnectionResetError:
+        pass
+    finally:
+        pump_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pump_task
+        with contextlib.suppress(Exception):
+            await stream.aclose()  # type: ignore[attr-defined]
+    return ws
+
+
+def _ws_error(message: str, field: str = "") -> dict[str, Any]:
+    body: dict[str, Any] = {"code": "INVALID_ARGUMENT", "message": message}
+    if field:
+        body["field"] = field
+    return {"error": body}
+
+
+async def _command(text: str, commands: dict[str, Command]) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return _ws_error(f"not JSON: {exc}")
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        return _ws_error('expected a JSON object with a "type" (one of: ' + ", ".join(commands) + ")", "type")
+    command = commands.get(data["type"])
+    if command is None:
+        known = ", ".join(commands)
+        return _ws_error(f"unknown message type {data['type']!r} (known: {known})", "type")
+    try:
+        return await command(data)
+    except OmniRTError as exc:
+        return native_body(exc)
+
+
+async def send_download(request: web.Request, stream: AsyncIterator[Any]) -> web.StreamResponse:
+    """`DownloadArtifactResponse` chunks as the artifact's bytes, with its type and name."""
+    first = await first_of(stream)
+    if first is None:
+        return web.Response(status=204)
+    meta = first.artifact
+    headers = {"Content-Type": meta.mime_type or "application/octet-stream"}
+    if meta.file_name:
+        headers["Content-Disposition"] = f'inline; filename="{meta.file_name}"'
+    if meta.sha256:
+        headers["ETag"] = f'"{meta.sha256}"'
+        headers["X-Omnirt-Sha256"] = meta.sha256
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    await response.write(first.chunk)
+    async for item in stream:
+        await response.write(item.chunk)
+    await response.write_eof()
+    return response

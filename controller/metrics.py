@@ -1,0 +1,226 @@
+"""Prometheus metrics of the controller, fed by the engine's own events (prometheus_client).
+
+Counters and histograms move when the engine accepts, dispatches, hears from and finishes a
+job; gauges (queue depth, running jobs, workers, slots) are read from the engine's state at
+scrape time, so they can never drift from what `ListJobs` and `ListWorkers` show. Each engine
+has its own registry (several engines in one process, as in unit tests, never collide).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from omnirt.errors import OmniRTError
+from omnirt.types import EventKind, GenerateRequest, JobEvent, JobState, WorkerState
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .jobs import JobRecord
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Seconds: from a 4-step tiny model (tens of ms) to a long video (many minutes).
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+# `_created` series double every counter for little use; Prometheus does not need them.
+disable_created_metrics()
+
+
+def _task(value: object) -> str:
+    return str(getattr(value, "value", value) or "")
+
+
+class _StateCollector(Collector):
+    """Gauges read from the engine when Prometheus scrapes."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._priorities: set[int] = {0}  # priorities once seen report 0, not vanish
+
+    def collect(self) -> Iterator[Metric]:
+        live = self.engine.store.list([JobState.QUEUED, JobState.RUNNING])
+        queued = Tally(r.job.priority for r in live if r.job.state is JobState.QUEUED)
+        self._priorities.update(queued)
+        depth = GaugeMetricFamily("omnirt_queue_depth", "Jobs waiting for a worker", labels=["priority"])
+        for priority in sorted(self._priorities):
+            depth.add_metric([str(priority)], queued.get(priority, 0))
+        yield depth
+        running = GaugeMetricFamily("omnirt_jobs_running", "Jobs running on a worker now", labels=["model"])
+        for model, count in sorted(
+            Tally(r.job.model for r in live if r.job.state is JobState.RUNNING).items()
+        ):
+            running.add_metric([model], count)
+        yield running
+        workers = self.engine.list_workers()
+        by_state = Tally(w.state for w in workers)
+        gauge = GaugeMetricFamily("omnirt_workers", "Connected workers by state", labels=["state"])
+        for state in WorkerState:
+            gauge.add_metric([state.value], by_state.get(state, 0))
+        yield gauge
+        slots = GaugeMetricFamily(
+            "omnirt_worker_slots", "Pipeline calls a worker runs at once", labels=["worker", "mode"]
+        )
+        busy = GaugeMetricFamily(
+            "omnirt_worker_busy_slots", "Slots of a worker in use now", labels=["worker", "mode"]
+        )
+        for w in workers:
+            slots.add_metric([w.id, w.execution_mode], w.slots)
+            busy.add_metric([w.id, w.execution_mode], w.busy_slots)
+        yield slots
+        yield busy
+
+
+class EngineMetrics:
+    """The controller's metrics; the engine calls the hooks, `/metrics` calls `render`."""
+
+    def __init__(self, engine: Engine, registry: CollectorRegistry | None = None) -> None:
+        self.engine = engine
+        self.registry = r = registry or CollectorRegistry()
+        self.requests = Counter(
+            "omnirt_requests",
+            "Generation requests (Generate, Submit) by outcome code (OK or the error)",
+            ["model", "task", "code"],
+            registry=r,
+        )
+        self.jobs = Counter(
+            "omnirt_jobs", "Jobs that reached a final state", ["model", "task", "state"], registry=r
+        )
+        self.failures = Counter(
+            "omnirt_job_failures", "Failed jobs by error code", ["model", "task", "code"], registry=r
+        )
+        self.retries = Counter(
+            "omnirt_job_retries",
+            "Jobs put back in the queue after their worker gave up",
+            ["model"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "omnirt_job_queue_wait_seconds",
+            "Time a job waited in the queue before dispatch (each attempt)",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.execution = Histogram(
+            "omnirt_job_execution_seconds",
+            "Time from dispatch to the worker's result",
+            ["model", "task"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "omnirt_job_latency_seconds",
+            "End to end: from submission to the final state",
+            ["model", "task", "state"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_progress = Histogram(
+            "omnirt_job_time_to_first_progress_seconds",
+            "Time from submission to the job's first progress event",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "omnirt_stage_duration_seconds",
+            "Duration of a stage on the worker (load, encode, denoise, decode, export), per job",
+            ["model", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch = Histogram(
+            "omnirt_batch_size", "Jobs per pipeline call", ["model"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.http_requests = Counter(
+            "omnirt_http_requests",
+            "HTTP gateway requests by route and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.http_latency = Histogram(
+            "omnirt_http_request_duration_seconds",
+            "HTTP gateway request duration (streams: until they end)",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        r.register(_StateCollector(engine))
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self._dispatched: dict[str, float] = {}
+        self._progressed: set[str] = set()
+
+    def render(self) -> bytes:
+        """The exposition text (Prometheus text format 0.0.4)."""
+        return generate_latest(self.registry)
+
+    # ---- hooks the engine calls -----------------------------------------------------------
+
+    def _labels(self, request: GenerateRequest) -> tuple[str, str]:
+        """Model and task labels of a request that may not validate (the model's task by default)."""
+        try:
+            spec = self.engine.catalog.resolve(request.model)
+        except Exception:
+            return "unknown", _task(request.task)  # a label per misspelt name would grow without bound
+        return spec.id, _task(request.task or (spec.tasks[0] if spec.tasks else ""))
+
+    def request_accepted(self, record: JobRecord) -> None:
+        self.requests.labels(record.job.model, _task(record.job.task), "OK").inc()
+
+    def request_rejected(self, request: GenerateRequest, error: OmniRTError) -> None:
+        self.requests.labels(*self._labels(request), error.code.name).inc()
+
+    def dispatched(self, records: list[JobRecord]) -> None:
+        now = time.monotonic()
+        model = records[0].job.model
+        self.batch.labels(model).observe(len(records))
+        for record in records:
+            self.queue_wait.labels(model).observe(max(0.0, now - record.enqueued_at))
+            self._dispatched[record.job.id] = now
+
+    def worker_event(self, record: JobRecord, event: JobEvent) -> None:
+        job = record.job
+        if event.kind is EventKind.STAGE and event.stage_finished:
+            self.stage.labels(job.model, event.stage).observe(event.stage_duration_ms / 1000)
+        elif event.kind is EventKind.PROGRESS and job.id not in self._progressed:
+            self._progressed.add(job.id)
+            self.first_progress.labels(job.model).observe(time.monotonic() - record.first_enqueued_at)
+
+    def result_received(self, record: JobRecord) -> None:
+        started = self._dispatched.pop(record.job.id, None)
+        if started is not None:
+            self.execution.labels(record.job.model, _task(record.job.task)).observe(
+                time.monotonic() - started
+            )
+
+    def requeued(self, record: JobRecord) -> None:
+        self._dispatched.pop(record.job.id, None)
+        self.retries.labels(record.job.model).inc()
+
+    def finished(self, record: JobRecord) -> None:
+        job = record.job
+        model, task, state = job.model, _task(job.task), job.state.value
+        self.jobs.labels(model, task, state).inc()
+        if job.state is JobState.FAILED:
+            self.failures.labels(model, task, job.error.code if job.error else "UNKNOWN").inc()
+        self.latency.labels(model, task, state).observe(time.monotonic() - record.first_enqueued_at)
+        self._dispatched.pop(job.id, None)
+        self._progressed.discard(job.id)

@@ -1,0 +1,257 @@
+"""OpenTelemetry traces of jobs, and the trace id on every log line about a job.
+
+Each job gets a span `omnirt.job` (a child of the caller's span when the gRPC metadata or the
+HTTP headers carry a W3C `traceparent`) with children `validate`, `queue` (one per attempt),
+`dispatch` (assignment sent -> the worker's first event) and `execute` (assignment sent -> the
+worker's result). The `execute` span's context travels to the worker in
+`Assignment.trace_context` (`traceparent`; for a batch also `traceparent.JOB_ID` per job), where
+the worker's own spans hang under it. The SDK exports over OTLP/HTTP when the standard
+`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are set; without
+them spans are still made (so reports and logs carry trace ids) and then dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from omnirt.types import JobState
+
+if TYPE_CHECKING:
+    from .jobs import JobRecord
+
+log = logging.getLogger("omnirt.controller")
+TRACER_NAME = "omnirt.controller"
+# Trace ids of recent jobs, for log lines that name only the job (bounded: old jobs fall out).
+_TRACE_IDS: OrderedDict[str, str] = OrderedDict()
+_TRACE_IDS_MAX = 100_000
+_provider: Any = None
+
+
+def exporting_configured(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when the standard OTLP variables ask for span export."""
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def setup(service_name: str) -> bool:
+    """Install the SDK tracer provider (once per process); export over OTLP/HTTP when configured.
+
+    Returns True when spans are exported. `OTEL_SDK_DISABLED=true` leaves tracing off entirely.
+    """
+    global _provider
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    exporting = exporting_configured()
+    if _provider is None:
+        attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
+        _provider = TracerProvider(resource=Resource.create(attributes))
+        if exporting:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(_provider)
+    return exporting
+
+
+def shutdown() -> None:
+    """Flush spans still buffered (at daemon exit)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+def trace_id_of(job_id: str) -> str:
+    """The trace id (32 hex digits) of a recent job, or ''."""
+    return _TRACE_IDS.get(job_id, "")
+
+
+def _remember(job_id: str, trace_id: str) -> None:
+    _TRACE_IDS[job_id] = trace_id
+    while len(_TRACE_IDS) > _TRACE_IDS_MAX:
+        _TRACE_IDS.popitem(last=False)
+
+
+class JobTraceFilter(logging.Filter):
+    """Adds `trace_id` to records that name a job (`extra={"job_id": ...}`) but not its trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        job_id = getattr(record, "job_id", "")
+        if job_id and not getattr(record, "trace_id", ""):
+            record.trace_id = trace_id_of(job_id)
+        return True
+
+
+@contextmanager
+def remote_parent(carrier: Mapping[str, str]) -> Iterator[None]:
+    """Make the W3C trace context in `carrier` (headers or metadata) the parent of spans inside."""
+    token = otel_context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    items = context.invocation_metadata() or ()
+    return {k: v for k, v in items if isinstance(v, str)}
+
+
+class TraceInterceptor(grpc.aio.ServerInterceptor):
+    """Takes the caller's trace context from gRPC metadata for the duration of each unary call."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or not handler.unary_unary:
+            return handler
+        inner: Any = handler.unary_unary
+
+        async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            with remote_parent(_metadata(context)):
+                return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            traced,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+@dataclass
+class _Spans:
+    job: Span
+    queue: Span | None = None
+    dispatch: Span | None = None
+    execute: Span | None = None
+
+
+def _end(span: Span | None, error: str = "") -> None:
+    if span is not None and span.is_recording():
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+
+
+class JobTracing:
+    """The spans of live jobs; the engine calls the hooks."""
+
+    def __init__(self, tracer: trace.Tracer | None = None) -> None:
+        self._tracer = tracer
+        self._jobs: dict[str, _Spans] = {}
+
+    @property
+    def tracer(self) -> trace.Tracer:
+        # Looked up late: the daemon installs the provider after the engine exists.
+        return self._tracer or trace.get_tracer(TRACER_NAME)
+
+    def _child(
+        self, spans: _Spans, name: str, start_ns: int | None = None, attrs: dict[str, Any] | None = None
+    ) -> Span:
+        ctx = trace.set_span_in_context(spans.job)
+        return self.tracer.start_span(name, context=ctx, start_time=start_ns, attributes=attrs)
+
+    def submitted(self, record: JobRecord, started_ns: int, validated_ns: int) -> None:
+        job = record.job
+        span = self.tracer.start_span(
+            "omnirt.job",
+            context=otel_context.get_current(),
+            start_time=started_ns,
+            attributes={
+                "omnirt.job_id": job.id,
+                "omnirt.model": job.model,
+                "omnirt.task": str(job.task.value if job.task else ""),
+                "omnirt.priority": job.priority,
+            },
+        )
+        spans = _Spans(job=span)
+        self._child(spans, "validate", started_ns).end(end_time=validated_ns)
+        spans.queue = self._child(spans, "queue", validated_ns)
+        self._jobs[job.id] = spans
+        ctx = span.get_span_context()
+        if ctx.is_valid:
+            _remember(job.id, format(ctx.trace_id, "032x"))
+
+    def dispatched(self, records: list[JobRecord], worker_id: str, assignment_id: str) -> None:
+        for record in records:
+            spans = self._jobs.get(record.job.id)
+            if spans is None:
+                continue
+            _end(spans.queue)
+            attrs = {
+                "omnirt.worker_id": worker_id,
+                "omnirt.assignment_id": assignment_id,
+                "omnirt.attempt": record.job.attempts,
+                "omnirt.batch_size": len(records),
+            }
+            spans.queue = None
+            spans.dispatch = self._child(spans, "dispatch", attrs=attrs)
+            spans.execute = self._child(spans, "execute", attrs=attrs)
+
+    def assignment_context(self, records: list[JobRecord]) -> dict[str, str]:
+        """W3C trace context of each job's `execute` span, for the worker."""
+        carrier: dict[str, str] = {}
+        for i, record in enumerate(records):
+            spans = self._jobs.get(record.job.id)
+            if spans is None or spans.execute is None:
+                continue
+            one: dict[str, str] = {}
+            propagate.inject(one, context=trace.set_span_in_context(spans.execute))
+            if "traceparent" not in one:
+                continue
+            if i == 0:
+                carrier.update(one)
+            if len(records) > 1:
+                carrier[f"traceparent.{record.job.id}"] = one["traceparent"]
+        return carrier
+
+    def worker_event(self, record: JobRecord) -> None:
+        spans = self._jobs.get(record.job.id)
+        if spans is not None and spans.dispatch is not None:
+            _end(spans.dispatch)  # the worker has picked the job up
+            spans.dispatch = None
+
+    def requeued(self, record: JobRecord, reason: str) -> None:
+        spans = self._jobs.get(record.job.id)
+        if spans is None:
+            return
+        _end(spans.dispatch, reason)
+        _end(spans.execute, reason)
+        spans.dispatch = spans.execute = None
+        spans.queue = self._child(spans, "queue", time.time_ns(), {"omnirt.requeued": reason})
+
+    def finished(self, record: JobRecord) -> None:
+        spans = self._jobs.pop(record.job.id, None)
+        if spans is None:
+            return
+        job = record.job
+        error = f"{job.error.code}: {job.error.message}" if job.error else ""
+        if job.state is not JobState.SUCCEEDED and not error:
+            error = job.state.value
+        for span in (spans.queue, spans.dispatch, spans.execute):
+            _end(span, error)
+        spans.job.set_attribute("omnirt.state", job.state.value)
+        spans.job.set_attribute("omnirt.attempts", job.attempts)
+        if job.error:
+            spans.job.set_attribute("omnirt.error_code", job.error.code)
+        _end(spans.job, error)

@@ -1,0 +1,13 @@
+"""The `persistent_worker` execution mode: a resident torchrun process group per model.
+
+- `executor` (daemon side): `PersistentWorkerExecutor`, the mode's `Executor`.
+- `group` (daemon side): `ResidentGroup`, which launches, supervises, restarts and stops one
+  process group and talks to its rank 0.
+- `settings`: the per-model options read from the catalog entry's `runtime` table.
+- `channel`: the length-prefixed pickle framing between the daemon and rank 0.
+- `rank` (rank side): the program torchrun starts on every rank.
+- `cfg_denoise` (rank side): the Stable Diffusion loop with classifier-free guidance split
+  across ranks.
+
+Nothing here imports torch at import time, except the rank-side modules.
+"""

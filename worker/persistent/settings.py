@@ -1,0 +1,68 @@
+"""Per-model options of the `persistent_worker` mode, read from the catalog entry's `runtime`.
+
+```toml
+[models.runtime]
+nproc_per_node = 2          # ranks in the group (one device each on cuda/ascend)
+idle_unload_s = 600         # stop the group after this long without a request (0 = never)
+start_timeout_s = 600       # group start (spawn + dist init + model load) must finish in this
+step_timeout_s = 300        # longest silence of rank 0 during a job before the group is restarted
+restart_backoff_s = 1       # first restart delay after a crash, doubling per crash ...
+restart_backoff_max_s = 60  # ... up to this
+dist_backend = ""           # gloo / nccl / hccl; empty = by backend (cpu gloo, cuda nccl, ascend hccl)
+```
+
+Values travel through `google.protobuf.Struct`, so integers arrive as floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DIST_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "ascend": "hccl"}
+
+
+class SettingsError(ValueError):
+    """A runtime option is malformed (the job fails with FAILED_PRECONDITION naming it)."""
+
+
+def _number(runtime: Mapping[str, Any], key: str, default: float, minimum: float) -> float:
+    value = runtime.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SettingsError(f"runtime.{key} must be a number, not {value!r}")
+    if value < minimum:
+        raise SettingsError(f"runtime.{key} must be at least {minimum:g}, not {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    """How one model's resident process group is run."""
+
+    nproc_per_node: int = 1
+    idle_unload_s: float = 0.0
+    start_timeout_s: float = 600.0
+    step_timeout_s: float = 300.0
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 60.0
+    dist_backend: str = "gloo"
+
+    @classmethod
+    def from_runtime(cls, runtime: Mapping[str, Any], backend: str) -> GroupSettings:
+        """Settings from a model's `runtime` table on the worker's resolved `backend`."""
+        nproc = _number(runtime, "nproc_per_node", 1, 1)
+        if not nproc.is_integer():
+            raise SettingsError(f"runtime.nproc_per_node must be an integer, not {nproc:g}")
+        dist_backend = str(runtime.get("dist_backend", "") or DIST_BACKENDS.get(backend, "gloo"))
+        if dist_backend not in ("gloo", "nccl", "hccl", "mpi"):
+            raise SettingsError(f"runtime.dist_backend {dist_backend!r} is not gloo, nccl, hccl or mpi")
+        return cls(
+            nproc_per_node=int(nproc),
+            idle_unload_s=_number(runtime, "idle_unload_s", 0.0, 0.0),
+            start_timeout_s=_number(runtime, "start_timeout_s", 600.0, 1.0),
+            step_timeout_s=_number(runtime, "step_timeout_s", 300.0, 1.0),
+            restart_backoff_s=_number(runtime, "restart_backoff_s", 1.0, 0.0),
+            restart_backoff_max_s=_number(runtime, "restart_backoff_max_s", 60.0, 0.0),
+            dist_backend=dist_backend,
+        )

@@ -1,0 +1,194 @@
+"""The worker's Prometheus metrics (on its own `--metrics` port) and its OpenTelemetry spans.
+
+Both are made from what each assignment returns, after it ran, so no executor needs to know
+about them: one `worker.execute` span per job, a child of the controller's `execute` span (the
+W3C context in `Assignment.trace_context`), with one child span per stage timing of the
+RunReport (`load`, `encode`, `denoise`, `decode`, `export`). Spans are exported over OTLP/HTTP
+when the standard `OTEL_EXPORTER_OTLP_*` endpoint variables are set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Status, StatusCode
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
+
+from omnirt.worker.memory import current_rss_bytes
+from omnirt.worker.protocol import Assignment, ItemOutcome
+
+log = logging.getLogger(__name__)
+TRACER_NAME = "omnirt.worker"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+_provider: Any = None
+
+disable_created_metrics()
+
+
+def setup_tracing(service_name: str) -> bool:
+    """Install the SDK tracer provider; returns True when spans are exported (OTLP/HTTP)."""
+    global _provider
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or _provider is not None:
+        return False
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
+    _provider = TracerProvider(resource=Resource.create(attributes))
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() != "none"
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    )
+    if exporter and endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(_provider)
+    return bool(exporter and endpoint)
+
+
+def shutdown_tracing() -> None:
+    """Flush buffered spans (at exit)."""
+    if _provider is not None:
+        _provider.shutdown()
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `PORT` (all interfaces) -> (host, port)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"metrics address must be HOST:PORT or PORT, not {address!r}")
+    return host or "0.0.0.0", int(port)
+
+
+class WorkerTelemetry:
+    """Metrics and spans of one worker; `assignment_done` records each finished assignment."""
+
+    def __init__(
+        self, worker_id: str, slots: int, busy: Callable[[], int], loaded: Callable[[], list[str]]
+    ) -> None:
+        self.worker_id = worker_id
+        self.registry = r = CollectorRegistry()
+        self.jobs = Counter(
+            "omnirt_worker_jobs",
+            "Jobs this worker ran, by outcome code (OK or the error)",
+            ["model", "code"],
+            registry=r,
+        )
+        self.execution = Histogram(
+            "omnirt_worker_execution_seconds",
+            "Assignment wall time on the worker",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage = Histogram(
+            "omnirt_worker_stage_duration_seconds",
+            "Stage durations of runs (load, denoise, decode, ...)",
+            ["model", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.load = Histogram(
+            "omnirt_worker_model_load_seconds",
+            "Model load time (cold starts only)",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.peak = Gauge(
+            "omnirt_worker_peak_memory_bytes",
+            "Peak memory of the latest run of a model",
+            ["model"],
+            registry=r,
+        )
+        self.batch = Histogram(
+            "omnirt_worker_batch_size", "Jobs per assignment", ["model"], buckets=BATCH_BUCKETS, registry=r
+        )
+        Gauge("omnirt_worker_slots", "Assignments this worker runs at once", registry=r).set(slots)
+        Gauge("omnirt_worker_busy_jobs", "Jobs running now", registry=r).set_function(lambda: float(busy()))
+        Gauge("omnirt_worker_memory_bytes", "Resident memory of the worker process", registry=r).set_function(
+            lambda: float(current_rss_bytes())
+        )
+        Gauge("omnirt_worker_loaded_models", "Models held in the model cache", registry=r).set_function(
+            lambda: float(len(loaded()))
+        )
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+
+    def serve(self, address: str) -> None:
+        """Serve `/metrics` on `address` from a background thread (prometheus_client's server)."""
+        host, port = parse_address(address)
+        start_http_server(port, addr=host, registry=self.registry)
+        log.info("metrics on http://%s:%d/metrics", host, port)
+
+    def assignment_done(
+        self, assignment: Assignment, outcomes: list[ItemOutcome], start_ns: int, end_ns: int
+    ) -> None:
+        """Record metrics and spans of a finished assignment (never raises)."""
+        try:
+            self._record(assignment, outcomes, start_ns, end_ns)
+        except Exception:  # telemetry must never cost a job
+            log.exception("cannot record telemetry of assignment %s", assignment.assignment_id)
+
+    def _record(
+        self, assignment: Assignment, outcomes: list[ItemOutcome], start_ns: int, end_ns: int
+    ) -> None:
+        model = assignment.model.id
+        self.execution.labels(model).observe((end_ns - start_ns) / 1e9)
+        self.batch.labels(model).observe(len(assignment.items))
+        by_job = {o.job_id: o for o in outcomes}
+        tracer = trace.get_tracer(TRACER_NAME)
+        for item in assignment.items:
+            outcome = by_job.get(item.job_id)
+            error = outcome.error if outcome else None
+            report = outcome.result.report if outcome and outcome.result else None
+            self.jobs.labels(model, error.code if error else "OK").inc()
+            carrier = {"traceparent": assignment.trace_context.get(f"traceparent.{item.job_id}", "")}
+            carrier["traceparent"] = carrier["traceparent"] or assignment.trace_context.get("traceparent", "")
+            parent = propagate.extract(carrier) if carrier["traceparent"] else None
+            span = tracer.start_span(
+                "worker.execute",
+                context=parent,
+                start_time=start_ns,
+                attributes={
+                    "omnirt.worker_id": self.worker_id,
+                    "omnirt.job_id": item.job_id,
+                    "omnirt.assignment_id": assignment.assignment_id,
+                    "omnirt.model": model,
+                    "omnirt.attempt": item.attempt,
+                    "omnirt.batch_size": len(assignment.items),
+                },
+            )
+            if report is not None:
+                base_ns = int(report.started_at.timestamp() * 1e9) if report.started_at else start_ns
+                ctx = trace.set_span_in_context(span)
+                for timing in report.timings:
+                    self.stage.labels(model, timing.name).observe(timing.duration_ms / 1000)
+                    if timing.name == "load":
+                        self.load.labels(model).observe(timing.duration_ms / 1000)
+                    begin = base_ns + int(timing.start_offset_ms * 1e6)
+                    stage = tracer.start_span(timing.name, context=ctx, start_time=begin)
+                    stage.end(end_time=begin + int(timing.duration_ms * 1e6))
+                if report.peak_memory_bytes:
+                    self.peak.labels(model).set(report.peak_memory_bytes)
+            if error is not None:
+                span.set_status(Status(StatusCode.ERROR, f"{error.code}: {error.message}"))
+            span.end(end_time=end_ns)
