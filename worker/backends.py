@@ -2,12 +2,17 @@
 
 `cpu` runs float32; `cuda` and `ascend` run float16 unless the model's runtime options say
 `dtype`. torch_npu (Ascend) is imported here and only when asked for.
+
+Multi-device placement comes from the model's runtime options: `devices` (device indices or
+names of the backend: `[1]`, `["cuda:0", "cuda:1"]`) picks the devices, `device_map` (what
+diffusers' `from_pretrained(device_map=...)` takes, e.g. "balanced") spreads the components
+over them; several devices without a `device_map` mean "balanced". On CPU only "cpu" is valid.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +30,10 @@ DTYPE_ALIASES = {
 }
 
 
+# diffusers pipelines take "balanced" (components spread over the devices) as device_map.
+DEVICE_MAPS = frozenset({"balanced"})
+
+
 class BackendError(Exception):
     """The backend asked for cannot run here (no device, missing package, bad dtype)."""
 
@@ -36,6 +45,9 @@ class Placement:
     backend: str
     device: str
     dtype: str
+    # diffusers' `device_map` ("" = the whole pipeline on `device`) and the devices it may use.
+    device_map: str = ""
+    devices: tuple[str, ...] = ()
 
     def torch_dtype(self) -> Any:
         """The `torch.dtype` of `dtype`."""
@@ -95,12 +107,75 @@ def placement_for(backend: str, runtime: Mapping[str, Any] | None = None) -> Pla
     if backend not in DEVICES:
         raise BackendError(f"unknown backend {backend!r}")
     dtype = DEFAULT_DTYPES[backend]
-    wanted = str((runtime or {}).get("dtype", "") or "").lower()
+    runtime_options = runtime or {}
+    wanted = str(runtime_options.get("dtype", "") or "").lower()
     if wanted and backend != "cpu":
         if wanted not in DTYPE_ALIASES:
             raise BackendError(f"unknown dtype {wanted!r} in the model's runtime options")
         dtype = DTYPE_ALIASES[wanted]
-    return Placement(backend=backend, device=DEVICES[backend], dtype=dtype)
+    devices = _devices(backend, runtime_options.get("devices"))
+    device_map = _device_map(backend, runtime_options.get("device_map"), devices)
+    device = devices[0] if devices else DEVICES[backend]
+    return Placement(backend, device, dtype, device_map, devices if device_map else ())
+
+
+def _devices(backend: str, value: Any) -> tuple[str, ...]:
+    """`runtime.devices` as device strings of `backend` (`[0, "cuda:1"]` -> `("cuda:0", "cuda:1")`)."""
+    if value is None or value == [] or value == "":
+        return ()
+    items: Sequence[Any] = [value] if isinstance(value, str | int | float) else value
+    if not isinstance(items, Sequence):
+        raise BackendError(f"runtime.devices must be a list of device indices or names, not {value!r}")
+    prefix = DEVICES[backend]
+    devices = []
+    for item in items:
+        text = str(int(item)) if isinstance(item, int | float) else str(item).strip().lower()
+        if backend == "cpu":
+            if text != "cpu":
+                raise BackendError(f"runtime.devices {value!r}: on the cpu backend only 'cpu' is valid")
+            devices.append("cpu")
+            continue
+        index = text.removeprefix(prefix + ":") if text.startswith(prefix + ":") else text
+        if not index.isdigit():
+            raise BackendError(
+                f"runtime.devices: {item!r} is not a {backend} device (e.g. 0 or '{prefix}:0')"
+            )
+        devices.append(f"{prefix}:{int(index)}")
+    if len(set(devices)) != len(devices):
+        raise BackendError(f"runtime.devices {value!r} lists a device twice")
+    return tuple(devices)
+
+
+def _device_map(backend: str, value: Any, devices: tuple[str, ...]) -> str:
+    """`runtime.device_map`, checked; "balanced" when several devices are listed without one."""
+    text = str(value or "").strip().lower()
+    if backend == "cpu":
+        if text not in ("", "cpu"):
+            raise BackendError(f"runtime.device_map {value!r}: on the cpu backend only 'cpu' is valid")
+        return ""
+    if not text:
+        return "balanced" if len(devices) > 1 else ""
+    if text not in DEVICE_MAPS:
+        known = ", ".join(sorted(DEVICE_MAPS))
+        raise BackendError(f"runtime.device_map {value!r} is not supported; known: {known}")
+    return text
+
+
+def max_memory(placement: Placement) -> dict[int, int] | None:
+    """`from_pretrained(max_memory=...)` limiting a device map to `placement.devices` (free memory each)."""
+    if not placement.device_map or not placement.devices:
+        return None
+    import torch
+
+    module = torch.cuda if placement.backend == "cuda" else getattr(torch, "npu", None)
+    if module is None:
+        return None
+    limits = {}
+    for device in placement.devices:
+        index = int(device.rsplit(":", 1)[1])
+        free, _total = module.mem_get_info(index)
+        limits[index] = int(free)
+    return limits
 
 
 def configure_threads(torch_threads: int) -> None:

@@ -10,7 +10,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-EXECUTION_MODES = ("legacy_call", "subprocess", "persistent_worker")
+EXECUTION_MODES = ("legacy_call", "modular", "subprocess", "persistent_worker")
 BACKENDS = ("auto", "cpu", "cuda", "ascend")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -49,6 +49,10 @@ class WorkerConfig:
         default=5.0, metadata={"help": "longest wait between reconnect attempts, in seconds"}
     )
     torch_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    model_cache_bytes: int = field(
+        default=0,
+        metadata={"help": "memory budget of loaded models (parameters + buffers), bytes; 0 = unlimited"},
+    )
     script_dirs: list[str] = field(
         default_factory=list,
         metadata={"help": "subprocess mode: folders searched for relative command paths (then examples/)"},
@@ -77,3 +81,5 @@ class WorkerConfig:
             raise ValueError("drain_timeout_s must be >= 0 and reconnect_max_s > 0")
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must be >= 0, not {self.torch_threads}")
+        if self.model_cache_bytes < 0:
+            raise ValueError(f"model_cache_bytes must be >= 0, not {self.model_cache_bytes}")

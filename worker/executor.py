@@ -30,6 +30,7 @@ DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 # execution mode -> (module, class); later issues add modular, subprocess, persistent_worker.
 _EXECUTORS: dict[str, tuple[str, str]] = {
     "legacy_call": ("omnirt.worker.legacy_call", "LegacyCallExecutor"),
+    "modular": ("omnirt.worker.modular", "ModularExecutor"),
     "subprocess": ("omnirt.worker.subprocess_mode", "SubprocessExecutor"),
     "persistent_worker": ("omnirt.worker.persistent.executor", "PersistentWorkerExecutor"),
 }

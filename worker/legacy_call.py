@@ -28,7 +28,7 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
-from omnirt.worker import backends, null_model, task_pipelines
+from omnirt.worker import adapters, backends, model_cache, null_model, runtime_options, task_pipelines
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import (
     CancelFlags,
@@ -110,7 +110,7 @@ class LegacyCallExecutor(Executor):
 
     def __init__(self, config: WorkerConfig, cache: ModelCache | None = None) -> None:
         self.config = config
-        self.cache = cache or ModelCache(config.model_dir)
+        self.cache = cache or ModelCache(config.model_dir, config.model_cache_bytes)
         self._backend = ""
         self._start_lock = threading.Lock()
 
@@ -172,6 +172,8 @@ class _AssignmentRun:
         self.stop = StopCheck(flags, assignment)
         self.outcomes: dict[str, ItemOutcome] = {}
         self.cold = False
+        self.cache_warnings: list[str] = []
+        self.adapters: dict[str, list[adapters.ResolvedAdapter]] = {}
         self.placement = backends.Placement("cpu", "cpu", "float32")
         self.memory = PeakMemory("cpu")
 
@@ -211,6 +213,7 @@ class _AssignmentRun:
         try:
             backend = self.executor._start_sync()
             self.placement = backends.placement_for(backend, self.spec.runtime)
+            runtime_options.load_options(self.spec.runtime)
         except backends.BackendError as exc:
             self.fail(job_ids, t.JobError("FAILED_PRECONDITION", str(exc)))
             return
@@ -228,17 +231,28 @@ class _AssignmentRun:
         cached = self._load([p.job_id for p in plans])
         if cached is None:
             return
-        groups: dict[str, list[ItemPlan]] = {}
+        try:
+            self._run_plans(cached, plans)
+        finally:
+            self.executor.cache.release(cached)
+
+    def _run_plans(self, cached: CachedPipeline, plans: list[ItemPlan]) -> None:
+        groups: dict[tuple[str, str], list[ItemPlan]] = {}
         for plan in plans:
             try:
                 # image2image / inpaint on a text-to-image model: a pipeline sharing its modules.
                 pipeline = task_pipelines.pipeline_for_task(cached.pipeline, plan.task, self.spec)
                 task_pipelines.check_size(pipeline, plan.common)
                 pipeline_kwargs(plan, call_parameters(pipeline))
+                request = plan.item.request
+                model_dir = self.executor.config.model_dir
+                self.adapters[plan.job_id] = adapters.resolve(request.adapters, self.spec.runtime, model_dir)
             except JobFailure as failure:
                 self.fail([plan.job_id], failure.error)
                 continue
-            groups.setdefault(plan.group_key(), []).append(plan)
+            # Different adapters never share a call, even within one assignment.
+            key = (plan.group_key(), repr(adapters.group_key(request.adapters)))
+            groups.setdefault(key, []).append(plan)
         for group in groups.values():
             self._run_group(cached, group)
 
@@ -259,6 +273,7 @@ class _AssignmentRun:
             start = load_start[0]
             self.recorder.stage_finished(job_ids, "load", start, start + cached.load_ms / 1000.0)
         self.cold = cached.cold
+        self.cache_warnings = model_cache.cache_warnings(cached)
         return cached
 
     # ---- one pipeline call ---------------------------------------------------------------
@@ -270,7 +285,16 @@ class _AssignmentRun:
         job_ids = [p.job_id for p in group]
         try:
             pipeline = task_pipelines.pipeline_for_task(cached.pipeline, group[0].task, self.spec)
-            images, call_info = self._call(pipeline, group)
+            with adapters.applied(cached.pipeline, self.adapters.get(job_ids[0], []), self.spec.runtime):
+                try:
+                    images, call_info = self._call(pipeline, group)
+                except (StopRun, JobFailure):
+                    raise
+                except Exception as exc:
+                    if not runtime_options.is_compiled(cached.pipeline):
+                        raise
+                    runtime_options.drop_compile(cached.pipeline, exc)  # and run once more, eagerly
+                    images, call_info = self._call(pipeline, group)
         except StopRun:
             for plan in group:
                 self.fail(
@@ -377,6 +401,12 @@ class _AssignmentRun:
                 "source": cached.key.source,
             },
         )
+        if self.adapters.get(job_id):
+            config["adapters"] = [a.report() for a in self.adapters[job_id]]
+        if runtime_options.report(cached.pipeline):
+            config["runtime_options"] = runtime_options.report(cached.pipeline)
+        if self.placement.device_map:
+            config.update(device_map=self.placement.device_map, devices=list(self.placement.devices))
         if first.num_frames:  # the frames really made (Wan rounds num_frames to 4k+1)
             config["num_frames"] = first.num_frames
         report = t.RunReport(
@@ -400,7 +430,7 @@ class _AssignmentRun:
             batch_group_id=self.assignment.batch_group_id,
             seeds=list(plan.seeds),
             trace_id=_trace_id(self.assignment.trace_context),
-            warnings=list(info["warnings"]),
+            warnings=[*self.cache_warnings, *runtime_options.notes(cached.pipeline), *info["warnings"]],
             started_at=self.recorder.started_at,
             finished_at=datetime.now(UTC),
             pipeline_class=pipeline_class,

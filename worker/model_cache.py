@@ -7,6 +7,14 @@ two concurrent first requests load once; loads of different keys may overlap.
 Every source goes through the same loading code: `builtin:NAME` is first built into
 `model_dir/NAME` (see `tiny_models`) and then loaded from that path like any local model or
 hub id with `from_pretrained`.
+
+Memory budget (`budget_bytes`, 0 = unlimited): a pipeline's size is the bytes of its modules'
+parameters and buffers. Before a load the cache frees room for the new model (its size from
+an earlier load, else its weight files on disk) by evicting the least recently used *idle*
+entries; an entry handed out by `get` stays in use until `release`, and is never evicted
+while in use. After the load the real size is checked again. A model bigger than the whole
+budget is refused (`ModelTooLargeError`); when only in-use entries block the room, the load
+goes ahead over budget and says so in `CachedPipeline.warnings`.
 """
 
 from __future__ import annotations
@@ -22,12 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker import tiny_models
+from omnirt.worker import backends, runtime_options, tiny_models
 from omnirt.worker.backends import Placement
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PIPELINE_CLASS = "DiffusionPipeline"
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 
 
 class ModelLoadError(Exception):
@@ -40,6 +51,10 @@ class ModelLoadError(Exception):
         self.reason = reason
 
 
+class ModelTooLargeError(ModelLoadError):
+    """The model alone is bigger than the whole model cache budget."""
+
+
 @dataclass(frozen=True)
 class CacheKey:
     """What makes two loads the same."""
@@ -48,6 +63,9 @@ class CacheKey:
     pipeline_class: str
     device: str
     dtype: str
+    device_map: str = ""
+    # Load-time runtime options (`runtime_options.LoadOptions.key()`).
+    options: str = ""
 
 
 @dataclass
@@ -56,6 +74,8 @@ class _Entry:
     load_ms: float
     model_ids: set[str] = field(default_factory=set)
     last_used: float = 0.0
+    nbytes: int = 0
+    in_use: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,9 @@ class CachedPipeline:
     key: CacheKey
     cold: bool
     load_ms: float
+    # Catalog ids of the models this load evicted to fit the budget.
+    evicted: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 def cache_key(spec: t.ModelSpec, placement: Placement) -> CacheKey:
@@ -75,7 +98,16 @@ def cache_key(spec: t.ModelSpec, placement: Placement) -> CacheKey:
         pipeline_class=spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
         device=placement.device,
         dtype=placement.dtype,
+        device_map=placement.device_map,
+        options=_options_key(spec),
     )
+
+
+def _options_key(spec: t.ModelSpec) -> str:
+    try:
+        return runtime_options.load_options(spec.runtime).key()
+    except backends.BackendError:
+        return "invalid"  # refused again, with the reason, by the load
 
 
 def _dtype_argument() -> str:
@@ -87,6 +119,45 @@ def _dtype_argument() -> str:
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
 
 
+def pipeline_bytes(pipeline: Any) -> int:
+    """Bytes of the parameters and buffers of `pipeline`'s torch modules (shared tensors once)."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for component in getattr(pipeline, "components", {}).values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for tensor in (*component.parameters(), *component.buffers()):
+            if tensor.device.type == "meta" or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def weight_file_bytes(location: str) -> int:
+    """Bytes of the weight files under a local model folder (0 for a hub id): a pre-load estimate."""
+    root = Path(location)
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes for a message: `4.4 MB (4415348 bytes)`."""
+    return f"{n / 1e6:.1f} MB ({n} bytes)"
+
+
+def cache_warnings(cached: CachedPipeline) -> list[str]:
+    """RunReport warnings of a `get`: the models its load evicted, and any over-budget load."""
+    warnings = list(cached.warnings)
+    if cached.evicted:
+        names = ", ".join(cached.evicted)
+        warnings.insert(0, f"evicted model(s) {names} from the model cache to fit its memory budget")
+    return warnings
+
+
 def _short_reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 600 else text[:597] + "..."
@@ -95,18 +166,24 @@ def _short_reason(exc: BaseException) -> str:
 class ModelCache:
     """Pipelines loaded by this worker, by `CacheKey` (thread-safe; loads run in worker threads)."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, budget_bytes: int = 0) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, not {budget_bytes}")
         self.model_dir = Path(model_dir)
+        self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
         self._entries: dict[CacheKey, _Entry] = {}
         self._load_locks: dict[CacheKey, threading.Lock] = {}
+        # Real sizes of models loaded before (evicted ones too): better than a disk estimate.
+        self._known_bytes: dict[CacheKey, int] = {}
 
     def get(
         self, spec: t.ModelSpec, placement: Placement, on_load_start: Callable[[], None] | None = None
     ) -> CachedPipeline:
         """The pipeline for `spec`, loading it first if needed (`on_load_start` is called then).
 
-        Raises ModelLoadError when the model cannot be loaded; failures are not cached.
+        The entry is in use until `release(result)`. Raises ModelLoadError when the model
+        cannot be loaded (ModelTooLargeError when it exceeds the budget); failures are not cached.
         """
         key = cache_key(spec, placement)
         warm = self._lookup(key, spec.id)
@@ -121,12 +198,89 @@ class ModelCache:
             if on_load_start is not None:
                 on_load_start()
             started = time.perf_counter()
+            estimate, exact = self._estimate(key)
+            evicted = self._make_room(spec, key, estimate, refuse=exact)
             pipeline = self._load(spec, key, placement)
             load_ms = (time.perf_counter() - started) * 1000.0
+            nbytes = pipeline_bytes(pipeline)
+            self._known_bytes[key] = nbytes
+            evicted += self._make_room(spec, key, nbytes, refuse=True)
+            warnings = self._over_budget_warning(spec, nbytes)
             with self._lock:
-                self._entries[key] = _Entry(pipeline, load_ms, {spec.id}, time.monotonic())
-            log.info("loaded model %s from %s in %.0f ms", spec.id, key.source, load_ms)
-            return CachedPipeline(pipeline, key, cold=True, load_ms=load_ms)
+                self._entries[key] = _Entry(pipeline, load_ms, {spec.id}, time.monotonic(), nbytes, in_use=1)
+            log.info(
+                "loaded model %s from %s in %.0f ms (%s)", spec.id, key.source, load_ms, format_bytes(nbytes)
+            )
+            return CachedPipeline(
+                pipeline, key, cold=True, load_ms=load_ms, evicted=tuple(evicted), warnings=warnings
+            )
+
+    def release(self, cached: CachedPipeline) -> None:
+        """The caller is done with `cached` (from `get`): its entry may be evicted again once idle."""
+        with self._lock:
+            entry = self._entries.get(cached.key)
+            if entry is not None and entry.pipeline is cached.pipeline and entry.in_use > 0:
+                entry.in_use -= 1
+                entry.last_used = time.monotonic()
+
+    def _estimate(self, key: CacheKey) -> tuple[int, bool]:
+        """(bytes `key` will take, whether that is exact: measured at an earlier load)."""
+        if not self.budget_bytes:
+            return 0, False
+        known = self._known_bytes.get(key)
+        if known is not None:
+            return known, True
+        name = tiny_models.builtin_name(key.source)
+        location = str(self.model_dir / name) if name else os.path.expanduser(key.source)
+        # Files may hold another dtype than the one loaded: an estimate only, capped at the budget.
+        return min(weight_file_bytes(location), self.budget_bytes), False
+
+    def _make_room(self, spec: t.ModelSpec, key: CacheKey, nbytes: int, *, refuse: bool) -> list[str]:
+        """Evict idle entries, least recently used first, until `nbytes` more fit the budget.
+
+        With `refuse`, `nbytes` is exact and a model bigger than the budget is an error.
+        """
+        if not self.budget_bytes:
+            return []
+        if refuse and nbytes > self.budget_bytes:
+            reason = (
+                f"the model needs {format_bytes(nbytes)}, more than the whole model cache budget of "
+                f"{format_bytes(self.budget_bytes)} (--model-cache-bytes / OMNIRT_MODEL_CACHE_BYTES)"
+            )
+            raise ModelTooLargeError(spec.id, key.source, reason)
+        evicted: list[str] = []
+        with self._lock:
+            idle = sorted((e.last_used, k) for k, e in self._entries.items() if k != key and e.in_use == 0)
+            for _, victim in idle:
+                if self._held_bytes(exclude=key) + nbytes <= self.budget_bytes:
+                    break
+                entry = self._entries.pop(victim)
+                evicted.extend(sorted(entry.model_ids))
+                log.info(
+                    "evicted model %s (%s) to fit the model cache budget",
+                    ", ".join(sorted(entry.model_ids)),
+                    format_bytes(entry.nbytes),
+                )
+        if evicted:
+            _free_memory()
+        return evicted
+
+    def _held_bytes(self, exclude: CacheKey | None = None) -> int:
+        return sum(e.nbytes for k, e in self._entries.items() if k != exclude)
+
+    def _over_budget_warning(self, spec: t.ModelSpec, nbytes: int) -> tuple[str, ...]:
+        if not self.budget_bytes:
+            return ()
+        with self._lock:
+            held = self._held_bytes()
+        if held + nbytes <= self.budget_bytes:
+            return ()
+        text = (
+            f"model cache over budget: {spec.id} ({format_bytes(nbytes)}) loaded beside "
+            f"{format_bytes(held)} in use by running jobs; budget {format_bytes(self.budget_bytes)}"
+        )
+        log.warning("%s", text)
+        return (text,)
 
     def _lookup(self, key: CacheKey, model_id: str) -> CachedPipeline | None:
         with self._lock:
@@ -135,6 +289,7 @@ class ModelCache:
                 return None
             entry.model_ids.add(model_id)
             entry.last_used = time.monotonic()
+            entry.in_use += 1
             return CachedPipeline(entry.pipeline, key, cold=False, load_ms=0.0)
 
     def _load(self, spec: t.ModelSpec, key: CacheKey, placement: Placement) -> Any:
@@ -151,9 +306,14 @@ class ModelCache:
             if importlib.util.find_spec("accelerate") is None:
                 # Without accelerate diffusers falls back to this anyway, with a warning per load.
                 kwargs["low_cpu_mem_usage"] = False
+            if placement.device_map:  # spread over several devices by diffusers; no `.to()` then
+                kwargs["device_map"] = placement.device_map
+                limits = backends.max_memory(placement)
+                if limits:
+                    kwargs["max_memory"] = limits
+            options = runtime_options.load_options(spec.runtime)
             pipeline = cls.from_pretrained(location, **kwargs)
-            if placement.device != "cpu":
-                pipeline.to(placement.device)
+            runtime_options.apply(pipeline, options, placement)  # places it too
             pipeline.set_progress_bar_config(disable=True)
             return pipeline
         except ModelLoadError:
@@ -173,6 +333,11 @@ class ModelCache:
         with self._lock:
             return sorted({model_id for entry in self._entries.values() for model_id in entry.model_ids})
 
+    def held_bytes(self) -> int:
+        """Bytes of the pipelines held (what the budget counts)."""
+        with self._lock:
+            return self._held_bytes()
+
     def __contains__(self, key: object) -> bool:
         with self._lock:
             return key in self._entries
@@ -185,3 +350,17 @@ class ModelCache:
         """Drop every pipeline (their memory is freed once no run uses them)."""
         with self._lock:
             self._entries.clear()
+        _free_memory()
+
+
+def _free_memory() -> None:
+    """Return freed accelerator memory to the device (evicted pipelines are garbage by now)."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

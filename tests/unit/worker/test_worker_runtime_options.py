@@ -1,0 +1,118 @@
+"""Load-time runtime options on tiny-sd: VAE slicing/tiling, torch.compile (and its fallback), CPU offload."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from worker_testing import run_assignment
+
+from omnirt.v1 import models_pb2, types_pb2
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
+from omnirt.worker.v1 import gateway_pb2
+
+
+@pytest.fixture
+def options_executor(model_dir: Path) -> LegacyCallExecutor:
+    return LegacyCallExecutor(WorkerConfig(model_dir=str(model_dir), worker_id="w-opts", torch_threads=1))
+
+
+def run(executor: LegacyCallExecutor, runtime: dict | None = None, job_id: str = "job-1") -> ItemOutcome:
+    spec = models_pb2.ModelSpec(
+        id="tiny-sd",
+        source="builtin:tiny-sd",
+        pipeline_class="StableDiffusionPipeline",
+        execution_mode="legacy_call",
+        tasks=[types_pb2.TASK_TEXT2IMAGE],
+    )
+    if runtime:
+        spec.runtime.update(runtime)
+    msg = gateway_pb2.Assignment(assignment_id="as-" + job_id, model=spec)
+    request = types_pb2.GenerateRequest(
+        task=types_pb2.TASK_TEXT2IMAGE,
+        model="tiny-sd",
+        prompt="a fox",
+        width=64,
+        height=64,
+        num_inference_steps=2,
+        seed=11,
+        num_outputs=2,
+    )
+    msg.items.add(job_id=job_id, attempt=1, request=request)
+    [outcome], _ = run_assignment(executor, assignment_from_proto(msg))
+    return outcome
+
+
+def pixels(outcome: ItemOutcome) -> np.ndarray:
+    assert outcome.error is None, outcome.error
+    assert outcome.result is not None
+    return np.asarray(Image.open(io.BytesIO(outcome.result.artifacts[0].data)), dtype=np.float32)
+
+
+def test_vae_slicing_and_tiling_are_applied_and_reported(options_executor: LegacyCallExecutor) -> None:
+    plain = run(options_executor)
+    sliced = run(options_executor, {"enable_vae_slicing": True, "enable_vae_tiling": True})
+    assert np.abs(pixels(sliced) - pixels(plain)).max() <= 2.0
+    assert sliced.result is not None and sliced.result.report is not None
+    config = sliced.result.report.config_resolved
+    assert config["runtime_options"] == {"enable_vae_slicing": True, "enable_vae_tiling": True}
+    assert len(options_executor.cache) == 2  # other options, another pipeline
+
+
+def test_cpu_offload_on_cpu_is_ignored_with_a_warning(options_executor: LegacyCallExecutor) -> None:
+    outcome = run(options_executor, {"cpu_offload": True})
+    pixels(outcome)
+    assert outcome.result is not None and outcome.result.report is not None
+    assert any("cpu_offload ignored" in w for w in outcome.result.report.warnings)
+
+
+def test_torch_compile_runs_the_same_images(options_executor: LegacyCallExecutor) -> None:
+    plain = run(options_executor)
+    compiled = run(options_executor, {"torch_compile": "eager"})  # dynamo without inductor: seconds
+    assert np.abs(pixels(compiled) - pixels(plain)).max() <= 1.0
+    assert compiled.result is not None and compiled.result.report is not None
+    assert compiled.result.report.config_resolved["runtime_options"] == {"torch_compile": "eager"}
+
+
+def test_a_failing_compile_falls_back_to_eager(
+    options_executor: LegacyCallExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_compile(module: torch.nn.Module, *args: object, **kwargs: object) -> None:
+        def fail(*a: object, **k: object) -> None:
+            raise RuntimeError("no C++ compiler found")
+
+        module._compiled_call_impl = fail  # fails at the first call, like a real compile would
+
+    monkeypatch.setattr(torch.nn.Module, "compile", broken_compile)
+    plain = run(options_executor)
+    first = run(options_executor, {"torch_compile": True}, job_id="job-2")
+    second = run(options_executor, {"torch_compile": True}, job_id="job-3")
+    for outcome in (first, second):
+        assert np.array_equal(pixels(outcome), pixels(plain))
+        assert outcome.result is not None and outcome.result.report is not None
+        assert any("torch_compile failed" in w and "C++" in w for w in outcome.result.report.warnings)
+        assert "runtime_options" not in outcome.result.report.config_resolved
+
+
+@pytest.mark.parametrize(
+    ("runtime", "name"),
+    [
+        ({"enable_vae_slicing": "yes"}, "runtime.enable_vae_slicing"),
+        ({"torch_compile": "no-such-backend"}, "runtime.torch_compile"),
+        ({"cpu_offload": "sometimes"}, "runtime.cpu_offload"),
+        ({"devices": [0]}, "runtime.devices"),
+    ],
+)
+def test_bad_options_are_failed_precondition(
+    options_executor: LegacyCallExecutor, runtime: dict, name: str
+) -> None:
+    outcome = run(options_executor, runtime)
+    assert outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION"
+    assert name in outcome.error.message
+    pixels(run(options_executor))  # still serving

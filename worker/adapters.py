@@ -1,0 +1,239 @@
+"""LoRA adapters per request: where an adapter may come from, and how it is applied to one call.
+
+An adapter name is either a catalog-level name (`runtime.adapters = {name = "path"}` in the
+model's entry: the operator's choice, trusted) or a path inside the allowed folders: the
+worker's `model_dir` and the model's `runtime.adapter_dirs`. A relative path is looked up
+in each allowed folder in turn; an absolute one must lie inside one of them. Symlinks are
+resolved before the check, so neither `..` nor a link can reach outside.
+
+Loaded adapters stay on the pipeline (diffusers `load_lora_weights(..., adapter_name=...)`)
+in a bounded LRU per pipeline (`runtime.max_loaded_adapters`, default 8). A call with
+adapters activates exactly its own (`set_adapters(names, adapter_weights=scales)`) and
+disables LoRA again afterwards, so nothing leaks into the next request. Calls with adapters
+hold the pipeline exclusively; calls without share it (their resting state is "LoRA off").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omnirt import types as t
+from omnirt.worker.executor import JobFailure
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+DEFAULT_MAX_LOADED = 8
+
+
+@dataclass(frozen=True)
+class ResolvedAdapter:
+    """One adapter of a request: its name as asked, the real path, its scale and its index."""
+
+    name: str
+    path: Path
+    scale: float
+    index: int
+
+    @property
+    def adapter_name(self) -> str:
+        """The name it is loaded under (peft module keys may not contain dots or slashes)."""
+        return "omnirt_" + hashlib.sha1(str(self.path).encode()).hexdigest()[:16]
+
+    def report(self) -> dict[str, Any]:
+        """What `config_resolved["adapters"]` lists for it."""
+        return {"name": self.name, "scale": self.scale, "path": str(self.path)}
+
+
+def allowed_dirs(runtime: Mapping[str, Any], model_dir: str | Path) -> list[Path]:
+    """The folders adapter paths may point into (real paths; missing ones are skipped)."""
+    extra = runtime.get("adapter_dirs") or []
+    if isinstance(extra, str):
+        extra = [extra]
+    folders = [Path(model_dir), *(Path(os.path.expanduser(str(d))) for d in extra)]
+    return [Path(os.path.realpath(f)) for f in folders if f.is_dir()]
+
+
+def _inside(path: Path, folders: Sequence[Path]) -> bool:
+    return any(path == folder or path.is_relative_to(folder) for folder in folders)
+
+
+def resolve(
+    adapters: Sequence[t.Adapter], runtime: Mapping[str, Any], model_dir: str | Path
+) -> list[ResolvedAdapter]:
+    """Check a request's adapters; JobFailure(INVALID_ARGUMENT, field `adapters[i]`) on the first bad one."""
+    catalog = runtime.get("adapters") or {}
+    folders = allowed_dirs(runtime, model_dir)
+    resolved: list[ResolvedAdapter] = []
+    seen: set[Path] = set()
+    for index, adapter in enumerate(adapters):
+        where = f"adapters[{index}]"
+        name = adapter.name.strip()
+        if not name:
+            raise JobFailure(INVALID_ARGUMENT, "an adapter needs a name", where)
+        if name in catalog:
+            path = Path(os.path.realpath(os.path.expanduser(str(catalog[name]))))
+            if not path.exists():
+                raise JobFailure(INVALID_ARGUMENT, f"adapter {name!r} points to a missing path", where)
+        else:
+            path = _resolve_path(name, folders, where)
+        if path in seen:
+            raise JobFailure(INVALID_ARGUMENT, f"adapter {name!r} is listed twice", where)
+        seen.add(path)
+        if not (adapter.scale == adapter.scale) or abs(adapter.scale) > 100:  # NaN or absurd
+            raise JobFailure(INVALID_ARGUMENT, f"adapter scale {adapter.scale} is out of range", where)
+        resolved.append(ResolvedAdapter(name, path, float(adapter.scale), index))
+    return resolved
+
+
+def _resolve_path(name: str, folders: Sequence[Path], where: str) -> Path:
+    if ".." in Path(name).parts:
+        raise JobFailure(INVALID_ARGUMENT, f"adapter path {name!r} may not contain '..'", where)
+    raw = Path(os.path.expanduser(name))
+    candidates = [raw] if raw.is_absolute() else [folder / raw for folder in folders]
+    for candidate in candidates:
+        if not candidate.exists():
+            continue
+        real = Path(os.path.realpath(candidate))
+        if not _inside(real, folders):
+            reason = f"adapter path {name!r} is outside the allowed adapter folders"
+            raise JobFailure(INVALID_ARGUMENT, reason, where)
+        return real
+    known = ", ".join(str(f) for f in folders) or "none"
+    reason = f"adapter {name!r} is neither a catalog adapter nor a path in the allowed folders ({known})"
+    raise JobFailure(INVALID_ARGUMENT, reason, where)
+
+
+def group_key(adapters: Sequence[t.Adapter]) -> list[tuple[str, float]]:
+    """The part of a batching key that adapters decide: different adapters never share a call."""
+    return [(a.name, float(a.scale)) for a in adapters]
+
+
+class _SharedExclusiveLock:
+    """Many holders in shared mode, or one in exclusive mode."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        with self._cond:
+            if exclusive:
+                self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+                self._exclusive = True
+            else:
+                self._cond.wait_for(lambda: not self._exclusive)
+                self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                if exclusive:
+                    self._exclusive = False
+                else:
+                    self._shared -= 1
+                self._cond.notify_all()
+
+
+class PipelineAdapters:
+    """The adapters loaded on one pipeline, least recently used first."""
+
+    def __init__(self) -> None:
+        self.lock = _SharedExclusiveLock()
+        self.loaded: OrderedDict[str, Path] = OrderedDict()
+
+
+_STATES_LOCK = threading.Lock()
+
+
+def _state(pipeline: Any) -> PipelineAdapters:
+    # Kept on the pipeline object, so the state dies with the pipeline (evicted from the cache).
+    state = getattr(pipeline, "_omnirt_adapters", None)
+    if state is None:
+        with _STATES_LOCK:
+            state = getattr(pipeline, "_omnirt_adapters", None)
+            if state is None:
+                state = PipelineAdapters()
+                pipeline._omnirt_adapters = state
+    assert isinstance(state, PipelineAdapters)
+    return state
+
+
+def max_loaded(runtime: Mapping[str, Any]) -> int:
+    """`runtime.max_loaded_adapters` (at least 1)."""
+    try:
+        return max(1, int(runtime.get("max_loaded_adapters", DEFAULT_MAX_LOADED)))
+    except (TypeError, ValueError):
+        return DEFAULT_MAX_LOADED
+
+
+@contextlib.contextmanager
+def applied(pipeline: Any, adapters: Sequence[ResolvedAdapter], runtime: Mapping[str, Any]) -> Iterator[None]:
+    """Run the body with exactly `adapters` active on `pipeline` (none: LoRA off), then turn them off.
+
+    `pipeline` is the cached (base) pipeline: pipelines derived from it share its modules.
+    Raises JobFailure(INVALID_ARGUMENT, `adapters[i]`) when an adapter cannot be loaded.
+    """
+    state = _state(pipeline)
+    if not adapters:
+        with state.lock.hold(exclusive=False):
+            yield
+        return
+    if not hasattr(pipeline, "load_lora_weights"):
+        raise JobFailure(
+            INVALID_ARGUMENT, f"{type(pipeline).__name__} does not take LoRA adapters", "adapters[0]"
+        )
+    with state.lock.hold(exclusive=True):
+        for adapter in adapters:
+            _ensure_loaded(pipeline, state, adapter, max_loaded(runtime))
+        pipeline.enable_lora()
+        pipeline.set_adapters([a.adapter_name for a in adapters], adapter_weights=[a.scale for a in adapters])
+        try:
+            yield
+        finally:
+            pipeline.disable_lora()
+
+
+def _ensure_loaded(pipeline: Any, state: PipelineAdapters, adapter: ResolvedAdapter, limit: int) -> None:
+    name = adapter.adapter_name
+    if name in state.loaded:
+        state.loaded.move_to_end(name)
+        return
+    while len(state.loaded) >= limit:
+        oldest, _ = state.loaded.popitem(last=False)
+        pipeline.delete_adapters(oldest)
+    path = adapter.path
+    kwargs: dict[str, Any] = {"adapter_name": name}
+    location: str = str(path)
+    if path.is_file():
+        location, kwargs["weight_name"] = str(path.parent), path.name
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # peft warns about several adapters on one model: intended
+            pipeline.load_lora_weights(location, **kwargs)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            pipeline.delete_adapters(name)
+        text = " ".join(str(exc).split())[:300] or type(exc).__name__
+        reason = f"cannot load adapter {adapter.name!r}: {text}"
+        raise JobFailure(INVALID_ARGUMENT, reason, f"adapters[{adapter.index}]") from exc
+    finally:
+        # Loading activates the new adapter; the caller decides what runs.
+        with contextlib.suppress(Exception):
+            pipeline.disable_lora()
+    state.loaded[name] = path
+
+
+def loaded_adapters(pipeline: Any) -> list[str]:
+    """Paths of the adapters loaded on `pipeline`, least recently used first."""
+    state = getattr(pipeline, "_omnirt_adapters", None)
+    return [str(p) for p in state.loaded.values()] if isinstance(state, PipelineAdapters) else []
