@@ -33,7 +33,7 @@ import omnirt
 from omnirt import _convert
 
 from . import _machine
-from ._daemons import Controller, Daemon, Worker, free_port, proc_cpu_s, proc_status_kib
+from ._daemons import Controller, Daemon, Worker, free_port, null_worker, proc_cpu_s, proc_status_kib
 from ._echo import METHOD
 from ._load import drive
 
@@ -79,7 +79,7 @@ class System:
 def start_omnirt(args: argparse.Namespace, log_dir: Path) -> tuple[Controller, list[Worker]]:
     controller = Controller(log_dir, "--log-level", args.log_level).start()
     workers = [
-        Worker(
+        null_worker(
             log_dir,
             controller.address,
             f"bench-w{i}",

@@ -1,0 +1,161 @@
+"""Start real `omnirt-controller` and `omnirt-worker` processes on free loopback ports.
+
+For tests and benchmarks (OmniRT's own, and users' tests of code that calls OmniRT):
+
+    controller = Controller(log_dir).start()
+    worker = Worker(log_dir, controller.address, "w1", model_dir).start()
+    controller.wait_worker("w1")
+
+Needs the `[controller]` extra (the health check) and, for workers, `[worker]`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Self
+
+import grpc
+
+from omnirt.v1 import cluster_pb2, cluster_pb2_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Daemon:
+    """A daemon process with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_dir / f"{name}.log"
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Self:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 15) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log()[-chars:]
+
+
+class Controller(Daemon):
+    """`omnirt-controller` on a free port."""
+
+    def __init__(self, log_dir: Path, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "omnirt.controller.main", "--listen", self.address, *extra]
+        super().__init__(f"controller-{self.port}", argv, log_dir)
+
+    def start(self, timeout: float = 30) -> Self:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc  # the [controller] extra
+
+        super().start()
+        channel = grpc.insecure_channel(self.address)
+        stub = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+
+        def ready() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"controller exited:\n{self.log()}")
+            return bool(stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == serving)
+
+        try:
+            wait_for(ready, timeout, "the controller to serve")
+        finally:
+            channel.close()
+        return self
+
+    def workers(self) -> list[cluster_pb2.WorkerInfo]:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = cluster_pb2_grpc.ClusterServiceStub(channel)
+            return list(stub.ListWorkers(cluster_pb2.ListWorkersRequest(), timeout=5).workers)
+
+    def worker_ids(self) -> set[str]:
+        return {w.id for w in self.workers()}
+
+    def wait_workers(self, worker_ids: set[str], timeout: float = 120) -> None:
+        wait_for(lambda: worker_ids <= self.worker_ids(), timeout, f"workers {sorted(worker_ids)} to connect")
+
+    def wait_worker(self, worker_id: str, timeout: float = 60, present: bool = True) -> None:
+        wait_for(
+            lambda: any(w.id == worker_id for w in self.workers()) == present,
+            timeout,
+            f"worker {worker_id} to {'connect' if present else 'leave'}",
+        )
+
+
+class Worker(Daemon):
+    """`omnirt-worker` connected to a controller."""
+
+    def __init__(self, log_dir: Path, controller: str, worker_id: str, model_dir: Path, *extra: str) -> None:
+        self.worker_id = worker_id
+        argv = [
+            sys.executable,
+            "-m",
+            "omnirt.worker.main",
+            "--controller",
+            controller,
+            "--worker-id",
+            worker_id,
+            "--model-dir",
+            str(model_dir),
+            "--torch-threads",
+            "1",
+            *extra,
+        ]
+        super().__init__(f"worker-{worker_id}", argv, log_dir)
