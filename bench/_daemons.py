@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from omnirt.testing import Controller, Daemon, Worker, free_port, wait_for
 
@@ -15,6 +21,7 @@ __all__ = [
     "null_worker",
     "proc_cpu_s",
     "proc_status_kib",
+    "run_benchmark",
     "wait_for",
 ]
 
@@ -43,3 +50,26 @@ def proc_cpu_s(pid: int) -> float:
 def null_worker(log_dir: Path, controller: str, worker_id: str, *extra: str) -> Worker:
     """`omnirt-worker` on the CPU for the null model (its model dir inside `log_dir`)."""
     return Worker(log_dir, controller, worker_id, log_dir / "models", "--backend", "cpu", *extra)
+
+
+def run_benchmark(
+    run: Callable[[Path], Coroutine[Any, Any, dict[str, Any]]],
+    print_report: Callable[[dict[str, Any]], None],
+    json_path: Path | None,
+    errors: tuple[type[BaseException], ...],
+    log_chars: int = 3000,
+) -> int:
+    """Run one benchmark in a scratch log folder; on `errors` print the daemons' log tails and return 1."""
+    with tempfile.TemporaryDirectory(prefix="omnirt-bench-") as tmp:
+        log_dir = Path(tmp)
+        try:
+            report = asyncio.run(run(log_dir))
+        except errors as exc:
+            print(f"benchmark failed: {exc!r}", file=sys.stderr)
+            for log in sorted(log_dir.glob("*.log")):
+                print(f"--- {log.name}\n{log.read_text(errors='replace')[-log_chars:]}", file=sys.stderr)
+            return 1
+    print_report(report)
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -33,7 +31,16 @@ import omnirt
 from omnirt import _convert
 
 from . import _machine
-from ._daemons import Controller, Daemon, Worker, free_port, null_worker, proc_cpu_s, proc_status_kib
+from ._daemons import (
+    Controller,
+    Daemon,
+    Worker,
+    free_port,
+    null_worker,
+    proc_cpu_s,
+    proc_status_kib,
+    run_benchmark,
+)
 from ._echo import METHOD
 from ._load import drive
 
@@ -225,19 +232,13 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="omnirt-bench-") as tmp:
-        log_dir = Path(tmp)
-        try:
-            report = asyncio.run(run(args, log_dir))
-        except (TimeoutError, RuntimeError, grpc.RpcError) as exc:
-            print(f"benchmark failed: {exc!r}", file=sys.stderr)
-            for log in sorted(log_dir.glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
-            return 1
-    print_report(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return run_benchmark(
+        lambda log_dir: run(args, log_dir),
+        print_report,
+        args.json,
+        (TimeoutError, RuntimeError, grpc.RpcError),
+        2000,
+    )
 
 
 if __name__ == "__main__":

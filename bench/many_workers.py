@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -37,7 +35,7 @@ from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
 
 from . import _machine
-from ._daemons import Controller, proc_cpu_s, proc_status_kib
+from ._daemons import Controller, proc_cpu_s, proc_status_kib, run_benchmark
 from ._load import LoadResult, drive
 from ._stats import latency_summary_ms
 
@@ -339,19 +337,13 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="omnirt-bench-") as tmp:
-        log_dir = Path(tmp)
-        try:
-            report = asyncio.run(run(args, log_dir))
-        except (TimeoutError, RuntimeError, ConnectionError) as exc:
-            print(f"benchmark failed: {exc!r}", file=sys.stderr)
-            for log in sorted(log_dir.glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
-            return 1
-    print_report(report)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return run_benchmark(
+        lambda log_dir: run(args, log_dir),
+        print_report,
+        args.json,
+        (TimeoutError, RuntimeError, ConnectionError),
+        3000,
+    )
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import pytest
 
 from tests.daemons import Controller, Worker
 
-USER_CATALOG = """
-# A model no worker serves (jobs for it wait in the queue) and one whose weights are missing.
+# No worker in these tests runs execution mode `modular` for it, so its jobs wait in the queue.
+UNSERVED_SD = """
 [[models]]
 id = "unserved-sd"
 tasks = ["text2image"]
@@ -21,7 +21,12 @@ pipeline_class = "StableDiffusionPipeline"
 width = 64
 height = 64
 num_inference_steps = 2
+"""
 
+# A model no worker serves and one whose weights are missing.
+USER_CATALOG = (
+    UNSERVED_SD
+    + """
 [[models]]
 id = "broken-sd"
 tasks = ["text2image"]
@@ -32,6 +37,7 @@ width = 64
 height = 64
 num_inference_steps = 2
 """
+)
 
 
 @pytest.fixture(scope="session")

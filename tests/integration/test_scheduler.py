@@ -21,21 +21,12 @@ import pytest
 import omnirt
 from omnirt import errors
 from omnirt.types import EventKind, Job, JobEvent, JobState, WorkerInfo, WorkerState
+from tests.conftest import UNSERVED_SD
 from tests.daemons import Controller, Worker, wait_for
 
-SCHEDULER_CATALOG = """
-# unserved-sd: no worker runs execution mode `modular`, so its jobs wait in the queue.
-[[models]]
-id = "unserved-sd"
-tasks = ["text2image"]
-execution_mode = "modular"
-source = "builtin:tiny-sd"
-pipeline_class = "StableDiffusionPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_inference_steps = 2
-
+SCHEDULER_CATALOG = (
+    UNSERVED_SD
+    + """
 # The same tiny pipeline under other ids, so a test can give a model to one worker only.
 [[models]]
 id = "tiny-sd-b"
@@ -57,6 +48,7 @@ width = 64
 height = 64
 num_inference_steps = 4
 """
+)
 
 # A job that runs for seconds: 100 steps at 128x128 (the model's step limit is 100).
 SLOW = {"model": "tiny-sd", "width": 128, "height": 128, "num_inference_steps": 100}
