@@ -16,7 +16,7 @@ from PIL import Image
 import omnirt
 from omnirt import errors
 from omnirt.types import EventKind, JobState, Task
-from tests.daemons import Controller, Worker
+from tests.daemons import Controller, Worker, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,13 @@ def test_models_and_workers_are_listed(client: omnirt.Client) -> None:
         client.describe_model("nope")
     (w,) = [w for w in client.list_workers() if w.id == "w-main"]
     assert (w.execution_mode, w.backend, w.slots) == ("legacy_call", "cpu", 1)
-    assert "tiny-sd" in w.loaded_models or not w.loaded_models  # loaded once a job ran
+    client.generate(model="tiny-sd", prompt="load it", seed=1, timeout=120)
+    # loaded_models travels with the worker's heartbeats (one a second)
+    wait_for(
+        lambda: any(w.id == "w-main" and "tiny-sd" in w.loaded_models for w in client.list_workers()),
+        15,
+        "the heartbeat to report tiny-sd loaded",
+    )
 
 
 def test_unknown_job_is_not_found(client: omnirt.Client) -> None:

@@ -68,6 +68,13 @@ def test_cold_then_warm_and_the_same_image_as_tiny_sd(
         warm = client.generate(
             model="tiny-sd-cfg2", prompt=PROMPT, negative_prompt="fog", seed=42, timeout=60
         )
+    # loaded_models travels with the worker's heartbeats (one a second): wait for the next one
+    wait_for(
+        lambda: any(w.id == "w-pw" and "tiny-sd-cfg2" in w.loaded_models for w in controller.workers()),
+        15,
+        "the heartbeat to report tiny-sd-cfg2 loaded",
+    )
+    with omnirt.Client(controller.address) as client:
         (worker,) = [w for w in client.list_workers() if w.id == "w-pw"]
     r1, r2 = cold.report, warm.report
     assert (r1.execution_mode, r1.worker_id) == ("persistent_worker", "w-pw")
