@@ -38,6 +38,26 @@ class ControllerConfig:
     max_message_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "gRPC message size limit"})
     max_finished_jobs: int = field(default=10000, metadata={"help": "finished jobs kept in memory"})
     job_ttl_s: float = field(default=3600.0, metadata={"help": "seconds a finished job stays readable"})
+    store: str = field(
+        default="memory",
+        metadata={
+            "help": "where jobs live: memory, or redis://HOST:PORT/DB (durable, shared by controllers)"
+        },
+    )
+    idempotency_ttl_s: float = field(
+        default=86400.0, metadata={"help": "seconds an idempotency key maps to its job (redis store)"}
+    )
+    store_artifact_limit_bytes: int = field(
+        default=1024 * 1024,
+        metadata={"help": "artifacts larger than this go to --artifact-dir, not into Redis (redis store)"},
+    )
+    artifact_dir: str = field(
+        default="",
+        metadata={
+            "help": "directory for large artifacts of the redis store; shared by every controller "
+            "(empty = a folder under the system temp dir)"
+        },
+    )
     http: str = field(
         default="",
         metadata={"help": "HTTP/JSON gateway, OpenAI routes and /metrics on HOST:PORT (empty = off)"},

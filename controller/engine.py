@@ -76,6 +76,52 @@ def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
     return (spec.id, r.task, shape, r.scheduler, adapters, output, json.dumps(r.extra, sort_keys=True))
 
 
+def new_job(plan: Plan, call_deadline_ms: int = 0) -> Job:
+    """A QUEUED job for a validated request; the request gets the job's effective deadline."""
+    req = plan.request
+    deadlines = [req.deadline_ms, call_deadline_ms]
+    if req.timeout_ms:
+        deadlines.append(int(time.time() * 1000) + req.timeout_ms)
+    job = Job(
+        id="job-" + uuid.uuid4().hex[:16],
+        state=JobState.QUEUED,
+        model=plan.spec.id,
+        task=req.task,
+        priority=req.priority,
+        created_at=utcnow(),
+        idempotency_key=req.idempotency_key,
+        labels=dict(req.labels),
+        deadline_ms=min((d for d in deadlines if d), default=0),
+    )
+    # Workers see one deadline per job: the effective one.
+    req.deadline_ms = job.deadline_ms
+    return job
+
+
+def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResult:
+    """The result with artifacts over `limit` bytes replaced by a download reference."""
+    artifacts = []
+    for a in result.artifacts:
+        a.size_bytes = a.size_bytes or len(a.data)
+        if a.size_bytes > limit:
+            a = dataclasses.replace(a, data=b"", uri=f"omnirt://jobs/{job_id}/artifacts/{a.index}")
+        artifacts.append(a)
+    return dataclasses.replace(result, artifacts=artifacts)
+
+
+def waiting_reason(spec: ModelSpec, serving: int) -> str:
+    """Why a queued job of `spec` waits, given how many workers serve the model."""
+    if serving == 0:
+        return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
+    return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+
+
+def batch_limit(config: ControllerConfig, spec: ModelSpec) -> int:
+    """Most jobs of `spec` in one pipeline call (the model's own limit within the controller's)."""
+    model_limit = spec.limits.max_batch_size or config.max_batch_size
+    return max(1, min(config.max_batch_size, model_limit))
+
+
 class Engine:
     """Validates, queues, dispatches and tracks jobs; knows the connected workers."""
 
@@ -139,24 +185,7 @@ class Engine:
         plan = self.validate(request)
         validated_ns = time.time_ns()
         self.queue.check_room()
-        now_ms = int(time.time() * 1000)
-        deadlines = [plan.request.deadline_ms, call_deadline_ms]
-        if plan.request.timeout_ms:
-            deadlines.append(now_ms + plan.request.timeout_ms)
-        req = plan.request
-        job = Job(
-            id="job-" + uuid.uuid4().hex[:16],
-            state=JobState.QUEUED,
-            model=plan.spec.id,
-            task=req.task,
-            priority=req.priority,
-            created_at=utcnow(),
-            idempotency_key=req.idempotency_key,
-            labels=dict(req.labels),
-            deadline_ms=min((d for d in deadlines if d), default=0),
-        )
-        # Workers see one deadline per job: the effective one.
-        req.deadline_ms = job.deadline_ms
+        job = new_job(plan, call_deadline_ms)
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
         self.tracing.submitted(record, started_ns, validated_ns)
         self.store.add(record)
@@ -248,6 +277,18 @@ class Engine:
 
     def list_workers(self) -> list[WorkerInfo]:
         return [w.snapshot() for w in self.workers.all()]
+
+    def gauge_snapshot(self) -> tuple[dict[int, int], dict[str, int], list[WorkerInfo]]:
+        """Queued jobs by priority, running jobs by model, and the workers (the metrics' gauges)."""
+        queued: dict[int, int] = {}
+        running: dict[str, int] = {}
+        for record in self._live.values():
+            job = record.job
+            if job.state is JobState.QUEUED:
+                queued[job.priority] = queued.get(job.priority, 0) + 1
+            elif job.state is JobState.RUNNING:
+                running[job.model] = running.get(job.model, 0) + 1
+        return queued, running, self.list_workers()
 
     def drain_worker(self, worker_id: str) -> WorkerInfo:
         handle = self.workers.get(worker_id)
@@ -380,19 +421,10 @@ class Engine:
     def _client_view(self, record: JobRecord, result: GenerateResult) -> GenerateResult:
         """The result with oversized artifacts replaced by a download reference."""
         limit = record.plan.request.inline_limit_bytes or self.config.inline_limit_bytes
-        artifacts = []
-        for a in result.artifacts:
-            a.size_bytes = a.size_bytes or len(a.data)
-            if a.size_bytes > limit:
-                a = dataclasses.replace(a, data=b"", uri=f"omnirt://jobs/{record.job.id}/artifacts/{a.index}")
-            artifacts.append(a)
-        return dataclasses.replace(result, artifacts=artifacts)
+        return client_view(result, record.job.id, limit)
 
     def _waiting_reason(self, spec: ModelSpec) -> str:
-        serving = self.workers.serving_count(spec)
-        if serving == 0:
-            return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
-        return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+        return waiting_reason(spec, self.workers.serving_count(spec))
 
     def _with_serving(self, spec: ModelSpec) -> ModelSpec:
         return dataclasses.replace(spec, serving_workers=self.workers.serving_count(spec))
@@ -401,8 +433,7 @@ class Engine:
         return batch_key(record.plan, self._batch_limit(record.plan.spec))
 
     def _batch_limit(self, spec: ModelSpec) -> int:
-        model_limit = spec.limits.max_batch_size or self.config.max_batch_size
-        return max(1, min(self.config.max_batch_size, model_limit))
+        return batch_limit(self.config, spec)
 
     def _place(self, record: JobRecord) -> bool:
         """Send this job (and queued jobs that can share its call) to the best free worker."""

@@ -15,7 +15,7 @@ from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
 
 from .convert import outbound_to_proto, worker_from_hello
-from .engine import Engine
+from .engine_client import EngineClient
 from .workers import Outbound, WorkerHandle
 
 log = logging.getLogger("omnirt.controller.gateway")
@@ -38,7 +38,7 @@ class StreamLink:
 class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
     """Translates the worker stream into Engine calls."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
     async def Connect(
@@ -53,7 +53,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a worker_id and slots > 0")
             return
         link = StreamLink()
-        handle = self.engine.worker_connected(worker_from_hello(hello), link)
+        handle = await self.engine.worker_connected(worker_from_hello(hello), link)
         reader = asyncio.create_task(self._read(request_iterator, handle, link))
         config = self.engine.config
         try:
@@ -73,14 +73,14 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            self.engine.worker_lost(handle, "stream closed")
+            await self.engine.worker_lost(handle, "stream closed")
 
     async def _read(
         self, request_iterator: AsyncIterator[pb.ConnectRequest], handle: WorkerHandle, link: StreamLink
     ) -> None:
         try:
             async for message in request_iterator:
-                self._handle(handle, message)
+                await self._handle(handle, message)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception:
@@ -88,13 +88,13 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         finally:
             link.close()
 
-    def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest) -> None:
+    async def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest) -> None:
         kind = message.WhichOneof("message")
         if kind == "heartbeat":
             hb = message.heartbeat
-            self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining)
+            await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining)
         elif kind == "event":
-            self.engine.worker_event(
+            await self.engine.worker_event(
                 handle, message.event.assignment_id, c.event_from_proto(message.event.event)
             )
         elif kind == "result":
@@ -104,4 +104,4 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             error = c.error_from_proto(r.error) if outcome == "error" else None
             if result is None and error is None:
                 error = JobError("INTERNAL", "worker sent a result without an outcome")
-            self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error)
+            await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -27,11 +27,22 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from omnirt.errors import OmniRTError
-from omnirt.types import EventKind, GenerateRequest, JobEvent, JobState, WorkerState
+from omnirt.types import EventKind, GenerateRequest, JobEvent, JobState, WorkerInfo, WorkerState
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .catalog import Catalog
     from .jobs import JobRecord
+
+
+class Observed(Protocol):
+    """What the metrics read from an engine (the in-memory one or the Redis one)."""
+
+    catalog: Catalog
+
+    def gauge_snapshot(self) -> tuple[dict[int, int], dict[str, int], list[WorkerInfo]]:
+        """Queued jobs by priority, running jobs by model, and the workers."""
+        ...
+
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Seconds: from a 4-step tiny model (tens of ms) to a long video (many minutes).
@@ -49,25 +60,21 @@ def _task(value: object) -> str:
 class _StateCollector(Collector):
     """Gauges read from the engine when Prometheus scrapes."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Observed) -> None:
         self.engine = engine
         self._priorities: set[int] = {0}  # priorities once seen report 0, not vanish
 
     def collect(self) -> Iterator[Metric]:
-        live = self.engine.store.list([JobState.QUEUED, JobState.RUNNING])
-        queued = Tally(r.job.priority for r in live if r.job.state is JobState.QUEUED)
+        queued, running_by_model, workers = self.engine.gauge_snapshot()
         self._priorities.update(queued)
         depth = GaugeMetricFamily("omnirt_queue_depth", "Jobs waiting for a worker", labels=["priority"])
         for priority in sorted(self._priorities):
             depth.add_metric([str(priority)], queued.get(priority, 0))
         yield depth
         running = GaugeMetricFamily("omnirt_jobs_running", "Jobs running on a worker now", labels=["model"])
-        for model, count in sorted(
-            Tally(r.job.model for r in live if r.job.state is JobState.RUNNING).items()
-        ):
+        for model, count in sorted(running_by_model.items()):
             running.add_metric([model], count)
         yield running
-        workers = self.engine.list_workers()
         by_state = Tally(w.state for w in workers)
         gauge = GaugeMetricFamily("omnirt_workers", "Connected workers by state", labels=["state"])
         for state in WorkerState:
@@ -89,7 +96,7 @@ class _StateCollector(Collector):
 class EngineMetrics:
     """The controller's metrics; the engine calls the hooks, `/metrics` calls `render`."""
 
-    def __init__(self, engine: Engine, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, engine: Observed, registry: CollectorRegistry | None = None) -> None:
         self.engine = engine
         self.registry = r = registry or CollectorRegistry()
         self.requests = Counter(

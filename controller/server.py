@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 from .catalog import Catalog
 from .config import ControllerConfig
 from .engine import Engine
+from .engine_client import EngineClient, MemoryEngineClient
 from .gateway import WorkerGateway
 from .interceptors import ErrorInterceptor
 from .servicers import ClusterServicer, GenerationServicer, ModelServicer
@@ -40,12 +42,27 @@ SERVICE_NAMES = (
 )
 
 
+HEALTH_POLL_S = 0.25
+
+
+def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineClient:
+    """The engine `config.store` asks for: in memory (default) or on Redis."""
+    if config.store in ("", "memory"):
+        return MemoryEngineClient(Engine(config, catalog))
+    if config.store.startswith(("redis://", "rediss://", "unix://")):
+        from .redis_engine import RedisEngine
+
+        return RedisEngine(config, catalog)
+    raise ValueError(f"--store: expected memory or redis://HOST:PORT/DB, got {config.store!r}")
+
+
 class ControllerServer:
     """Owns the engine and the grpc.aio server around it."""
 
     def __init__(self, config: ControllerConfig, catalog: Catalog | None = None) -> None:
         self.config = config
-        self.engine = Engine(config, catalog or Catalog.load(config.catalog))
+        self.engine = make_engine(config, catalog or Catalog.load(config.catalog))
+        self._health_task: asyncio.Task[None] | None = None
         limit = config.max_message_bytes
         self.server = grpc.aio.server(
             interceptors=[TraceInterceptor(), ErrorInterceptor()],
@@ -84,8 +101,8 @@ class ControllerServer:
         await self.server.start()
         if self.http is not None:
             await self.http.start()
-        for name in ("", *SERVICE_NAMES):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(self.engine.ready())
+        self._health_task = asyncio.create_task(self._watch_health())
         log.info(
             "controller listening on %s (%d models in the catalog)", self.address, len(self.engine.catalog)
         )
@@ -95,8 +112,28 @@ class ControllerServer:
         host = self.config.listen.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
 
+    async def _set_health(self, ready: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, status)
+
+    async def _watch_health(self) -> None:
+        """NOT_SERVING while the job store is unreachable, SERVING again when it is back."""
+        ready = self.engine.ready()
+        while True:
+            await asyncio.sleep(HEALTH_POLL_S)
+            now = self.engine.ready()
+            if now != ready:
+                ready = now
+                log.warning("job store %s: health %s", "reachable" if now else "unreachable", now)
+                await self._set_health(now)
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Report NOT_SERVING, let calls in flight finish for up to `grace_s`, then stop."""
+        if self._health_task is not None:
+            self._health_task.cancel()
         await self.health.enter_graceful_shutdown()
         if self.http is not None:
             await self.http.stop()

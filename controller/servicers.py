@@ -21,7 +21,7 @@ from omnirt.v1 import (
     types_pb2,
 )
 
-from .engine import Engine
+from .engine_client import EngineClient
 
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_PAGE = 100
@@ -39,18 +39,17 @@ def _request(msg: types_pb2.GenerateRequest):  # type: ignore[no-untyped-def]
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
     async def Generate(self, request, context):  # type: ignore[no-untyped-def]
-        record, _ = self.engine.submit(_request(request), call_deadline_ms=_call_deadline_ms(context))
+        job, _ = await self.engine.submit(_request(request), call_deadline_ms=_call_deadline_ms(context))
         try:
-            await self.engine.wait(record)
+            job = await self.engine.wait(job.id)
         except asyncio.CancelledError:
             # The client went away (cancelled) or its deadline passed (expired): nobody waits any more.
-            self.engine.abandon(record.job.id)
+            await asyncio.shield(self.engine.abandon(job.id))
             raise
-        job = record.job
         if job.result is None or job.error is not None:
             err = job.error
             raise (
@@ -62,13 +61,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         return generation_pb2.GenerateResponse(result=c.result_to_proto(job.result), job=job_msg)
 
     async def Submit(self, request, context):  # type: ignore[no-untyped-def]
-        record, dedup = self.engine.submit(_request(request.request))
+        job, dedup = await self.engine.submit(_request(request.request))
         return generation_pb2.SubmitResponse(
-            job=c.job_to_proto(self.engine.get(record.job.id)), deduplicated=dedup
+            job=c.job_to_proto(await self.engine.get(job.id)), deduplicated=dedup
         )
 
     async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
-        return generation_pb2.GetJobResponse(job=c.job_to_proto(self.engine.get(request.job_id)))
+        return generation_pb2.GetJobResponse(job=c.job_to_proto(await self.engine.get(request.job_id)))
 
     async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]
         states = [s for s in (c.state_from_proto(v) for v in request.states) if s is not None]
@@ -76,7 +75,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             offset = int(request.page_token or 0)
         except ValueError:
             raise InvalidRequest("page_token: not a token from ListJobs", field="page_token") from None
-        jobs, next_offset = self.engine.list_jobs(
+        jobs, next_offset = await self.engine.list_jobs(
             states, request.model, request.page_size or DEFAULT_PAGE, offset
         )
         return generation_pb2.ListJobsResponse(
@@ -88,7 +87,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             yield generation_pb2.WatchJobResponse(event=c.event_to_proto(event))
 
     async def CancelJob(self, request, context):  # type: ignore[no-untyped-def]
-        job, cancelled = self.engine.cancel(request.job_id)
+        job, cancelled = await self.engine.cancel(request.job_id)
         return generation_pb2.CancelJobResponse(job=c.job_to_proto(job), cancelled=cancelled)
 
     async def Validate(self, request, context):  # type: ignore[no-untyped-def]
@@ -102,7 +101,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         )
 
     async def DownloadArtifact(self, request, context):  # type: ignore[no-untyped-def]
-        data, result = self.engine.artifact(request.job_id, request.index)
+        data, result = await self.engine.artifact(request.job_id, request.index)
         meta = c.artifact_to_proto(result.artifacts[request.index])
         meta.ClearField("data")
         for start in range(0, max(len(data), 1), CHUNK_BYTES):
@@ -113,7 +112,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
 
 class ModelServicer(models_pb2_grpc.ModelServiceServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
     async def ListModels(self, request, context):  # type: ignore[no-untyped-def]
@@ -127,15 +126,15 @@ class ModelServicer(models_pb2_grpc.ModelServiceServicer):
 
 
 class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
     async def ListWorkers(self, request, context):  # type: ignore[no-untyped-def]
         return cluster_pb2.ListWorkersResponse(
-            workers=[c.worker_to_proto(w) for w in self.engine.list_workers()]
+            workers=[c.worker_to_proto(w) for w in await self.engine.list_workers()]
         )
 
     async def DrainWorker(self, request, context):  # type: ignore[no-untyped-def]
         return cluster_pb2.DrainWorkerResponse(
-            worker=c.worker_to_proto(self.engine.drain_worker(request.worker_id))
+            worker=c.worker_to_proto(await self.engine.drain_worker(request.worker_id))
         )

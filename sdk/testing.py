@@ -159,3 +159,45 @@ class Worker(Daemon):
             *extra,
         ]
         super().__init__(f"worker-{worker_id}", argv, log_dir)
+
+
+class RedisServer(Daemon):
+    """A throwaway `redis-server` on a free port (nothing kept on disk), for the Redis job store.
+
+    `stop()` then `start()` again restarts it empty on the same port, as after a crash of a
+    Redis without persistence.
+    """
+
+    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        argv = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(log_dir),
+        ]
+        super().__init__(f"redis-{self.port}", argv, log_dir)
+
+    def start(self, timeout: float = 10) -> Self:
+        super().start()
+
+        def ready() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"redis-server exited:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    return conn.recv(16).startswith(b"+PONG")
+            except OSError:
+                return False
+
+        wait_for(ready, timeout, "redis-server to answer")
+        return self

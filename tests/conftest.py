@@ -59,8 +59,14 @@ def user_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def controller(log_dir: Path, user_catalog: Path) -> Iterator[Controller]:
-    daemon = Controller(log_dir, "--catalog", str(user_catalog)).start()
+def store_args() -> tuple[str, ...]:
+    """Extra controller flags choosing the job store (a module may override: see test_scheduler)."""
+    return ()
+
+
+@pytest.fixture(scope="module")
+def controller(log_dir: Path, user_catalog: Path, store_args: tuple[str, ...]) -> Iterator[Controller]:
+    daemon = Controller(log_dir, "--catalog", str(user_catalog), *store_args).start()
     yield daemon
     daemon.stop()
 

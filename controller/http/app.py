@@ -38,7 +38,7 @@ from .transcode import (
 )
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine_client import EngineClient
 
 log = logging.getLogger("omnirt.controller.http")
 OPENAI_PREFIXES = ("/v1/images", "/v1/videos")
@@ -67,7 +67,7 @@ class HttpGateway:
     """Serves HTTP/JSON on `address` (HOST:PORT; port 0 picks one) next to the gRPC server."""
 
     def __init__(
-        self, engine: Engine, servicers: Mapping[str, Any], address: str, max_body_bytes: int
+        self, engine: EngineClient, servicers: Mapping[str, Any], address: str, max_body_bytes: int
     ) -> None:
         self.engine = engine
         self.servicers = servicers  # full service name -> servicer
@@ -180,7 +180,11 @@ class HttpGateway:
         return web.Response(body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "SERVING", "workers": len(self.engine.list_workers())})
+        if not self.engine.ready():
+            return web.json_response(
+                {"status": "NOT_SERVING", "reason": "the job store is unreachable"}, status=503
+            )
+        return web.json_response({"status": "SERVING", "workers": len(await self.engine.list_workers())})
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -80,7 +80,7 @@ async def _run(
         if response_format == "url":
             data.append({"url": artifact_url(request, answer.job.id, artifact.index)})
         else:
-            raw = artifact.data or gateway.engine.artifact(answer.job.id, artifact.index)[0]
+            raw = artifact.data or (await gateway.engine.artifact(answer.job.id, artifact.index))[0]
             data.append({"b64_json": base64.b64encode(raw).decode()})
     body: dict[str, Any] = {"created": int(time.time()), "data": data}
     if result.artifacts:

@@ -32,8 +32,8 @@ POLL_AFTER_MS = "500"
 def register(app: web.Application, gateway: HttpGateway) -> None:
     engine = gateway.engine
 
-    def video(job: Job) -> dict[str, Any]:
-        req = engine.store.get(job.id).plan.request
+    async def video(job: Job) -> dict[str, Any]:
+        req = await engine.request_of(job.id)
         return video_object(job, req, engine.config.job_ttl_s)
 
     async def create(request: web.Request) -> web.Response:
@@ -55,21 +55,21 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
             if fps:
                 req.num_frames = max(1, round(seconds * fps))
         with tracing.remote_parent(request.headers):
-            record, _ = engine.submit(req)
+            job, _ = await engine.submit(req)
         return web.json_response(
-            video(engine.get(record.job.id)), headers={"openai-poll-after-ms": POLL_AFTER_MS}
+            await video(await engine.get(job.id)), headers={"openai-poll-after-ms": POLL_AFTER_MS}
         )
 
     async def retrieve(request: web.Request) -> web.Response:
-        job = engine.get(request.match_info["video_id"])
-        return web.json_response(video(job), headers={"openai-poll-after-ms": POLL_AFTER_MS})
+        job = await engine.get(request.match_info["video_id"])
+        return web.json_response(await video(job), headers={"openai-poll-after-ms": POLL_AFTER_MS})
 
     async def listing(request: web.Request) -> web.Response:
         params = Params(request.query)
         limit = params.integer("limit", minimum=1, maximum=100) or 20
         order = params.choice("order", ("asc", "desc"), "desc")
         after = params.text("after")
-        jobs, _ = engine.list_jobs([], "", 1 << 30, 0)
+        jobs, _ = await engine.list_jobs([], "", 1 << 30, 0)
         jobs = [j for j in jobs if j.task in VIDEO_TASKS]
         if order == "asc":
             jobs.reverse()
@@ -80,7 +80,7 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
         return web.json_response(
             {
                 "object": "list",
-                "data": [video(engine.get(j.id)) for j in page],
+                "data": [await video(await engine.get(j.id)) for j in page],
                 "first_id": page[0].id if page else None,
                 "last_id": page[-1].id if page else None,
                 "has_more": len(jobs) > limit,
@@ -103,7 +103,7 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
         )
 
     async def delete(request: web.Request) -> web.Response:
-        job, cancelled = engine.cancel(request.match_info["video_id"])
+        job, cancelled = await engine.cancel(request.match_info["video_id"])
         return web.json_response({"id": job.id, "object": "video.deleted", "deleted": cancelled})
 
     app.router.add_post("/v1/videos", create)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,29 +13,46 @@ import pytest
 from PIL import Image
 
 import omnirt
-from tests.daemons import Controller, Worker
+from tests.daemons import Controller, RedisServer, Worker
 
 PROMPTS = ["a red fox", "a blue boat", "a green hill", "a yellow moon"]
 
 
-@pytest.fixture(scope="module")
-def batching(log_dir: Path, model_dir: Path) -> Iterator[Controller]:
-    controller = Controller(log_dir, "--batch-window-ms", "400", "--max-batch-size", "4").start()
-    worker = Worker(log_dir, controller.address, "w-batch", model_dir, "--slots", "1").start()
+@dataclass
+class Batching:
+    """Where the tests send requests: `back` holds the worker, `front` (the same one in memory) none."""
+
+    back: Controller
+    front: Controller
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def batching(request: pytest.FixtureRequest, log_dir: Path, model_dir: Path) -> Iterator[Batching]:
+    """One controller in memory; on Redis two controllers, the worker on one of them, so half of the
+    jobs of a batch come in through the controller without workers."""
+    flags = ("--batch-window-ms", "400", "--max-batch-size", "4")
+    redis = RedisServer(log_dir).start() if request.param == "redis" else None
+    store = ("--store", redis.url) if redis else ()
+    back = Controller(log_dir, *flags, *store).start()
+    front = Controller(log_dir, *flags, *store).start() if redis else back
+    worker = Worker(log_dir, back.address, "w-batch", model_dir, "--slots", "1").start()
     try:
-        controller.wait_worker("w-batch")
-        yield controller
+        back.wait_worker("w-batch")
+        yield Batching(back, front)
     finally:
         worker.stop()
-        controller.stop()
+        for controller in {back, front}:
+            controller.stop()
+        if redis:
+            redis.stop()
 
 
 def pixels(result: omnirt.GenerateResult) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(result.artifacts[0].data)).convert("RGB"), dtype=np.int16)
 
 
-def test_four_compatible_requests_run_as_one_call_and_match_unbatched_runs(batching: Controller) -> None:
-    with omnirt.Client(batching.address) as client:
+def test_four_compatible_requests_run_as_one_call_and_match_unbatched_runs(batching: Batching) -> None:
+    with omnirt.Client(batching.back.address) as client, omnirt.Client(batching.front.address) as front:
         client.generate(model="tiny-sd", prompt="warm up", seed=0, timeout=120)
         # One at a time: each is alone in the queue, so each runs unbatched (batch_size 1)...
         alone = [
@@ -44,7 +62,9 @@ def test_four_compatible_requests_run_as_one_call_and_match_unbatched_runs(batch
         # ...and the same four at once: they arrive within the window and share one call.
         with ThreadPoolExecutor(4) as pool:
             futures = [
-                pool.submit(client.generate, model="tiny-sd", prompt=p, seed=10 + i, timeout=60)
+                pool.submit(
+                    (front if i % 2 else client).generate, model="tiny-sd", prompt=p, seed=10 + i, timeout=60
+                )
                 for i, p in enumerate(PROMPTS)
             ]
             batched = [f.result() for f in futures]
@@ -63,8 +83,8 @@ def test_four_compatible_requests_run_as_one_call_and_match_unbatched_runs(batch
     assert not np.array_equal(pixels(batched[0]), pixels(batched[1]))
 
 
-def test_incompatible_requests_do_not_share_a_call(batching: Controller) -> None:
-    with omnirt.Client(batching.address) as client, ThreadPoolExecutor(2) as pool:
+def test_incompatible_requests_do_not_share_a_call(batching: Batching) -> None:
+    with omnirt.Client(batching.front.address) as client, ThreadPoolExecutor(2) as pool:
         a = pool.submit(
             client.generate, model="tiny-sd", prompt="a", seed=1, num_inference_steps=3, timeout=60
         )

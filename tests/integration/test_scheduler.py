@@ -1,7 +1,7 @@
 """The controller as a scheduler: priorities, the queue bound, deadlines, cancels, routing, worker loss.
 
 Real `omnirt-controller` and `omnirt-worker` processes on loopback, driven through `omnirt.Client`.
-Slow jobs are tiny-sd at 128x128 with many steps (about 30 ms a step here, several seconds in all);
+Slow jobs are tiny-sd at 256x256 with many steps (about 30 ms a step here, several seconds in all);
 tests wait on job events, never on fixed sleeps.
 """
 
@@ -22,7 +22,7 @@ import omnirt
 from omnirt import errors
 from omnirt.types import EventKind, Job, JobEvent, JobState, WorkerInfo, WorkerState
 from tests.conftest import UNSERVED_SD
-from tests.daemons import Controller, Worker, wait_for
+from tests.daemons import Controller, RedisServer, Worker, wait_for
 
 SCHEDULER_CATALOG = (
     UNSERVED_SD
@@ -50,12 +50,24 @@ num_inference_steps = 4
 """
 )
 
-# A job that runs for seconds: 100 steps at 128x128 (the model's step limit is 100).
-SLOW = {"model": "tiny-sd", "width": 128, "height": 128, "num_inference_steps": 100}
+# A job that runs for seconds: 100 steps at 256x256 (the model's step limit is 100; about 30 ms a step
+# on an idle core of this machine, longer under load).
+SLOW = {"model": "tiny-sd", "width": 256, "height": 256, "num_inference_steps": 100}
 SLOW_STEPS = 100
 
 
 # ---- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def store_args(request: pytest.FixtureRequest, log_dir: Path) -> Iterator[tuple[str, ...]]:
+    """Every test of this module runs on both job stores (a real redis-server for the second)."""
+    if request.param == "memory":
+        yield ()
+        return
+    server = RedisServer(log_dir).start()
+    yield ("--store", server.url)
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +99,11 @@ def client(controller: Controller, worker: Worker) -> Iterator[omnirt.Client]:
 class Cluster:
     """A controller of its own and named workers that a test can start, kill or stop."""
 
-    def __init__(self, log_dir: Path, model_dir: Path, catalog: Path) -> None:
+    def __init__(self, log_dir: Path, model_dir: Path, catalog: Path, store_args: tuple[str, ...]) -> None:
         self.log_dir, self.model_dir = log_dir, model_dir
-        self.controller = Controller(log_dir, "--catalog", str(catalog)).start()
+        # Its own Redis database: controllers on one store share their queue and their workers.
+        own_store = tuple(a.replace("/0", "/2") for a in store_args)
+        self.controller = Controller(log_dir, "--catalog", str(catalog), *own_store).start()
         self.workers: dict[str, Worker] = {}
         self.client = omnirt.Client(self.controller.address, timeout=30)
 
@@ -124,8 +138,10 @@ COLD = ("w-cold", ["--models", "tiny-sd", "--slots", "1"])
 
 
 @pytest.fixture(scope="module")
-def cluster(log_dir: Path, model_dir: Path, user_catalog: Path) -> Iterator[Cluster]:
-    c = Cluster(log_dir, model_dir, user_catalog)
+def cluster(
+    log_dir: Path, model_dir: Path, user_catalog: Path, store_args: tuple[str, ...]
+) -> Iterator[Cluster]:
+    c = Cluster(log_dir, model_dir, user_catalog, store_args)
     try:
         c.start(WARM, ONLY_B)
         yield c
@@ -249,8 +265,12 @@ def test_a_batch_takes_higher_priority_companions_before_lower_ones(client: omni
 # ---- 2. the queue bound ------------------------------------------------------------------------
 
 
-def test_a_full_queue_answers_resource_exhausted_and_drops_nothing(log_dir: Path, user_catalog: Path) -> None:
-    bounded = Controller(log_dir, "--catalog", str(user_catalog), "--max-queue", "3").start()
+def test_a_full_queue_answers_resource_exhausted_and_drops_nothing(
+    log_dir: Path, user_catalog: Path, store_args: tuple[str, ...]
+) -> None:
+    # A store of its own (Redis database 1): the bound counts every job in the store.
+    own_store = tuple(a.replace("/0", "/1") for a in store_args)
+    bounded = Controller(log_dir, "--catalog", str(user_catalog), "--max-queue", "3", *own_store).start()
     try:
         with omnirt.Client(bounded.address, timeout=10) as client:
             first = [
@@ -358,7 +378,7 @@ def test_generate_whose_grpc_deadline_passes_does_not_leave_its_job_running(clie
 CLIENT_SCRIPT = """
 import sys, omnirt
 omnirt.Client(sys.argv[1]).generate(
-    model="tiny-sd", prompt="abandoned", width=128, height=128, num_inference_steps=100,
+    model="tiny-sd", prompt="abandoned", width=256, height=256, num_inference_steps=100,
     labels={"t": sys.argv[2]}, timeout=120,
 )
 """

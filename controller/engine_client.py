@@ -1,0 +1,166 @@
+"""The one interface the edges (gRPC servicers, worker gateway, HTTP) use to reach an engine.
+
+Two engines implement it: `MemoryEngineClient` wraps the in-process `Engine` (jobs in this
+process's memory, the default), `RedisEngine` keeps jobs, queue and events in Redis so several
+controllers share them and a restart loses nothing. The edges never know which one they talk to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from omnirt.types import (
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobError,
+    JobEvent,
+    JobState,
+    ModelSpec,
+    Task,
+    WorkerInfo,
+)
+
+from .catalog import Catalog
+from .config import ControllerConfig
+from .engine import Engine
+from .metrics import EngineMetrics
+from .validation import Plan
+from .workers import WorkerHandle, WorkerLink
+
+
+class EngineClient(Protocol):
+    """What the edges call; every job operation is async (a store may be remote)."""
+
+    config: ControllerConfig
+    catalog: Catalog
+    metrics: EngineMetrics
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def ready(self) -> bool:
+        """False while the job store cannot be reached (health reports NOT_SERVING)."""
+        ...
+
+    def validate(self, request: GenerateRequest) -> Plan: ...
+    async def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[Job, bool]: ...
+    async def wait(self, job_id: str) -> Job:
+        """The job once it is final."""
+        ...
+
+    async def get(self, job_id: str) -> Job: ...
+    async def request_of(self, job_id: str) -> GenerateRequest: ...
+    async def list_jobs(
+        self, states: list[JobState], model: str, limit: int, offset: int
+    ) -> tuple[list[Job], int]: ...
+    def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]: ...
+    async def cancel(self, job_id: str) -> tuple[Job, bool]: ...
+    async def abandon(self, job_id: str) -> None: ...
+    async def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]: ...
+    def list_models(self, task: Task | None = None) -> list[ModelSpec]: ...
+    def describe_model(self, name: str) -> ModelSpec: ...
+    async def list_workers(self) -> list[WorkerInfo]: ...
+    async def drain_worker(self, worker_id: str) -> WorkerInfo: ...
+
+    # the worker gateway
+    async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle: ...
+    async def worker_heartbeat(
+        self, handle: WorkerHandle, loaded_models: list[str], draining: bool
+    ) -> None: ...
+    async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None: ...
+    async def worker_result(
+        self,
+        handle: WorkerHandle,
+        assignment_id: str,
+        job_id: str,
+        result: GenerateResult | None,
+        error: JobError | None,
+    ) -> None: ...
+    async def worker_lost(self, handle: WorkerHandle, reason: str) -> None: ...
+
+
+class MemoryEngineClient:
+    """`EngineClient` over the in-process `Engine` (nothing here waits on I/O)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.catalog = engine.catalog
+        self.metrics = engine.metrics
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+
+    def ready(self) -> bool:
+        return True
+
+    def validate(self, request: GenerateRequest) -> Plan:
+        return self.engine.validate(request)
+
+    async def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[Job, bool]:
+        record, deduplicated = self.engine.submit(request, call_deadline_ms=call_deadline_ms)
+        return record.job, deduplicated
+
+    async def wait(self, job_id: str) -> Job:
+        return (await self.engine.wait(self.engine.store.get(job_id))).job
+
+    async def get(self, job_id: str) -> Job:
+        return self.engine.get(job_id)
+
+    async def request_of(self, job_id: str) -> GenerateRequest:
+        return self.engine.store.get(job_id).plan.request
+
+    async def list_jobs(
+        self, states: list[JobState], model: str, limit: int, offset: int
+    ) -> tuple[list[Job], int]:
+        return self.engine.list_jobs(states, model, limit, offset)
+
+    def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]:
+        return self.engine.watch(job_id, after_sequence)
+
+    async def cancel(self, job_id: str) -> tuple[Job, bool]:
+        return self.engine.cancel(job_id)
+
+    async def abandon(self, job_id: str) -> None:
+        self.engine.abandon(job_id)
+
+    async def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]:
+        return self.engine.artifact(job_id, index)
+
+    def list_models(self, task: Task | None = None) -> list[ModelSpec]:
+        return self.engine.list_models(task)
+
+    def describe_model(self, name: str) -> ModelSpec:
+        return self.engine.describe_model(name)
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        return self.engine.list_workers()
+
+    async def drain_worker(self, worker_id: str) -> WorkerInfo:
+        return self.engine.drain_worker(worker_id)
+
+    async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
+        return self.engine.worker_connected(info, link)
+
+    async def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
+        self.engine.worker_heartbeat(handle, loaded_models, draining)
+
+    async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
+        self.engine.worker_event(handle, assignment_id, event)
+
+    async def worker_result(
+        self,
+        handle: WorkerHandle,
+        assignment_id: str,
+        job_id: str,
+        result: GenerateResult | None,
+        error: JobError | None,
+    ) -> None:
+        self.engine.worker_result(handle, assignment_id, job_id, result, error)
+
+    async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
+        self.engine.worker_lost(handle, reason)

@@ -1,0 +1,212 @@
+"""The Lua scripts behind the Redis job store: every state change is one atomic script.
+
+Each script checks the state it expects (and the assignment, where a worker reports) before it
+changes anything, so two controllers racing for one job cannot both win: the loser gets "no"
+and the state it found. Keys (P is the prefix, `{omnirt}:` by default; the braces make it a Redis
+Cluster hash tag, so every key lives in one slot):
+
+    P job:ID          hash: static (Job proto of the fixed fields), request (GenerateRequest
+                      proto), fingerprint, model, bkey (batch key), rank, priority, state,
+                      attempts, assignment, owner, worker, enqueued_ms, started_ms, finished_ms,
+                      error / progress / result (protos), artifact:N (bytes) or artifact_path:N
+    P events:ID       stream of JobEvent protos; entry id 0-N is the event's sequence N
+    P queue           zset of every queued job by rank (bounds the queue, gives positions)
+    P queue:m:MODEL   zset of the model's queued jobs by rank (what a controller may dispatch)
+    P queue:b:KEY     zset of queued jobs that can share one pipeline call
+    P qdepth          hash priority -> queued jobs (the queue-depth gauge)
+    P running         zset job -> lease expiry (ms); the holder renews it
+    P deadlines       zset job -> deadline (ms) of jobs not final yet
+    P jobs            zset job -> creation time (ms): the listing
+    P idem:KEY        string: the job of an idempotency key (its own TTL)
+    P workers         hash worker id -> WorkerInfo proto (+ P workers:seen zset id -> expiry)
+    P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID has a new event),
+                      "c ID ASSIGNMENT OWNER REASON" (stop a running job), "d WORKER" (drain)
+
+Rank = enqueued_seconds / aging_s - priority: lower runs first, as in the in-memory queue.
+"""
+
+from __future__ import annotations
+
+PRELUDE = r"""
+local function enqueue(p, id, model, bkey, rank, priority)
+  redis.call('ZADD', p .. 'queue', rank, id)
+  redis.call('ZADD', p .. 'queue:m:' .. model, rank, id)
+  if bkey ~= '' then redis.call('ZADD', p .. 'queue:b:' .. bkey, rank, id) end
+  redis.call('HINCRBY', p .. 'qdepth', priority, 1)
+end
+
+local function dequeue(p, id, model, bkey, priority)
+  if redis.call('ZREM', p .. 'queue', id) == 1 then
+    redis.call('HINCRBY', p .. 'qdepth', priority, -1)
+  end
+  redis.call('ZREM', p .. 'queue:m:' .. model, id)
+  if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
+end
+
+local function add_event(p, id, event)
+  if event ~= '' then redis.call('XADD', p .. 'events:' .. id, '0-*', 'e', event) end
+end
+
+-- Move a job to a final state; returns the state, owner and assignment it had.
+local function finish(p, id, state, now, ttl, error, result, result_event, state_event)
+  local jk = p .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'state', 'owner', 'assignment', 'model', 'bkey', 'priority', 'worker')
+  if f[1] == 'QUEUED' then dequeue(p, id, f[4], f[5], f[6]) end
+  if f[1] == 'RUNNING' then
+    redis.call('ZREM', p .. 'running', id)
+    redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
+  end
+  redis.call('ZREM', p .. 'deadlines', id)
+  redis.call('HSET', jk, 'state', state, 'finished_ms', now)
+  if error ~= '' then redis.call('HSET', jk, 'error', error) end
+  if result ~= '' then redis.call('HSET', jk, 'result', result) end
+  add_event(p, id, result_event)
+  add_event(p, id, state_event)
+  redis.call('EXPIRE', jk, ttl)
+  redis.call('EXPIRE', p .. 'events:' .. id, ttl)
+  redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
+  return {f[1], f[2] or '', f[3] or '', f[7] or ''}
+end
+"""
+
+# ARGV: p, id, idem_key, idem_ttl_s, max_queue, static, request, fingerprint, model, bkey, rank,
+#       now_ms, deadline_ms, priority, queued_event
+SUBMIT = r"""
+local p, id, idem = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return {'ok'} end  -- a retried call
+if idem ~= '' then
+  local existing = redis.call('GET', p .. 'idem:' .. idem)
+  if existing and redis.call('EXISTS', p .. 'job:' .. existing) == 1 then return {'dup', existing} end
+end
+if redis.call('ZCARD', p .. 'queue') >= tonumber(ARGV[5]) then return {'full'} end
+redis.call('HSET', p .. 'job:' .. id, 'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
+  'model', ARGV[9], 'bkey', ARGV[10], 'rank', ARGV[11], 'priority', ARGV[14], 'state', 'QUEUED',
+  'attempts', 0, 'enqueued_ms', ARGV[12])
+enqueue(p, id, ARGV[9], ARGV[10], ARGV[11], ARGV[14])
+if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
+redis.call('ZADD', p .. 'jobs', ARGV[12], id)
+if idem ~= '' then redis.call('SET', p .. 'idem:' .. idem, id, 'EX', ARGV[4]) end
+add_event(p, id, ARGV[15])
+redis.call('PUBLISH', p .. 'notify', 'q')
+return {'ok'}
+"""
+
+# Take the best queued job among the given models (and up to limit-1 jobs that can share its
+# call), mark them RUNNING under one assignment held by `owner`.
+# ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, then model, limit pairs.
+# Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
+# {'ok', model, id1, attempts1, request1, enqueued_ms1, id2, ...}.
+CLAIM = r"""
+local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local owner, asg, window = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local best, score, model, limit = nil, nil, nil, 1
+for i = 7, #ARGV, 2 do
+  local head = redis.call('ZRANGE', p .. 'queue:m:' .. ARGV[i], 0, 0, 'WITHSCORES')
+  if head[1] and (best == nil or tonumber(head[2]) < score) then
+    best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
+  end
+end
+if best == nil then return {} end
+local ids = {best}
+local bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey') or ''
+if bkey ~= '' and limit > 1 then
+  local peers = redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)
+  if window > 0 and #peers < limit then
+    local due = tonumber(redis.call('HGET', p .. 'job:' .. best, 'enqueued_ms')) + window
+    if due > now then return {'wait', model, tostring(due)} end
+  end
+  for _, other in ipairs(peers) do
+    if other ~= best and #ids < limit then table.insert(ids, other) end
+  end
+end
+local out = {'ok', model}
+for _, id in ipairs(ids) do
+  local jk = p .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms')
+  dequeue(p, id, f[1], f[2], f[3])
+  local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
+  redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
+  redis.call('HDEL', jk, 'progress')
+  redis.call('ZADD', p .. 'running', now + lease, id)
+  redis.call('HINCRBY', p .. 'runmodels', f[1], 1)
+  table.insert(out, id)
+  table.insert(out, tostring(attempts))
+  table.insert(out, f[4])
+  table.insert(out, f[5])
+end
+return out
+"""
+
+# An event of a running job (from its worker); dropped unless the assignment still holds it.
+# ARGV: p, id, assignment, event, progress ('' = unchanged), worker ('' = unchanged)
+APPEND = r"""
+local p, id = ARGV[1], ARGV[2]
+local jk = p .. 'job:' .. id
+local f = redis.call('HMGET', jk, 'state', 'assignment')
+if f[1] ~= 'RUNNING' or f[2] ~= ARGV[3] then return 0 end
+if ARGV[5] ~= '' then redis.call('HSET', jk, 'progress', ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('HSET', jk, 'worker', ARGV[6]) end
+add_event(p, id, ARGV[4])
+redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
+return 1
+"""
+
+# ARGV: p, id, assignment ('' = any), expected states (comma separated), state, now_ms, ttl_s,
+#       error, result, result_event, state_event, then artifact field/value pairs
+FINISH = r"""
+local p, id = ARGV[1], ARGV[2]
+local jk = p .. 'job:' .. id
+local f = redis.call('HMGET', jk, 'state', 'assignment')
+if not f[1] then return {'missing'} end
+if not string.find(',' .. ARGV[4] .. ',', ',' .. f[1] .. ',', 1, true) then return {'no', f[1]} end
+if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return {'no', f[1]} end
+for i = 12, #ARGV, 2 do redis.call('HSET', jk, ARGV[i], ARGV[i + 1]) end
+local before = finish(p, id, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
+return {'ok', before[1], before[2], before[3], before[4]}
+"""
+
+# Put a running job back in the queue (its worker was lost or gave it up), or fail it when its
+# attempts are spent. With lease_before > 0 only if its lease expired before that time.
+# ARGV: p, id, assignment ('' = any), lease_before_ms, max_attempts, now_ms, ttl_s,
+#       queued_event, failed_error, failed_event
+REQUEUE = r"""
+local p, id = ARGV[1], ARGV[2]
+local jk = p .. 'job:' .. id
+local f = redis.call('HMGET', jk, 'state', 'assignment', 'attempts', 'model', 'bkey', 'rank', 'priority')
+if f[1] ~= 'RUNNING' then
+  redis.call('ZREM', p .. 'running', id)
+  return {'no', f[1] or 'missing'}
+end
+if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return {'no', f[1]} end
+if tonumber(ARGV[4]) > 0 then
+  local lease = redis.call('ZSCORE', p .. 'running', id)
+  if lease and tonumber(lease) > tonumber(ARGV[4]) then return {'no', 'renewed'} end
+end
+if tonumber(f[3]) >= tonumber(ARGV[5]) then
+  finish(p, id, 'FAILED', ARGV[6], ARGV[7], ARGV[9], '', '', ARGV[10])
+  return {'failed', f[3]}
+end
+redis.call('ZREM', p .. 'running', id)
+redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
+redis.call('HSET', jk, 'state', 'QUEUED', 'enqueued_ms', ARGV[6])
+redis.call('HDEL', jk, 'assignment', 'owner', 'worker', 'progress')
+enqueue(p, id, f[4], f[5], f[6], f[7])
+add_event(p, id, ARGV[8])
+redis.call('PUBLISH', p .. 'notify', 'q')
+redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
+return {'queued', f[3]}
+"""
+
+# Extend the leases of running jobs this controller holds. ARGV: p, owner, expiry_ms, ids...
+RENEW = r"""
+local p, owner, expiry = ARGV[1], ARGV[2], ARGV[3]
+local renewed = 0
+for i = 4, #ARGV do
+  local f = redis.call('HMGET', p .. 'job:' .. ARGV[i], 'state', 'owner')
+  if f[1] == 'RUNNING' and f[2] == owner then
+    redis.call('ZADD', p .. 'running', 'XX', expiry, ARGV[i])
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""

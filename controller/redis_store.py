@@ -1,0 +1,454 @@
+"""`RedisJobStore`: jobs, the queue, leases and event logs in Redis (see `redis_scripts` for keys).
+
+This module only stores and loads: protos in, dataclasses out, one Lua script per state change.
+What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from omnirt import _convert as c
+from omnirt.errors import JobNotFound, QueueFull
+from omnirt.types import (
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobError,
+    JobEvent,
+    JobState,
+    Progress,
+    WorkerInfo,
+)
+from omnirt.v1 import cluster_pb2, types_pb2
+
+from . import redis_scripts as scripts
+
+PREFIX = "{omnirt}:"
+LIST_PAGE = 256
+
+
+def _ms_to_dt(value: bytes | None) -> datetime | None:
+    return datetime.fromtimestamp(int(value) / 1000, UTC) if value else None
+
+
+def _bytes(msg: Any) -> bytes:
+    return bytes(msg.SerializeToString()) if msg is not None else b""
+
+
+def batch_key_id(key: Hashable | None) -> str:
+    """A short, stable name for a batch key (part of a Redis key)."""
+    return "" if key is None else hashlib.sha1(repr(key).encode()).hexdigest()[:20]
+
+
+@dataclass
+class StoredJob:
+    """A job as Redis holds it."""
+
+    job: Job
+    request: GenerateRequest
+    fingerprint: bytes
+    assignment: str
+    owner: str
+    enqueued_ms: int
+    fields: dict[bytes, bytes]
+
+    def artifact_bytes(self, index: int) -> bytes | None:
+        """Bytes kept beside the result (artifacts over the inline limit), or None."""
+        data = self.fields.get(f"artifact:{index}".encode())
+        if data is not None:
+            return data
+        path = self.fields.get(f"artifact_path:{index}".encode())
+        if path is None:
+            return None
+        try:
+            return Path(path.decode()).read_bytes()
+        except OSError:
+            return None
+
+
+@dataclass
+class Claimed:
+    """One job a claim marked RUNNING."""
+
+    job_id: str
+    attempts: int
+    request: GenerateRequest
+    enqueued_ms: int
+
+
+class RedisJobStore:
+    """Typed access to the keys of `redis_scripts` over one `redis.asyncio` client."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        job_ttl_s: float,
+        idempotency_ttl_s: float,
+        artifact_limit_bytes: int,
+        artifact_dir: str,
+        prefix: str = PREFIX,
+    ) -> None:
+        self.url = url
+        # Any: redis-py's reply types are unions of every decode mode; the replies here are bytes.
+        # A restarted Redis leaves every pooled connection dead: a command that meets one is
+        # retried once on a fresh connection (the scripts tolerate running twice; see SUBMIT).
+        self.redis: Any = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=2,
+            socket_timeout=5,
+            health_check_interval=5,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 1),
+            retry_on_error=[redis.exceptions.ConnectionError],
+        )
+        self.p = prefix
+        self.channel = prefix + "notify"
+        self.ttl_s = max(1, int(job_ttl_s))
+        self.idempotency_ttl_s = max(1, int(idempotency_ttl_s))
+        self.artifact_limit = artifact_limit_bytes
+        self.artifact_dir = Path(artifact_dir or os.path.join(tempfile.gettempdir(), "omnirt-artifacts"))
+        self._scripts = {
+            name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
+            for name in ("SUBMIT", "CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
+        }
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def _run(self, name: str, *args: Any) -> Any:
+        return await self._scripts[name](keys=[], args=[self.p, *args])
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    # ---- jobs ---------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        job: Job,
+        request: GenerateRequest,
+        fingerprint: bytes,
+        batch_key: str,
+        rank: float,
+        max_queue: int,
+        queued: JobEvent,
+    ) -> str | None:
+        """Store and queue a new job; returns the id of an existing job with the same key, else None."""
+        now_ms = int(job.created_at.timestamp() * 1000) if job.created_at else 0
+        answer = await self._run(
+            "SUBMIT",
+            job.id,
+            job.idempotency_key,
+            self.idempotency_ttl_s,
+            max_queue,
+            _bytes(c.job_to_proto(job)),
+            _bytes(c.request_to_proto(request)),
+            fingerprint,
+            job.model,
+            batch_key,
+            repr(rank),
+            now_ms,
+            job.deadline_ms,
+            job.priority,
+            _bytes(c.event_to_proto(queued)),
+        )
+        kind = answer[0].decode()
+        if kind == "dup":
+            return str(answer[1].decode())
+        if kind == "full":
+            raise QueueFull(f"queue is full ({max_queue} jobs waiting); retry later", retry_after_s=1.0)
+        return None
+
+    async def load(self, job_id: str) -> StoredJob:
+        fields: dict[bytes, bytes] = await self.redis.hgetall(self.p + "job:" + job_id)
+        if not fields or b"static" not in fields:
+            raise JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
+        return self._decode(fields)
+
+    def _decode(self, f: dict[bytes, bytes]) -> StoredJob:
+        job = c.job_from_proto(types_pb2.Job.FromString(f[b"static"]))
+        job.state = JobState[f[b"state"].decode()]
+        job.attempts = int(f.get(b"attempts", b"0"))
+        job.worker_id = f.get(b"worker", b"").decode()
+        job.started_at = _ms_to_dt(f.get(b"started_ms"))
+        job.finished_at = _ms_to_dt(f.get(b"finished_ms"))
+        if b"error" in f:
+            job.error = c.error_from_proto(types_pb2.JobError.FromString(f[b"error"]))
+        if b"progress" in f:
+            job.progress = c.progress_from_proto(types_pb2.Progress.FromString(f[b"progress"]))
+        if b"result" in f:
+            job.result = c.result_from_proto(types_pb2.GenerateResult.FromString(f[b"result"]))
+        request = c.request_from_proto(types_pb2.GenerateRequest.FromString(f[b"request"]))
+        return StoredJob(
+            job=job,
+            request=request,
+            fingerprint=f.get(b"fingerprint", b""),
+            assignment=f.get(b"assignment", b"").decode(),
+            owner=f.get(b"owner", b"").decode(),
+            enqueued_ms=int(f.get(b"enqueued_ms", b"0")),
+            fields=f,
+        )
+
+    async def state(self, job_id: str) -> JobState | None:
+        value = await self.redis.hget(self.p + "job:" + job_id, "state")
+        return JobState[value.decode()] if value else None
+
+    async def position(self, job_id: str) -> int:
+        rank = await self.redis.zrank(self.p + "queue", job_id)
+        return int(rank or 0)
+
+    async def list_ids(
+        self, states: Sequence[JobState], model: str, limit: int, offset: int
+    ) -> tuple[list[str], bool]:
+        """Job ids newest first, filtered; returns the page and whether more follow."""
+        wanted = {s.name.encode() for s in states}
+        picked: list[str] = []
+        skipped, start = 0, 0
+        while len(picked) <= limit:
+            ids = await self.redis.zrevrange(self.p + "jobs", start, start + LIST_PAGE - 1)
+            if not ids:
+                break
+            start += len(ids)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hmget(self.p + "job:" + job_id.decode(), "state", "model")
+                rows = await pipe.execute()
+            gone = [job_id for job_id, (state, _) in zip(ids, rows, strict=True) if state is None]
+            if gone:  # expired jobs leave the listing
+                await self.redis.zrem(self.p + "jobs", *gone)
+                start -= len(gone)
+            for job_id, (state, job_model) in zip(ids, rows, strict=True):
+                if (
+                    state is None
+                    or (wanted and state not in wanted)
+                    or (model and job_model.decode() != model)
+                ):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                picked.append(job_id.decode())
+        return picked[:limit], len(picked) > limit
+
+    async def events(self, job_id: str, after: int, count: int = 512) -> list[JobEvent]:
+        """Events with a sequence above `after` (the stream entry id is 0-SEQUENCE)."""
+        entries = await self.redis.xrange(self.p + "events:" + job_id, f"(0-{after}", "+", count=count)
+        out = []
+        for entry_id, fields in entries:
+            event = c.event_from_proto(types_pb2.JobEvent.FromString(fields[b"e"]))
+            event.sequence = int(entry_id.split(b"-")[1])
+            out.append(event)
+        return out
+
+    # ---- state changes ------------------------------------------------------------------
+
+    async def claim(
+        self,
+        models: dict[str, int],
+        owner: str,
+        assignment_id: str,
+        lease_ms: int,
+        window_ms: int,
+        now_ms: int,
+    ) -> tuple[str, list[Claimed]] | tuple[str, int] | None:
+        """Claim the best queued job of `models` (model -> batch limit) and its batch peers.
+
+        Returns (model, claimed jobs), or (model, due_ms) when the head waits for companions,
+        or None when none of the models has a queued job.
+        """
+        pairs = [x for model, limit in models.items() for x in (model, limit)]
+        answer = await self._run("CLAIM", now_ms, lease_ms, owner, assignment_id, window_ms, *pairs)
+        if not answer:
+            return None
+        model = answer[1].decode()
+        if answer[0] == b"wait":
+            return model, int(answer[2])
+        claimed = []
+        rest = answer[2:]
+        for i in range(0, len(rest), 4):
+            request = c.request_from_proto(types_pb2.GenerateRequest.FromString(rest[i + 2]))
+            claimed.append(Claimed(rest[i].decode(), int(rest[i + 1]), request, int(rest[i + 3])))
+        return model, claimed
+
+    async def append(
+        self,
+        job_id: str,
+        assignment_id: str,
+        event: JobEvent,
+        progress: Progress | None = None,
+        worker: str = "",
+    ) -> bool:
+        """Log an event of a running job (dropped unless `assignment_id` still holds it)."""
+        answer = await self._run(
+            "APPEND",
+            job_id,
+            assignment_id,
+            _bytes(c.event_to_proto(event)),
+            _bytes(c.progress_to_proto(progress)) if progress else b"",
+            worker,
+        )
+        return bool(answer)
+
+    async def finish(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        expected: Sequence[JobState],
+        assignment_id: str = "",
+        error: JobError | None = None,
+        result: GenerateResult | None = None,
+        state_event: JobEvent,
+        result_event: JobEvent | None = None,
+        artifacts: dict[int, bytes] | None = None,
+        now_ms: int,
+    ) -> tuple[bool, JobState | None, str, str]:
+        """Move a job to a final state if it is in `expected` (and, if given, under `assignment_id`).
+
+        Returns (changed, the state it had, its owner, its assignment).
+        """
+        extra: list[Any] = []
+        for index, data in (artifacts or {}).items():
+            if len(data) <= self.artifact_limit:
+                extra += [f"artifact:{index}", data]
+            else:
+                extra += [f"artifact_path:{index}", self._write_artifact(job_id, index, data)]
+        answer = await self._run(
+            "FINISH",
+            job_id,
+            assignment_id,
+            ",".join(s.name for s in expected),
+            state.name,
+            now_ms,
+            self.ttl_s,
+            _bytes(c.error_to_proto(error)) if error else b"",
+            _bytes(c.result_to_proto(result)) if result else b"",
+            _bytes(c.event_to_proto(result_event)) if result_event else b"",
+            _bytes(c.event_to_proto(state_event)),
+            *extra,
+        )
+        kind = answer[0].decode()
+        if kind == "missing":
+            raise JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
+        before = JobState[answer[1].decode()]
+        if kind == "no":
+            return False, before, "", ""
+        return True, before, answer[2].decode(), answer[3].decode()
+
+    def _write_artifact(self, job_id: str, index: int, data: bytes) -> str:
+        """Large artifacts go to the (shared) artifact directory; Redis keeps the path."""
+        folder = self.artifact_dir / job_id
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / str(index)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        return str(path)
+
+    def sweep_artifacts(self, now: float) -> int:
+        """Delete artifact folders older than the job TTL (their jobs expired); how many."""
+        if not self.artifact_dir.is_dir():
+            return 0
+        removed = 0
+        for folder in self.artifact_dir.iterdir():
+            try:
+                if now - folder.stat().st_mtime > self.ttl_s:
+                    shutil.rmtree(folder)
+                    removed += 1
+            except OSError:
+                continue  # another controller removed it first
+        return removed
+
+    async def requeue(
+        self,
+        job_id: str,
+        *,
+        assignment_id: str = "",
+        lease_before_ms: int = 0,
+        max_attempts: int,
+        queued: JobEvent,
+        failed_error: JobError,
+        failed: JobEvent,
+        now_ms: int,
+    ) -> str:
+        """Queue a running job again, or fail it when attempts are spent: 'queued', 'failed' or 'no'."""
+        answer = await self._run(
+            "REQUEUE",
+            job_id,
+            assignment_id,
+            lease_before_ms,
+            max_attempts,
+            now_ms,
+            self.ttl_s,
+            _bytes(c.event_to_proto(queued)),
+            _bytes(c.error_to_proto(failed_error)),
+            _bytes(c.event_to_proto(failed)),
+        )
+        return str(answer[0].decode())
+
+    async def renew(self, owner: str, job_ids: Sequence[str], expiry_ms: int) -> int:
+        if not job_ids:
+            return 0
+        return int(await self._run("RENEW", owner, expiry_ms, *job_ids))
+
+    async def expired_leases(self, now_ms: int, count: int = 200) -> list[str]:
+        ids = await self.redis.zrangebyscore(self.p + "running", "-inf", now_ms, start=0, num=count)
+        return [i.decode() for i in ids]
+
+    async def due_deadlines(self, now_ms: int, count: int = 200) -> list[str]:
+        ids = await self.redis.zrangebyscore(self.p + "deadlines", "-inf", now_ms, start=0, num=count)
+        return [i.decode() for i in ids]
+
+    async def publish(self, message: str) -> None:
+        await self.redis.publish(self.channel, message)
+
+    # ---- gauges and the cluster's workers ----------------------------------------------
+
+    async def depth(self) -> tuple[dict[int, int], dict[str, int]]:
+        """Queued jobs by priority and running jobs by model, over the whole cluster."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.p + "qdepth")
+            pipe.hgetall(self.p + "runmodels")
+            queued, running = await pipe.execute()
+        return (
+            {int(k): int(v) for k, v in queued.items() if int(v) > 0},
+            {k.decode(): int(v) for k, v in running.items() if int(v) > 0},
+        )
+
+    async def put_workers(self, workers: Sequence[WorkerInfo], expiry_ms: int) -> None:
+        if not workers:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for w in workers:
+                pipe.hset(self.p + "workers", w.id, _bytes(c.worker_to_proto(w)))
+                pipe.zadd(self.p + "workers:seen", {w.id: expiry_ms})
+            await pipe.execute()
+
+    async def drop_worker(self, worker_id: str) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hdel(self.p + "workers", worker_id)
+            pipe.zrem(self.p + "workers:seen", worker_id)
+            await pipe.execute()
+
+    async def workers(self, now_ms: int) -> list[WorkerInfo]:
+        """Workers connected to any controller (their controller refreshed them lately)."""
+        stale = await self.redis.zrangebyscore(self.p + "workers:seen", "-inf", now_ms)
+        if stale:
+            await self.redis.hdel(self.p + "workers", *stale)
+            await self.redis.zrem(self.p + "workers:seen", *stale)
+        rows = await self.redis.hgetall(self.p + "workers")
+        return [c.worker_from_proto(cluster_pb2.WorkerInfo.FromString(v)) for v in rows.values()]
