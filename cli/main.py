@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from omnirt import __version__
 from omnirt.errors import OmniRTError
 
-from . import generate, jobs, models, validate, workers
+from . import bench, generate, jobs, models, validate, workers
 from .output import error_line
 
-GROUPS = (generate, validate, models, jobs, workers)
+GROUPS = (generate, validate, bench, models, jobs, workers)
 
 
 def _common(*, top: bool) -> argparse.ArgumentParser:

@@ -52,10 +52,10 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
-def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+def add_request_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     """Flags for every field of a `GenerateRequest` people set by hand."""
     g = parser.add_argument_group("request")
-    g.add_argument("--model", "-m", required=True, help="model id or alias from the catalog")
+    g.add_argument("--model", "-m", required=model_required, help="model id or alias from the catalog")
     g.add_argument("--prompt", "-p", help="what to generate")
     g.add_argument("--task", "-t", choices=[t.value for t in Task], help="default: the model's first task")
     g.add_argument("--negative-prompt", help="what to avoid")
