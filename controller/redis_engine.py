@@ -43,12 +43,11 @@ from .config import ControllerConfig
 from .engine import _fingerprint, batch_key, batch_limit, client_view, new_job, waiting_reason
 from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics
-from .redis_store import Claimed, RedisJobStore, StoredJob, batch_key_id
+from .redis_store import RedisJobStore, StoredJob, batch_key_id
+from .redis_upkeep import RedisUpkeep
 from .tracing import JobTracing
 from .validation import Plan, validate
 from .workers import (
-    Assignment,
-    AssignmentItem,
     CancelAssignment,
     Drain,
     WorkerHandle,
@@ -57,14 +56,9 @@ from .workers import (
 )
 
 log = logging.getLogger("omnirt.controller")
-TICK_S = 0.1
-# How often the dispatcher looks at the queue without being woken (a lost notification).
-POLL_S = 0.5
 # How long a waiter sleeps between checks when no notification comes.
 WAIT_S = 1.0
-SLOW_TICK_S = 1.0
 EVENT_PAGE = 512
-ARTIFACT_SWEEP_S = 60.0
 
 
 def _now_ms() -> int:
@@ -89,45 +83,34 @@ class RedisEngine:
         self.metrics = EngineMetrics(self)
         self.tracing = JobTracing()
         # Jobs this controller takes part in (submitted here, or running on one of its workers).
-        self._records: dict[str, JobRecord] = {}
-        self._running: dict[str, JobRecord] = {}
-        self._waiters: dict[str, set[asyncio.Event]] = {}
-        self._wake = asyncio.Event()
-        self._window_due = 0.0
-        self._ready = True
+        self.records: dict[str, JobRecord] = {}
+        self.running: dict[str, JobRecord] = {}
+        self.waiters: dict[str, set[asyncio.Event]] = {}
+        self.wake = asyncio.Event()
+        self.store_ok = True
         # Worker results that could not be stored yet (Redis away): retried every tick.
-        self._pending: list[Callable[[], Awaitable[None]]] = []
-        self._depth: tuple[dict[int, int], dict[str, int]] = ({}, {})
-        self._cluster: list[WorkerInfo] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        self._background: set[asyncio.Task[None]] = set()
+        self.pending: list[Callable[[], Awaitable[None]]] = []
+        self.depth: tuple[dict[int, int], dict[str, int]] = ({}, {})
+        self.cluster: list[WorkerInfo] = []
+        self.upkeep = RedisUpkeep(self)
 
     # ---- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
         with contextlib.suppress(Exception):
             await self.store.ping()
-        self._tasks = [
-            asyncio.create_task(self._dispatch_loop()),
-            asyncio.create_task(self._reaper_loop()),
-            asyncio.create_task(self._slow_loop()),
-            asyncio.create_task(self._listen()),
-        ]
+        self.upkeep.start()
         log.info("job store: %s (controller %s)", self.config.store, self.id)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.upkeep.stop()
         for handle in self.workers.all():
             handle.link.close()
         with contextlib.suppress(Exception):
             await self.store.close()
 
     def ready(self) -> bool:
-        return self._ready
+        return self.store_ok
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -135,7 +118,7 @@ class RedisEngine:
         try:
             yield
         except redis.exceptions.RedisError as exc:
-            self._ready = False
+            self.store_ok = False
             raise Unavailable(f"the job store is unavailable ({self.config.store}): {exc}") from exc
 
     # ---- public operations ----------------------------------------------------------------
@@ -175,11 +158,11 @@ class RedisEngine:
                     )
                 return stored.job, True
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
-        self._records[job.id] = record
+        self.records[job.id] = record
         self.tracing.submitted(record, started_ns, validated_ns)
         self.metrics.request_accepted(record)
         log.info("job queued", extra={"job_id": job.id, "model": job.model})
-        self._wake.set()
+        self.wake.set()
         return job, False
 
     async def _load(self, job_id: str) -> StoredJob:
@@ -188,18 +171,18 @@ class RedisEngine:
 
     def _waiter(self, job_id: str) -> asyncio.Event:
         event = asyncio.Event()
-        self._waiters.setdefault(job_id, set()).add(event)
+        self.waiters.setdefault(job_id, set()).add(event)
         return event
 
     def _unwait(self, job_id: str, event: asyncio.Event) -> None:
-        waiters = self._waiters.get(job_id)
+        waiters = self.waiters.get(job_id)
         if waiters is not None:
             waiters.discard(event)
             if not waiters:
-                del self._waiters[job_id]
+                del self.waiters[job_id]
 
-    def _notify(self, job_id: str) -> None:
-        for event in self._waiters.get(job_id, ()):
+    def notify(self, job_id: str) -> None:
+        for event in self.waiters.get(job_id, ()):
             event.set()
 
     async def wait(self, job_id: str) -> Job:
@@ -265,9 +248,9 @@ class RedisEngine:
             self._unwait(job_id, changed)
 
     async def cancel(self, job_id: str) -> tuple[Job, bool]:
-        return await self._end(job_id, JobState.CANCELLED, JobError("CANCELLED", "cancelled by the client"))
+        return await self.end(job_id, JobState.CANCELLED, JobError("CANCELLED", "cancelled by the client"))
 
-    async def _end(self, job_id: str, state: JobState, error: JobError) -> tuple[Job, bool]:
+    async def end(self, job_id: str, state: JobState, error: JobError) -> tuple[Job, bool]:
         """Cancel or expire a queued or running job; a running one is told to stop."""
         stored = await self._load(job_id)
         if stored.job.state.terminal:
@@ -287,28 +270,28 @@ class RedisEngine:
         if changed and before is JobState.RUNNING:
             await self._stop(job_id, assignment, owner, error.code)
         if changed:
-            self._closed(job_id, state, error)
+            self.closed(job_id, state, error)
         return (await self._load(job_id)).job, changed
 
     async def _stop(self, job_id: str, assignment_id: str, owner: str, reason: str) -> None:
         """Tell the worker running `job_id` to stop: ours directly, another controller's through Redis."""
         if owner == self.id:
-            self._stop_local(job_id, assignment_id, reason)
+            self.stop_local(job_id, assignment_id, reason)
         else:
             with contextlib.suppress(redis.exceptions.RedisError):
                 await self.store.publish(f"c {job_id} {assignment_id} {owner} {reason}")
 
-    def _stop_local(self, job_id: str, assignment_id: str, reason: str) -> None:
-        record = self._running.get(job_id)
+    def stop_local(self, job_id: str, assignment_id: str, reason: str) -> None:
+        record = self.running.get(job_id)
         if record is None or record.assignment_id != assignment_id:
             return
         with contextlib.suppress(Exception):
             self.workers.get(record.job.worker_id).link.send(CancelAssignment(assignment_id, job_id, reason))
 
-    def _closed(self, job_id: str, state: JobState, error: JobError | None) -> None:
+    def closed(self, job_id: str, state: JobState, error: JobError | None) -> None:
         """A job this controller knows reached a final state: let the observers see it."""
-        self._notify(job_id)
-        record = self._records.pop(job_id, None) or self._running.get(job_id)
+        self.notify(job_id)
+        record = self.records.pop(job_id, None) or self.running.get(job_id)
         if record is None:
             return
         record.job.state, record.job.error = state, error
@@ -325,7 +308,7 @@ class RedisEngine:
             return
         deadline = stored.job.deadline_ms
         if deadline and _now_ms() + 100 >= deadline:
-            await self._end(job_id, JobState.FAILED, JobError("DEADLINE_EXCEEDED", "deadline passed"))
+            await self.end(job_id, JobState.FAILED, JobError("DEADLINE_EXCEEDED", "deadline passed"))
         else:
             await self.cancel(job_id)
 
@@ -362,7 +345,7 @@ class RedisEngine:
         local = {w.id for w in self.workers.candidates(spec)}
         remote = {
             w.id
-            for w in self._cluster
+            for w in self.cluster
             if w.id not in self._local_ids()
             and w.execution_mode == spec.execution_mode
             and (not w.models or spec.id in w.models)
@@ -377,8 +360,8 @@ class RedisEngine:
         local = [w.snapshot() for w in self.workers.all()]
         ids = {w.id for w in local}
         with contextlib.suppress(redis.exceptions.RedisError):
-            self._cluster = await self.store.workers(_now_ms())
-        return sorted(local + [w for w in self._cluster if w.id not in ids], key=lambda w: w.id)
+            self.cluster = await self.store.workers(_now_ms())
+        return sorted(local + [w for w in self.cluster if w.id not in ids], key=lambda w: w.id)
 
     async def drain_worker(self, worker_id: str) -> WorkerInfo:
         with contextlib.suppress(OmniRTError):
@@ -395,7 +378,7 @@ class RedisEngine:
         return self.workers.get(worker_id).snapshot()  # raises WorkerNotFound
 
     def gauge_snapshot(self) -> tuple[dict[int, int], dict[str, int], list[WorkerInfo]]:
-        return self._depth[0], self._depth[1], [w.snapshot() for w in self.workers.all()]
+        return self.depth[0], self.depth[1], [w.snapshot() for w in self.workers.all()]
 
     # ---- worker side ----------------------------------------------------------------------
 
@@ -409,7 +392,7 @@ class RedisEngine:
         log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
         with contextlib.suppress(redis.exceptions.RedisError):  # else the next upkeep tick writes it
             await self.store.put_workers([handle.snapshot()], _now_ms() + self.config.lease_timeout_ms)
-        self._wake.set()
+        self.wake.set()
         return handle
 
     async def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
@@ -427,13 +410,13 @@ class RedisEngine:
         try:
             appended = await self.store.append(event.job_id, assignment_id, event, progress)
         except redis.exceptions.RedisError:
-            self._ready = False
+            self.store_ok = False
             return  # progress is live information: dropped while Redis is away
-        record = self._running.get(event.job_id)
+        record = self.running.get(event.job_id)
         if appended and record is not None and record.assignment_id == assignment_id:
             self.metrics.worker_event(record, event)
             self.tracing.worker_event(record)
-        self._notify(event.job_id)
+        self.notify(event.job_id)
 
     async def worker_result(
         self,
@@ -445,10 +428,10 @@ class RedisEngine:
     ) -> None:
         handle.last_seen = time.monotonic()
         if handle.release(job_id, assignment_id):
-            self._wake.set()
-        record = self._running.get(job_id)
+            self.wake.set()
+        record = self.running.get(job_id)
         if record is not None and record.assignment_id == assignment_id:
-            del self._running[job_id]
+            del self.running[job_id]
             self.metrics.result_received(record)
 
         async def store() -> None:
@@ -457,9 +440,9 @@ class RedisEngine:
         try:
             await store()
         except redis.exceptions.RedisError:
-            self._ready = False
+            self.store_ok = False
             log.warning("job store unavailable: result of %s kept for a retry", job_id)
-            self._pending.append(store)
+            self.pending.append(store)
 
     async def _store_result(
         self,
@@ -471,7 +454,7 @@ class RedisEngine:
     ) -> None:
         now = _now_ms()
         if error is not None and error.code == "UNAVAILABLE":  # the worker gave the job up: retry it
-            await self._requeue(job_id, assignment_id, f"worker {worker_id} gave the job up: {error.message}")
+            await self.requeue(job_id, assignment_id, f"worker {worker_id} gave the job up: {error.message}")
             return
         state_event = JobEvent(job_id=job_id, kind=EventKind.STATE, worker_id=worker_id, error=error)
         artifacts: dict[int, bytes] = {}
@@ -508,11 +491,11 @@ class RedisEngine:
         except OmniRTError:  # the job expired meanwhile
             changed = False
         if changed:
-            self._closed(job_id, state_event.state, error)
+            self.closed(job_id, state_event.state, error)
         else:
             log.info("late result ignored", extra={"job_id": job_id, "worker_id": worker_id})
 
-    async def _requeue(self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0) -> None:
+    async def requeue(self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0) -> None:
         """Queue a running job again (or fail it when its attempts are spent)."""
         failed_error = JobError(
             "UNAVAILABLE", f"{message}; gave up after {self.config.max_attempts} attempts"
@@ -532,18 +515,18 @@ class RedisEngine:
             failed=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.FAILED, error=failed_error),
             now_ms=_now_ms(),
         )
-        record = self._running.pop(job_id, None)
+        record = self.running.pop(job_id, None)
         if outcome == "queued":
             log.info("job requeued", extra={"job_id": job_id, "reason": message})
             if record is not None:
                 self.metrics.requeued(record)
                 self.tracing.requeued(record, message)
-                self._records.setdefault(job_id, record)
-            self._wake.set()
+                self.records.setdefault(job_id, record)
+            self.wake.set()
         elif outcome == "failed":
             if record is not None:
-                self._records.setdefault(job_id, record)
-            self._closed(job_id, JobState.FAILED, failed_error)
+                self.records.setdefault(job_id, record)
+            self.closed(job_id, JobState.FAILED, failed_error)
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
         if self.workers.remove(handle):
@@ -551,254 +534,13 @@ class RedisEngine:
             await self._lose_jobs(handle, reason)
             with contextlib.suppress(redis.exceptions.RedisError):
                 await self.store.drop_worker(handle.id)
-            self._wake.set()
+            self.wake.set()
 
     async def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
         for job_id, assignment_id in list(handle.running.items()):
             message = f"worker {handle.id} was lost while running the job ({reason})"
             try:
-                await self._requeue(job_id, assignment_id, message)
+                await self.requeue(job_id, assignment_id, message)
             except redis.exceptions.RedisError:
-                self._ready = False  # the lease expires; any controller requeues it later
+                self.store_ok = False  # the lease expires; any controller requeues it later
         handle.release_all()
-
-    # ---- dispatch -------------------------------------------------------------------------
-
-    async def dispatch(self) -> int:
-        """Give queued jobs to this controller's workers with free slots; returns the calls placed."""
-        placed = 0
-        waiting: set[str] = set()
-        while True:
-            models = {
-                spec.id: batch_limit(self.config, spec)
-                for spec in self.catalog
-                if spec.id not in waiting and self.workers.pick(spec) is not None
-            }
-            if not models:
-                return placed
-            assignment_id = "asg-" + uuid.uuid4().hex[:16]
-            claim = await self.store.claim(
-                models,
-                self.id,
-                assignment_id,
-                self.config.lease_timeout_ms,
-                self.config.batch_window_ms,
-                _now_ms(),
-            )
-            if claim is None:
-                return placed
-            model, claimed = claim
-            if isinstance(claimed, int):  # the head waits for batch companions
-                waiting.add(model)
-                due = time.monotonic() + max(0, claimed - _now_ms()) / 1000
-                self._window_due = min(self._window_due or due, due)
-                continue
-            await self._send(self.catalog.resolve(model), assignment_id, claimed)
-            placed += 1
-
-    async def _send(self, spec: ModelSpec, assignment_id: str, claimed: list[Claimed]) -> None:
-        handle = self.workers.pick(spec)
-        if handle is None:  # the worker went away while we claimed
-            for c in claimed:
-                await self._requeue(c.job_id, assignment_id, "no worker left to take the job")
-            return
-        now = _now_ms()
-        batch: list[JobRecord] = []
-        items = []
-        for c in claimed:
-            record = self._records.get(c.job_id) or JobRecord(
-                job=Job(id=c.job_id, state=JobState.RUNNING, model=spec.id, task=c.request.task),
-                plan=Plan(spec, c.request),
-            )
-            job = record.job
-            job.state, job.attempts, job.worker_id, job.started_at = (
-                JobState.RUNNING,
-                c.attempts,
-                handle.id,
-                utcnow(),
-            )
-            record.assignment_id = assignment_id
-            record.enqueued_at = time.monotonic() - max(0, now - c.enqueued_ms) / 1000
-            handle.start(c.job_id, assignment_id)
-            self._running[c.job_id] = record
-            batch.append(record)
-            items.append(
-                AssignmentItem(c.job_id, c.request, c.attempts, max(0.0, float(now - c.enqueued_ms)))
-            )
-        await asyncio.gather(
-            *(
-                self.store.append(
-                    r.job.id,
-                    assignment_id,
-                    JobEvent(
-                        job_id=r.job.id,
-                        kind=EventKind.STATE,
-                        state=JobState.RUNNING,
-                        worker_id=handle.id,
-                        attempt=r.job.attempts,
-                    ),
-                    worker=handle.id,
-                )
-                for r in batch
-            )
-        )
-        self.metrics.dispatched(batch)
-        self.tracing.dispatched(batch, handle.id, assignment_id)
-        handle.link.send(
-            Assignment(
-                assignment_id,
-                items,
-                spec,
-                deadline_ms=claimed[0].request.deadline_ms if len(claimed) == 1 else 0,
-                trace_context=self.tracing.assignment_context(batch),
-                batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(claimed) > 1 else "",
-            )
-        )
-
-    async def _dispatch_loop(self) -> None:
-        while True:
-            timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else POLL_S
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            self._wake.clear()
-            self._window_due = 0.0
-            try:
-                await self.dispatch()
-            except redis.exceptions.RedisError as exc:
-                self._ready = False
-                log.debug("dispatch: job store unavailable: %s", exc)
-            except Exception:
-                log.exception("dispatch failed")
-
-    # ---- background upkeep -----------------------------------------------------------------
-
-    async def _reaper_loop(self) -> None:
-        last_renew = 0.0
-        while True:
-            await asyncio.sleep(TICK_S)
-            try:
-                self._reap_workers()
-                if not await self._retry_pending():
-                    continue
-                now = time.monotonic()
-                if now - last_renew >= self.config.lease_timeout_ms / 3000:
-                    last_renew = now
-                    await self.store.renew(
-                        self.id, list(self._running), _now_ms() + self.config.lease_timeout_ms
-                    )
-                await self._expire_leases()
-                await self._expire_deadlines()
-            except redis.exceptions.RedisError as exc:
-                self._ready = False
-                log.debug("reaper: job store unavailable: %s", exc)
-            except Exception:
-                log.exception("reaper failed")
-
-    def _reap_workers(self) -> None:
-        lease_s = self.config.lease_timeout_ms / 1000
-        now = time.monotonic()
-        for handle in self.workers.all():
-            if now - handle.last_seen > lease_s:
-                handle.link.close()
-                task = asyncio.create_task(self.worker_lost(handle, f"no heartbeat for {lease_s:.1f} s"))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-
-    async def _retry_pending(self) -> bool:
-        """Store results kept while Redis was away; False while it still is."""
-        while self._pending:
-            try:
-                await self._pending[0]()
-            except redis.exceptions.RedisError:
-                return False
-            self._pending.pop(0)
-        return True
-
-    async def _expire_leases(self) -> None:
-        now = _now_ms()
-        for job_id in await self.store.expired_leases(now):
-            if job_id in self._running:
-                continue  # ours: renewed on the next tick
-            await self._requeue(job_id, "", "the controller holding the job stopped renewing its lease", now)
-
-    async def _expire_deadlines(self) -> None:
-        for job_id in await self.store.due_deadlines(_now_ms()):
-            with contextlib.suppress(OmniRTError):
-                stored = await self.store.load(job_id)
-                where = "while running" if stored.job.state is JobState.RUNNING else "while queued"
-                await self._end(
-                    job_id, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}")
-                )
-
-    async def _slow_loop(self) -> None:
-        """Once a second: readiness, this controller's workers into Redis, the cluster's gauges."""
-        last_sweep = 0.0
-        while True:
-            try:
-                await self.store.ping()
-                if not self._ready:
-                    log.warning("job store reachable again: %s", self.config.store)
-                    self._wake.set()
-                    for job_id in list(self._waiters):
-                        self._notify(job_id)
-                self._ready = True
-                expiry = _now_ms() + self.config.lease_timeout_ms
-                await self.store.put_workers([w.snapshot() for w in self.workers.all()], expiry)
-                self._cluster = await self.store.workers(_now_ms())
-                self._depth = await self.store.depth()
-                await self._sweep_records()
-                if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
-                    last_sweep = time.monotonic()
-                    await asyncio.to_thread(self.store.sweep_artifacts, time.time())
-            except redis.exceptions.RedisError as exc:
-                if self._ready:
-                    log.warning("job store unreachable: %s", exc)
-                self._ready = False
-            except Exception:
-                log.exception("upkeep failed")
-            await asyncio.sleep(SLOW_TICK_S)
-
-    async def _sweep_records(self) -> None:
-        """Forget jobs submitted here that finished elsewhere (the observers see them end)."""
-        ids = [job_id for job_id in self._records if job_id not in self._running]
-        for job_id in ids:
-            state = await self.store.state(job_id)
-            if state is None or state.terminal:
-                record = self._records.get(job_id)
-                self._closed(job_id, state or JobState.FAILED, record.job.error if record else None)
-
-    async def _listen(self) -> None:
-        """Notifications from every controller: queued jobs, new events, stops and drains."""
-        while True:
-            pubsub = self.store.redis.pubsub()
-            try:
-                await pubsub.subscribe(self.store.channel)
-                # Catch up on whatever was missed while not subscribed.
-                self._wake.set()
-                for job_id in list(self._waiters):
-                    self._notify(job_id)
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        self._on_message(message["data"].decode())
-            except redis.exceptions.RedisError:
-                self._ready = False
-                await asyncio.sleep(0.5)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-
-    def _on_message(self, text: str) -> None:
-        kind, _, rest = text.partition(" ")
-        if kind == "q":
-            self._wake.set()
-        elif kind == "e":
-            self._notify(rest)
-        elif kind == "c":
-            job_id, assignment_id, owner, reason = [*rest.split(" "), "", "", ""][:4]
-            if owner == self.id:
-                self._stop_local(job_id, assignment_id, reason or "CANCELLED")
-        elif kind == "d":
-            with contextlib.suppress(OmniRTError):
-                handle = self.workers.get(rest)
-                handle.info.state = WorkerState.DRAINING
-                handle.link.send(Drain("drained by an operator"))
