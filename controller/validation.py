@@ -10,6 +10,7 @@ from typing import Any
 
 from omnirt.errors import InvalidRequest
 from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Task
+from omnirt.worker import runtime_schema
 
 from .catalog import Catalog
 
@@ -111,6 +112,21 @@ def _check_inputs(req: GenerateRequest, task: Task) -> None:
             raise _bad("inputs", f"{task.value} needs an input with role {role.value}")
 
 
+def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
+    """Validate and normalize `extra.runtime` (runtime options per request; legacy_call models only)."""
+    if "runtime" not in req.extra:
+        return
+    if spec.execution_mode != "legacy_call":
+        reason = f"{spec.id} runs in {spec.execution_mode} mode, which takes no runtime options per request"
+        raise _bad("extra.runtime", reason)
+    try:
+        options = runtime_schema.request_options(req.extra["runtime"], spec.runtime)
+    except runtime_schema.RuntimeOptionError as exc:
+        raise _bad(f"extra.runtime.{exc.path}".rstrip("."), exc.reason) from None
+    # Normalized, so equal settings batch together (`extra` is part of the batching key).
+    req.extra = {**req.extra, "runtime": options}
+
+
 def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None = None) -> Plan:
     """Check `request` against the catalog and fill in every default; raise on the first fault."""
     req = dataclasses.replace(request)
@@ -131,6 +147,7 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     if req.timeout_ms < 0:
         raise _bad("timeout_ms", f"must not be negative (got {req.timeout_ms})")
     _check_inputs(req, req.task)
+    _check_runtime(req, spec)
     _apply_defaults(req, spec)
     lim = spec.limits
     _positive(req, "width", lim.max_width, 8)

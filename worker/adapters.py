@@ -10,7 +10,13 @@ Loaded adapters stay on the pipeline (diffusers `load_lora_weights(..., adapter_
 in a bounded LRU per pipeline (`runtime.max_loaded_adapters`, default 8). A call with
 adapters activates exactly its own (`set_adapters(names, adapter_weights=scales)`) and
 disables LoRA again afterwards, so nothing leaks into the next request. Calls with adapters
-hold the pipeline exclusively; calls without share it (their resting state is "LoRA off").
+(or anything else that changes shared modules for one call: a step cache) hold the pipeline
+exclusively; calls without share it (their resting state is "LoRA off").
+
+Loaded adapters count against the model cache budget (`AdapterMemory`, from the model cache):
+before a load, this pipeline's adapters that the call does not use are unloaded (LRU) until
+the new one fits, then idle models are evicted; an adapter that cannot fit beside the model
+even then is refused (FAILED_PRECONDITION). Sizes are measured after each load.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omnirt import types as t
 from omnirt.worker.executor import JobFailure
@@ -145,11 +151,29 @@ class _SharedExclusiveLock:
 
 
 class PipelineAdapters:
-    """The adapters loaded on one pipeline, least recently used first."""
+    """The adapters loaded on one pipeline, least recently used first, and their sizes."""
 
     def __init__(self) -> None:
         self.lock = _SharedExclusiveLock()
         self.loaded: OrderedDict[str, Path] = OrderedDict()
+        self.sizes: dict[str, int] = {}  # bytes, measured at the load (kept after an unload)
+
+
+class AdapterMemory(Protocol):
+    """What `applied` needs from the model cache to keep adapters within its budget."""
+
+    warnings: list[str]
+
+    @property
+    def budget_bytes(self) -> int: ...
+
+    def base_bytes(self) -> int: ...
+
+    def over_by(self, nbytes: int) -> int: ...
+
+    def make_room(self, nbytes: int, what: str) -> None: ...
+
+    def remeasure(self) -> int: ...
 
 
 _STATES_LOCK = threading.Lock()
@@ -177,15 +201,24 @@ def max_loaded(runtime: Mapping[str, Any]) -> int:
 
 
 @contextlib.contextmanager
-def applied(pipeline: Any, adapters: Sequence[ResolvedAdapter], runtime: Mapping[str, Any]) -> Iterator[None]:
+def applied(
+    pipeline: Any,
+    adapters: Sequence[ResolvedAdapter],
+    runtime: Mapping[str, Any],
+    *,
+    exclusive: bool = False,
+    memory: AdapterMemory | None = None,
+) -> Iterator[None]:
     """Run the body with exactly `adapters` active on `pipeline` (none: LoRA off), then turn them off.
 
     `pipeline` is the cached (base) pipeline: pipelines derived from it share its modules.
-    Raises JobFailure(INVALID_ARGUMENT, `adapters[i]`) when an adapter cannot be loaded.
+    `exclusive` holds it alone even without adapters (the body changes shared modules).
+    Raises JobFailure(INVALID_ARGUMENT, `adapters[i]`) when an adapter cannot be loaded, and
+    FAILED_PRECONDITION when it cannot fit in the model cache budget beside the model.
     """
     state = _state(pipeline)
     if not adapters:
-        with state.lock.hold(exclusive=False):
+        with state.lock.hold(exclusive=exclusive):
             yield
         return
     if not hasattr(pipeline, "load_lora_weights"):
@@ -193,8 +226,11 @@ def applied(pipeline: Any, adapters: Sequence[ResolvedAdapter], runtime: Mapping
             INVALID_ARGUMENT, f"{type(pipeline).__name__} does not take LoRA adapters", "adapters[0]"
         )
     with state.lock.hold(exclusive=True):
+        keep = {a.adapter_name for a in adapters}
         for adapter in adapters:
-            _ensure_loaded(pipeline, state, adapter, max_loaded(runtime))
+            if memory is not None and adapter.adapter_name not in state.loaded:
+                _make_room(pipeline, state, adapter, keep, memory)
+            _ensure_loaded(pipeline, state, adapter, max_loaded(runtime), memory)
         pipeline.enable_lora()
         pipeline.set_adapters([a.adapter_name for a in adapters], adapter_weights=[a.scale for a in adapters])
         try:
@@ -203,7 +239,56 @@ def applied(pipeline: Any, adapters: Sequence[ResolvedAdapter], runtime: Mapping
             pipeline.disable_lora()
 
 
-def _ensure_loaded(pipeline: Any, state: PipelineAdapters, adapter: ResolvedAdapter, limit: int) -> None:
+def file_bytes(path: Path) -> int:
+    """Bytes of an adapter's weight file(s) on disk: the estimate before its first load."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.glob("*.safetensors")) + sum(
+        p.stat().st_size for p in path.glob("*.bin")
+    )
+
+
+def _make_room(
+    pipeline: Any, state: PipelineAdapters, adapter: ResolvedAdapter, keep: set[str], memory: AdapterMemory
+) -> None:
+    """Free budget for `adapter`: unload unused adapters of this pipeline (LRU), then idle models."""
+    if not memory.budget_bytes:
+        return
+    name = adapter.adapter_name
+    need = state.sizes.get(name) or file_bytes(adapter.path)
+    kept = sum(state.sizes.get(n, 0) for n in keep if n in state.loaded)
+    if memory.base_bytes() + kept + need > memory.budget_bytes:
+        reason = (
+            f"adapter {adapter.name!r} needs about {need} bytes; with the model "
+            f"({memory.base_bytes()} bytes) and this request's other adapters it exceeds the "
+            f"model cache budget of {memory.budget_bytes} bytes (--model-cache-bytes)"
+        )
+        raise JobFailure("FAILED_PRECONDITION", reason, f"adapters[{adapter.index}]")
+    unloaded: list[str] = []
+    for victim in [n for n in state.loaded if n not in keep]:  # least recently used first
+        if memory.over_by(need) <= 0:
+            break
+        unloaded.append(str(state.loaded.pop(victim)))
+        pipeline.delete_adapters(victim)
+        memory.remeasure()
+    if unloaded:
+        names = ", ".join(unloaded)
+        text = f"unloaded adapter(s) {names} to fit adapter {adapter.name!r} in the model cache budget"
+        memory.warnings.append(text)
+    memory.make_room(need, f"adapter {adapter.name!r}")
+    if memory.over_by(need) > 0:
+        memory.warnings.append(
+            f"model cache over budget: adapter {adapter.name!r} loaded beside models in use by running jobs"
+        )
+
+
+def _ensure_loaded(
+    pipeline: Any,
+    state: PipelineAdapters,
+    adapter: ResolvedAdapter,
+    limit: int,
+    memory: AdapterMemory | None = None,
+) -> None:
     name = adapter.adapter_name
     if name in state.loaded:
         state.loaded.move_to_end(name)
@@ -211,6 +296,7 @@ def _ensure_loaded(pipeline: Any, state: PipelineAdapters, adapter: ResolvedAdap
     while len(state.loaded) >= limit:
         oldest, _ = state.loaded.popitem(last=False)
         pipeline.delete_adapters(oldest)
+    before = memory.remeasure() if memory is not None else 0
     path = adapter.path
     kwargs: dict[str, Any] = {"adapter_name": name}
     location: str = str(path)
@@ -231,6 +317,14 @@ def _ensure_loaded(pipeline: Any, state: PipelineAdapters, adapter: ResolvedAdap
         with contextlib.suppress(Exception):
             pipeline.disable_lora()
     state.loaded[name] = path
+    if memory is not None:
+        state.sizes[name] = max(0, memory.remeasure() - before)
+
+
+def adapter_bytes(pipeline: Any, adapter: ResolvedAdapter) -> int | None:
+    """Measured bytes of `adapter` loaded on `pipeline` (None when not measured)."""
+    state = getattr(pipeline, "_omnirt_adapters", None)
+    return state.sizes.get(adapter.adapter_name) if isinstance(state, PipelineAdapters) else None
 
 
 def loaded_adapters(pipeline: Any) -> list[str]:

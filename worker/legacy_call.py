@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -28,7 +29,16 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
-from omnirt.worker import adapters, backends, model_cache, null_model, runtime_options, task_pipelines
+from omnirt.worker import (
+    adapters,
+    backends,
+    model_cache,
+    null_model,
+    quantization,
+    runtime_options,
+    step_cache,
+    task_pipelines,
+)
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import (
     CancelFlags,
@@ -49,7 +59,7 @@ from omnirt.worker.pipeline_args import (
     resolved_config,
     scheduler_class,
 )
-from omnirt.worker.protocol import Assignment, ItemOutcome
+from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.run_events import RunRecorder, StepMonitor
 
 log = logging.getLogger(__name__)
@@ -72,6 +82,16 @@ def _quiet_libraries() -> None:
         lib.disable_default_handler()
         lib.enable_propagation()
         lib.disable_progress_bar()
+    quantization.quiet_import_logs()
+
+
+def _without_runtime(item: AssignmentItem) -> AssignmentItem:
+    """`item` without `extra["runtime"]` (runtime options, not a pipeline argument)."""
+    extra = item.request.extra
+    if runtime_options.REQUEST_KEY not in extra:
+        return item
+    rest = {k: v for k, v in extra.items() if k != runtime_options.REQUEST_KEY}
+    return dataclasses.replace(item, request=dataclasses.replace(item.request, extra=rest))
 
 
 def _fresh_scheduler(base: Any, name: str) -> tuple[Any, list[str]]:
@@ -174,6 +194,10 @@ class _AssignmentRun:
         self.cold = False
         self.cache_warnings: list[str] = []
         self.adapters: dict[str, list[adapters.ResolvedAdapter]] = {}
+        # Runtime options per job (the model's, overridden by the request's).
+        self.options: dict[str, runtime_options.Effective] = {}
+        # Warnings of a job's pipeline call (adapters unloaded or models evicted to fit the budget).
+        self.call_warnings: dict[str, list[str]] = {}
         self.placement = backends.Placement("cpu", "cpu", "float32")
         self.memory = PeakMemory("cpu")
 
@@ -213,7 +237,7 @@ class _AssignmentRun:
         try:
             backend = self.executor._start_sync()
             self.placement = backends.placement_for(backend, self.spec.runtime)
-            runtime_options.load_options(self.spec.runtime)
+            runtime_options.model_options(self.spec.runtime)
         except backends.BackendError as exc:
             self.fail(job_ids, t.JobError("FAILED_PRECONDITION", str(exc)))
             return
@@ -222,19 +246,30 @@ class _AssignmentRun:
         plans = []
         for item in self.assignment.items:
             try:
-                plans.append(plan_item(item, self.spec))
+                if self.executor.mode != MODE and runtime_options.REQUEST_KEY in item.request.extra:
+                    where = runtime_options.REQUEST_PREFIX
+                    reason = f"{where}: the {self.executor.mode} mode takes no runtime options per request"
+                    raise JobFailure("INVALID_ARGUMENT", reason, where)
+                options = runtime_options.for_request(self.spec.runtime, item.request.extra)
+                runtime_options.check_load(options, self.placement)
+                plans.append(plan_item(_without_runtime(item), self.spec))
+                self.options[item.job_id] = options
             except JobFailure as failure:
                 self.fail([item.job_id], failure.error)
         plans = self.drop_stopped(plans, "before start")
-        if not plans:
-            return
-        cached = self._load([p.job_id for p in plans])
-        if cached is None:
-            return
-        try:
-            self._run_plans(cached, plans)
-        finally:
-            self.executor.cache.release(cached)
+        # One model cache entry per set of load options (a batch from the controller has one).
+        parts: dict[str, list[ItemPlan]] = {}
+        for plan in plans:
+            parts.setdefault(self.options[plan.job_id].load().key(), []).append(plan)
+        for part in parts.values():
+            runtime = self.options[part[0].job_id].runtime_for_load(self.spec.runtime)
+            cached = self._load(dataclasses.replace(self.spec, runtime=runtime), [p.job_id for p in part])
+            if cached is None:
+                continue
+            try:
+                self._run_plans(cached, part)
+            finally:
+                self.executor.cache.release(cached)
 
     def _run_plans(self, cached: CachedPipeline, plans: list[ItemPlan]) -> None:
         groups: dict[tuple[str, str], list[ItemPlan]] = {}
@@ -247,16 +282,19 @@ class _AssignmentRun:
                 request = plan.item.request
                 model_dir = self.executor.config.model_dir
                 self.adapters[plan.job_id] = adapters.resolve(request.adapters, self.spec.runtime, model_dir)
+                step_cache.check(pipeline, self.options[plan.job_id])
+                runtime_options.check_adapters(self.options[plan.job_id], len(self.adapters[plan.job_id]))
             except JobFailure as failure:
                 self.fail([plan.job_id], failure.error)
                 continue
-            # Different adapters never share a call, even within one assignment.
-            key = (plan.group_key(), repr(adapters.group_key(request.adapters)))
+            # Different adapters or runtime options never share a call, even within one assignment.
+            options_key = self.options[plan.job_id].group_key()
+            key = (plan.group_key(), repr(adapters.group_key(request.adapters)) + options_key)
             groups.setdefault(key, []).append(plan)
         for group in groups.values():
             self._run_group(cached, group)
 
-    def _load(self, job_ids: list[str]) -> CachedPipeline | None:
+    def _load(self, spec: t.ModelSpec, job_ids: list[str]) -> CachedPipeline | None:
         load_start: list[float] = []
 
         def on_load_start() -> None:
@@ -264,7 +302,7 @@ class _AssignmentRun:
             self.recorder.stage_started(job_ids, "load")
 
         try:
-            cached = self.executor.cache.get(self.spec, self.placement, on_load_start)
+            cached = self.executor.cache.get(spec, self.placement, on_load_start)
         except ModelLoadError as exc:
             log.warning("%s", exc)
             self.fail(job_ids, t.JobError("FAILED_PRECONDITION", str(exc)))
@@ -283,18 +321,30 @@ class _AssignmentRun:
         if not group:
             return
         job_ids = [p.job_id for p in group]
+        options = self.options[job_ids[0]]
+        memory = self.executor.cache.memory(cached)
+        # A step cache hooks the shared denoiser for the call: no other call may run meanwhile.
+        exclusive = step_cache.NAME in options.call()
         try:
             pipeline = task_pipelines.pipeline_for_task(cached.pipeline, group[0].task, self.spec)
-            with adapters.applied(cached.pipeline, self.adapters.get(job_ids[0], []), self.spec.runtime):
+            with adapters.applied(
+                cached.pipeline,
+                self.adapters.get(job_ids[0], []),
+                self.spec.runtime,
+                exclusive=exclusive,
+                memory=memory,
+            ):
                 try:
-                    images, call_info = self._call(pipeline, group)
+                    images, call_info = self._call(pipeline, group, options)
                 except (StopRun, JobFailure):
                     raise
                 except Exception as exc:
                     if not runtime_options.is_compiled(cached.pipeline):
                         raise
                     runtime_options.drop_compile(cached.pipeline, exc)  # and run once more, eagerly
-                    images, call_info = self._call(pipeline, group)
+                    images, call_info = self._call(pipeline, group, options)
+            for job_id in job_ids:
+                self.call_warnings[job_id] = list(memory.warnings)
         except StopRun:
             for plan in group:
                 self.fail(
@@ -321,7 +371,9 @@ class _AssignmentRun:
                     [plan.job_id], t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}")
                 )
 
-    def _call(self, pipeline: Any, group: list[ItemPlan]) -> tuple[list[list[Any]], dict[str, Any]]:
+    def _call(
+        self, pipeline: Any, group: list[ItemPlan], options: runtime_options.Effective
+    ) -> tuple[list[list[Any]], dict[str, Any]]:
         """One pipeline call for `group`; returns each plan's images and facts for the report."""
         import torch
 
@@ -331,6 +383,8 @@ class _AssignmentRun:
         # slots may run the same cached pipeline at once. The weights stay shared.
         view = copy.copy(pipeline)
         view.scheduler, warnings = _fresh_scheduler(pipeline.scheduler, first.scheduler)
+        call_options, notes = runtime_options.call_vae(view, options.call())
+        warnings += notes
         accepted = call_parameters(view)
         generic = {**first.common, **first.specific, **_prompt_kwargs(group)}
         kwargs = task_pipelines.adapt_kwargs(generic, accepted)
@@ -342,9 +396,14 @@ class _AssignmentRun:
         if "callback_on_step_end" in accepted:
             kwargs["callback_on_step_end"] = monitor
 
-        monitor.start()
-        output = view(**kwargs)
-        monitor.finish()
+        with step_cache.enabled(view, options) as usage:
+            monitor.start()
+            output = view(**kwargs)
+            monitor.finish()
+        cache_hits = {}
+        if usage is not None:
+            call_options[step_cache.NAME] = options.call()[step_cache.NAME]
+            cache_hits[step_cache.NAME] = usage.reused
 
         images = task_pipelines.call_outputs(output)  # images, or one frame array per video
         images = task_pipelines.finish_outputs(first.task, images, first.specific, self.spec.runtime)
@@ -360,6 +419,8 @@ class _AssignmentRun:
             "num_inference_steps": monitor.total_steps or first.common.get("num_inference_steps"),
             "warnings": warnings,
             "pipeline_class": type(pipeline).__name__,
+            "runtime_options": call_options,
+            "cache_hits": cache_hits,
         }
         return split, info
 
@@ -402,9 +463,19 @@ class _AssignmentRun:
             },
         )
         if self.adapters.get(job_id):
-            config["adapters"] = [a.report() for a in self.adapters[job_id]]
-        if runtime_options.report(cached.pipeline):
-            config["runtime_options"] = runtime_options.report(cached.pipeline)
+            config["adapters"] = [
+                {**a.report(), "bytes": adapters.adapter_bytes(cached.pipeline, a)}
+                for a in self.adapters[job_id]
+            ]
+        # Subclasses (the modular mode) may run calls of their own, without call options.
+        applied = {**runtime_options.report(cached.pipeline), **info.get("runtime_options", {})}
+        if applied:
+            config["runtime_options"] = applied
+        if self.executor.cache.budget_bytes:
+            config["model_cache"] = {
+                "held_bytes": self.executor.cache.held_bytes(),
+                "budget_bytes": self.executor.cache.budget_bytes,
+            }
         if self.placement.device_map:
             config.update(device_map=self.placement.device_map, devices=list(self.placement.devices))
         if first.num_frames:  # the frames really made (Wan rounds num_frames to 4k+1)
@@ -429,8 +500,14 @@ class _AssignmentRun:
             batch_size=len(self.assignment.items),
             batch_group_id=self.assignment.batch_group_id,
             seeds=list(plan.seeds),
+            cache_hits=dict(info.get("cache_hits", {})),
             trace_id=_trace_id(self.assignment.trace_context),
-            warnings=[*self.cache_warnings, *runtime_options.notes(cached.pipeline), *info["warnings"]],
+            warnings=[
+                *self.cache_warnings,
+                *self.call_warnings.get(job_id, []),
+                *runtime_options.notes(cached.pipeline),
+                *info["warnings"],
+            ],
             started_at=self.recorder.started_at,
             finished_at=datetime.now(UTC),
             pipeline_class=pipeline_class,

@@ -1,6 +1,7 @@
 """`ModelCache`: loaded pipelines, kept warm between requests.
 
-Entries are keyed by (source, pipeline class, device, dtype): a second request for the same
+Entries are keyed by (source, pipeline class, device, dtype, device map, load-time runtime
+options: compile, offload, layerwise casting, quantization): a second request for the same
 key reuses the pipeline (no load, `cold_start` false). Loads of one key are serialized, so
 two concurrent first requests load once; loads of different keys may overlap.
 
@@ -15,6 +16,9 @@ entries; an entry handed out by `get` stays in use until `release`, and is never
 while in use. After the load the real size is checked again. A model bigger than the whole
 budget is refused (`ModelTooLargeError`); when only in-use entries block the room, the load
 goes ahead over budget and says so in `CachedPipeline.warnings`.
+
+LoRA adapters loaded later on a pipeline are part of its size: `memory(cached)` gives the
+adapters code an `EntryMemory` that measures the entry again and evicts idle entries for them.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker import backends, runtime_options, tiny_models
+from omnirt.worker import backends, quantization, runtime_options, tiny_models
 from omnirt.worker.backends import Placement
 
 log = logging.getLogger(__name__)
@@ -74,8 +78,10 @@ class _Entry:
     load_ms: float
     model_ids: set[str] = field(default_factory=set)
     last_used: float = 0.0
+    # The pipeline's bytes now (loaded adapters included); `base_nbytes` as loaded.
     nbytes: int = 0
     in_use: int = 0
+    base_nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,20 @@ def _dtype_argument() -> str:
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
 
 
+def tensor_bytes(tensor: Any) -> int:
+    """Bytes `tensor` holds; a tensor subclass (torchao's int8 weights) by its inner tensors."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None:
+        names, _ = flatten()
+        return sum(tensor_bytes(getattr(tensor, name)) for name in names)
+    return int(tensor.numel() * tensor.element_size())
+
+
 def pipeline_bytes(pipeline: Any) -> int:
-    """Bytes of the parameters and buffers of `pipeline`'s torch modules (shared tensors once)."""
+    """Bytes of the parameters and buffers of `pipeline`'s torch modules (shared tensors once).
+
+    Loaded LoRA adapters are parameters of those modules, so they are counted too.
+    """
     import torch
 
     seen: set[int] = set()
@@ -132,7 +150,7 @@ def pipeline_bytes(pipeline: Any) -> int:
             if tensor.device.type == "meta" or id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            total += tensor.numel() * tensor.element_size()
+            total += tensor_bytes(tensor)
     return total
 
 
@@ -207,7 +225,9 @@ class ModelCache:
             evicted += self._make_room(spec, key, nbytes, refuse=True)
             warnings = self._over_budget_warning(spec, nbytes)
             with self._lock:
-                self._entries[key] = _Entry(pipeline, load_ms, {spec.id}, time.monotonic(), nbytes, in_use=1)
+                self._entries[key] = _Entry(
+                    pipeline, load_ms, {spec.id}, time.monotonic(), nbytes, in_use=1, base_nbytes=nbytes
+                )
             log.info(
                 "loaded model %s from %s in %.0f ms (%s)", spec.id, key.source, load_ms, format_bytes(nbytes)
             )
@@ -248,6 +268,10 @@ class ModelCache:
                 f"{format_bytes(self.budget_bytes)} (--model-cache-bytes / OMNIRT_MODEL_CACHE_BYTES)"
             )
             raise ModelTooLargeError(spec.id, key.source, reason)
+        return self._evict_for(key, nbytes)
+
+    def _evict_for(self, key: CacheKey, nbytes: int) -> list[str]:
+        """Evict idle entries other than `key`, LRU first, until they hold at most budget - `nbytes`."""
         evicted: list[str] = []
         with self._lock:
             idle = sorted((e.last_used, k) for k, e in self._entries.items() if k != key and e.in_use == 0)
@@ -264,6 +288,10 @@ class ModelCache:
         if evicted:
             _free_memory()
         return evicted
+
+    def memory(self, cached: CachedPipeline) -> EntryMemory:
+        """The budget as seen by `cached` (in use) when it grows: loaded adapters."""
+        return EntryMemory(self, cached.key)
 
     def _held_bytes(self, exclude: CacheKey | None = None) -> int:
         return sum(e.nbytes for k, e in self._entries.items() if k != exclude)
@@ -312,6 +340,9 @@ class ModelCache:
                 if limits:
                     kwargs["max_memory"] = limits
             options = runtime_options.load_options(spec.runtime)
+            if options.quantization:
+                quantization.quiet_import_logs()
+            kwargs.update(runtime_options.load_kwargs(options, location))
             pipeline = cls.from_pretrained(location, **kwargs)
             runtime_options.apply(pipeline, options, placement)  # places it too
             pipeline.set_progress_bar_config(disable=True)
@@ -351,6 +382,63 @@ class ModelCache:
         with self._lock:
             self._entries.clear()
         _free_memory()
+
+
+class EntryMemory:
+    """One in-use entry's share of the budget, for what it loads after the model (LoRA adapters).
+
+    The entry's size is measured again after each change (`remeasure`); `make_room` evicts idle
+    *other* entries, least recently used first. Warnings about evictions collect in `warnings`.
+    """
+
+    def __init__(self, cache: ModelCache, key: CacheKey) -> None:
+        self._cache = cache
+        self._key = key
+        self.warnings: list[str] = []
+
+    @property
+    def budget_bytes(self) -> int:
+        """The cache's budget (0 = unlimited)."""
+        return self._cache.budget_bytes
+
+    def _entry(self) -> _Entry | None:
+        return self._cache._entries.get(self._key)
+
+    def base_bytes(self) -> int:
+        """The entry's size as loaded (without adapters)."""
+        with self._cache._lock:
+            entry = self._entry()
+            return entry.base_nbytes if entry else 0
+
+    def over_by(self, nbytes: int) -> int:
+        """How far `nbytes` more would go over the budget (<= 0: they fit; always fits without one)."""
+        if not self.budget_bytes:
+            return 0
+        with self._cache._lock:
+            return self._cache._held_bytes() + nbytes - self.budget_bytes
+
+    def make_room(self, nbytes: int, what: str) -> None:
+        """Evict idle other entries (LRU) until `nbytes` more fit, saying so in `warnings`."""
+        if self.over_by(nbytes) <= 0:
+            return
+        with self._cache._lock:
+            entry = self._entry()
+            own = entry.nbytes if entry else 0
+        evicted = self._cache._evict_for(self._key, own + nbytes)
+        if evicted:
+            names = ", ".join(evicted)
+            self.warnings.append(f"evicted model(s) {names} from the model cache to fit {what}")
+
+    def remeasure(self) -> int:
+        """Measure the entry again (after adapters were loaded or deleted); its new size."""
+        with self._cache._lock:
+            entry = self._entry()
+        if entry is None:
+            return 0
+        nbytes = pipeline_bytes(entry.pipeline)
+        with self._cache._lock:
+            entry.nbytes = nbytes
+        return nbytes
 
 
 def _free_memory() -> None:

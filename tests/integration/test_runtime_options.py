@@ -1,9 +1,11 @@
-"""Runtime options through a real controller and worker: the model cache budget and LoRA adapters."""
+"""Runtime options through a real controller and worker: per model and per request (`extra.runtime`),
+the model cache budget and LoRA adapters."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +65,10 @@ enable_vae_tiling = true
 cpu_offload = true
 """
     )
-    daemon = Controller(log_dir, "--catalog", str(catalog)).start()
+    # A batch window, so that concurrent compatible requests share a pipeline call.
+    daemon = Controller(
+        log_dir, "--catalog", str(catalog), "--batch-window-ms", "400", "--max-batch-size", "4"
+    ).start()
     yield daemon
     daemon.stop()
 
@@ -144,3 +149,59 @@ def test_runtime_options_of_a_catalog_entry_are_applied_and_reported(client: omn
     assert any("cpu_offload ignored" in w for w in report.warnings)
     plain = client.generate(model="tiny-sd", prompt="a fox", seed=2, num_inference_steps=2, timeout=120)
     assert np.abs(pixels(result) - pixels(plain)).max() <= 2.0
+
+
+def test_request_runtime_options_run_and_are_reported(client: omnirt.Client) -> None:
+    common = {"task": "text2video", "prompt": "a boat", "seed": 4, "num_inference_steps": 8, "timeout": 180}
+    plain = client.generate(model="tiny-wan", **common)
+    runtime = {"step_cache": {"kind": "first_block", "threshold": 0.2}}
+    cached = client.generate(model="tiny-wan", extra={"runtime": runtime}, **common)
+    report = cached.report
+    assert report.config_resolved["runtime_options"] == {"step_cache": runtime["step_cache"]}
+    assert report.cache_hits["step_cache"] > 0 and not report.cold_start
+    assert plain.report.cache_hits == {} and "runtime_options" not in plain.report.config_resolved
+
+
+@pytest.mark.parametrize(
+    ("runtime", "field"),
+    [
+        ({"vae_tiling": True}, "extra.runtime.vae_tiling"),
+        ({"enable_vae_tiling": "on"}, "extra.runtime.enable_vae_tiling"),
+        ({"step_cache": {"kind": "first_block", "threshold": "low"}}, "extra.runtime.step_cache.threshold"),
+    ],
+)
+def test_bad_request_runtime_options_are_invalid_argument(
+    client: omnirt.Client, runtime: dict, field: str
+) -> None:
+    with pytest.raises(errors.InvalidRequest) as caught:
+        client.generate(model="tiny-sd", prompt="x", extra={"runtime": runtime}, timeout=60)
+    assert caught.value.field == field, caught.value
+
+
+def test_a_step_cache_on_a_unet_model_is_refused_by_the_worker(client: omnirt.Client) -> None:
+    runtime = {"step_cache": "first_block"}
+    with pytest.raises(errors.InvalidRequest, match="UNet2DConditionModel") as caught:
+        client.generate(model="tiny-sd", prompt="x", extra={"runtime": runtime}, timeout=60)
+    assert caught.value.field == "extra.runtime.step_cache"
+    assert client.generate(model="tiny-sd", prompt="x", seed=1, timeout=60).artifacts  # still serving
+
+
+def test_requests_with_different_runtime_options_never_share_a_batch(client: omnirt.Client) -> None:
+    client.generate(model="tiny-sd", prompt="warm up", seed=0, timeout=120)
+    sliced = {"runtime": {"enable_vae_slicing": True}}
+    asks = [("a red fox", sliced), ("a blue boat", {}), ("a green hill", sliced), ("a yellow moon", {})]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        futures = [
+            pool.submit(client.generate, model="tiny-sd", prompt=p, seed=i, extra=extra, timeout=120)
+            for i, (p, extra) in enumerate(asks)
+        ]
+        reports = [f.result().report for f in futures]
+    groups: dict[str, set[bool]] = {}
+    for (_, extra), report in zip(asks, reports, strict=True):
+        asked = bool(extra)
+        assert ("runtime_options" in report.config_resolved) == asked
+        if report.batch_group_id:
+            groups.setdefault(report.batch_group_id, set()).add(asked)
+    assert all(len(kinds) == 1 for kinds in groups.values()), groups  # never mixed
+    # Arriving within one batch window, the requests with equal options did share calls.
+    assert sorted(r.batch_size for r in reports) == [2, 2, 2, 2], [r.batch_size for r in reports]

@@ -1,19 +1,25 @@
-"""The model cache's memory budget: LRU eviction of idle pipelines, warm/cold reports, refusals."""
+"""The model cache's memory budget: LRU eviction of idle pipelines and of loaded LoRA adapters,
+warm/cold reports, refusals."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from options_testing import run_job
 from worker_testing import run_assignment
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker import backends
+from omnirt.worker.adapters import loaded_adapters
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.model_cache import ModelCache, ModelTooLargeError
 from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
+from omnirt.worker.tiny_lora import build_tiny_lora
+from omnirt.worker.tiny_models import ensure_builtin
 from omnirt.worker.v1 import gateway_pb2
 
 CPU = backends.Placement("cpu", "cpu", "float32")
@@ -110,3 +116,100 @@ def test_a_model_over_budget_is_refused_and_not_kept(model_dir: Path) -> None:
 def test_negative_budgets_are_refused() -> None:
     with pytest.raises(ValueError, match="model_cache_bytes"):
         WorkerConfig(model_cache_bytes=-1)
+
+
+# ---- loaded LoRA adapters count against the budget --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizes:
+    sd: int
+    wan: int
+    adapter: int
+
+
+@pytest.fixture(scope="module")
+def loras(model_dir: Path) -> list[str]:
+    """Two tiny LoRAs for tiny-sd in the worker's model dir (an allowed adapter folder)."""
+    from diffusers import StableDiffusionPipeline
+
+    pipeline = StableDiffusionPipeline.from_pretrained(ensure_builtin("tiny-sd", model_dir))
+    for seed in (1, 2):
+        build_tiny_lora(pipeline, model_dir / "budget-loras" / f"lora{seed}", seed=seed)
+    return ["budget-loras/lora1", "budget-loras/lora2"]
+
+
+@pytest.fixture(scope="module")
+def sizes(model_dir: Path, loras: list[str]) -> Sizes:
+    """What tiny-sd, tiny-wan and one tiny LoRA take in memory, measured without a budget."""
+    executor = LegacyCallExecutor(WorkerConfig(model_dir=str(model_dir), worker_id="w-sizes"))
+    report(run_model(executor, "tiny-sd"))
+    sd = executor.cache.held_bytes()
+    with_adapter = report(run_job(executor, adapters=loras[:1]))
+    [adapter] = with_adapter.config_resolved["adapters"]
+    assert adapter["bytes"] == executor.cache.held_bytes() - sd > 0
+    report(run_model(executor, "tiny-wan"))
+    return Sizes(sd=sd, wan=executor.cache.held_bytes() - sd - adapter["bytes"], adapter=adapter["bytes"])
+
+
+def budget_executor(model_dir: Path, budget: int) -> LegacyCallExecutor:
+    return LegacyCallExecutor(
+        WorkerConfig(model_dir=str(model_dir), worker_id="w-adapters", model_cache_bytes=budget)
+    )
+
+
+def test_adapters_are_measured_and_reported_with_the_cache_holding(
+    model_dir: Path, loras: list[str], sizes: Sizes
+) -> None:
+    executor = budget_executor(model_dir, 10 * sizes.sd)
+    used = report(run_job(executor, adapters=loras[:1]))
+    assert used.config_resolved["adapters"][0]["bytes"] == sizes.adapter
+    assert used.config_resolved["model_cache"] == {
+        "held_bytes": sizes.sd + sizes.adapter,
+        "budget_bytes": 10 * sizes.sd,
+    }
+    assert executor.cache.held_bytes() == sizes.sd + sizes.adapter
+
+
+def test_a_new_adapter_unloads_the_least_recently_used_one_to_fit(
+    model_dir: Path, loras: list[str], sizes: Sizes
+) -> None:
+    budget = sizes.sd + sizes.adapter * 3 // 2  # the model and one adapter
+    executor = budget_executor(model_dir, budget)
+    first = run_job(executor, adapters=loras[:1])
+    second = report(run_job(executor, adapters=loras[1:]))
+    assert any("unloaded adapter(s)" in w and "lora1" in w for w in second.warnings), second.warnings
+    assert executor.cache.held_bytes() <= budget
+    [entry] = executor.cache._entries.values()
+    assert [Path(p).name for p in loaded_adapters(entry.pipeline)] == ["lora2"]
+    again = run_job(executor, adapters=loras[:1])  # reloaded: same weights, same image
+    assert any("lora2" in w for w in report(again).warnings)
+    assert again.result is not None and first.result is not None
+    assert again.result.artifacts[0].data == first.result.artifacts[0].data
+
+
+def test_an_adapter_evicts_an_idle_model_when_no_adapter_can_go(
+    model_dir: Path, loras: list[str], sizes: Sizes
+) -> None:
+    budget = sizes.sd + sizes.wan + sizes.adapter // 2  # both models, but no adapter beside them
+    executor = budget_executor(model_dir, budget)
+    # The first load of a model estimates its size from its files (a little more than it takes
+    # in memory); once measured, both fit.
+    for model in ("tiny-wan", "tiny-sd", "tiny-wan"):
+        report(run_model(executor, model))
+    assert executor.loaded_models() == ["tiny-sd", "tiny-wan"]
+    used = report(run_job(executor, adapters=loras[:1]))
+    assert any("evicted model(s) tiny-wan" in w and "lora1" in w for w in used.warnings), used.warnings
+    assert executor.loaded_models() == ["tiny-sd"]
+    assert executor.cache.held_bytes() == sizes.sd + sizes.adapter <= budget
+
+
+def test_an_adapter_that_cannot_fit_beside_its_model_is_failed_precondition(
+    model_dir: Path, loras: list[str], sizes: Sizes
+) -> None:
+    executor = budget_executor(model_dir, sizes.sd + sizes.adapter // 2)
+    error = run_job(executor, adapters=loras[:1]).error
+    assert error is not None and error.code == "FAILED_PRECONDITION" and error.field == "adapters[0]"
+    assert "model cache budget" in error.message
+    assert executor.cache.held_bytes() == sizes.sd  # nothing loaded, the worker keeps serving
+    report(run_model(executor, "tiny-sd"))

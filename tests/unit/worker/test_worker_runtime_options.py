@@ -1,4 +1,5 @@
-"""Load-time runtime options on tiny-sd: VAE slicing/tiling, torch.compile (and its fallback), CPU offload."""
+"""Runtime options on tiny-sd: VAE slicing/tiling, torch.compile (and its fallback), CPU offload,
+per model (catalog `runtime`) and per request (`extra.runtime`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from options_testing import failure, report, run_job
+from options_testing import pixels as options_pixels
 from PIL import Image
 from worker_testing import run_assignment
 
@@ -55,14 +58,21 @@ def pixels(outcome: ItemOutcome) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(outcome.result.artifacts[0].data)), dtype=np.float32)
 
 
-def test_vae_slicing_and_tiling_are_applied_and_reported(options_executor: LegacyCallExecutor) -> None:
+def test_vae_slicing_and_tiling_are_applied_per_call_and_reported(
+    options_executor: LegacyCallExecutor,
+) -> None:
     plain = run(options_executor)
     sliced = run(options_executor, {"enable_vae_slicing": True, "enable_vae_tiling": True})
     assert np.abs(pixels(sliced) - pixels(plain)).max() <= 2.0
     assert sliced.result is not None and sliced.result.report is not None
     config = sliced.result.report.config_resolved
     assert config["runtime_options"] == {"enable_vae_slicing": True, "enable_vae_tiling": True}
-    assert len(options_executor.cache) == 2  # other options, another pipeline
+    # Call options: the same pipeline, toggled for the call only (the cached VAE keeps its flags).
+    assert len(options_executor.cache) == 1 and not sliced.result.report.cold_start
+    [cached] = options_executor.cache._entries.values()
+    assert not cached.pipeline.vae.use_slicing and not cached.pipeline.vae.use_tiling
+    again = run(options_executor, job_id="job-2")
+    assert again.result is not None and "runtime_options" not in again.result.report.config_resolved
 
 
 def test_cpu_offload_on_cpu_is_ignored_with_a_warning(options_executor: LegacyCallExecutor) -> None:
@@ -116,3 +126,49 @@ def test_bad_options_are_failed_precondition(
     assert outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION"
     assert name in outcome.error.message
     pixels(run(options_executor))  # still serving
+
+
+# ---- options per request (`extra.runtime`) ----------------------------------------------------
+
+
+def test_a_request_overrides_the_models_call_options_without_a_reload(
+    options_executor: LegacyCallExecutor,
+) -> None:
+    model = {"enable_vae_slicing": True}
+    first = report(run_job(options_executor, runtime=model))
+    assert first.config_resolved["runtime_options"] == {"enable_vae_slicing": True}
+    off = report(run_job(options_executor, runtime=model, request_runtime={"enable_vae_slicing": False}))
+    assert "runtime_options" not in off.config_resolved
+    both = report(run_job(options_executor, runtime=model, request_runtime={"enable_vae_tiling": True}))
+    assert both.config_resolved["runtime_options"] == {"enable_vae_slicing": True, "enable_vae_tiling": True}
+    assert not off.cold_start and not both.cold_start and len(options_executor.cache) == 1
+
+
+def test_a_request_load_option_is_another_cache_entry(options_executor: LegacyCallExecutor) -> None:
+    plain = run_job(options_executor)
+    compiled = run_job(options_executor, request_runtime={"torch_compile": "eager"}, job_id="job-2")
+    compiled_again = run_job(options_executor, request_runtime={"torch_compile": "eager"}, job_id="job-3")
+    assert report(compiled).cold_start and not report(compiled_again).cold_start
+    assert report(compiled).config_resolved["runtime_options"] == {"torch_compile": "eager"}
+    assert len(options_executor.cache) == 2
+    assert not report(run_job(options_executor, job_id="job-4")).cold_start  # the plain one stays warm
+    assert np.abs(options_pixels(compiled) - options_pixels(plain)).max() <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("request_runtime", "field"),
+    [
+        ({"vae_tiling": True}, "extra.runtime.vae_tiling"),
+        ({"enable_vae_tiling": 1}, "extra.runtime.enable_vae_tiling"),
+        ({"torch_compile": "no-such-backend"}, "extra.runtime.torch_compile"),
+        ({"step_cache": {"kind": "first_block", "threshold": -1}}, "extra.runtime.step_cache.threshold"),
+        (["enable_vae_tiling"], "extra.runtime"),
+    ],
+)
+def test_bad_request_options_are_invalid_argument(
+    options_executor: LegacyCallExecutor, request_runtime: object, field: str
+) -> None:
+    error = failure(run_job(options_executor, request_runtime=request_runtime))
+    assert error.code == "INVALID_ARGUMENT" and error.field == field, error
+    assert field in error.message
+    report(run_job(options_executor))  # still serving

@@ -1,0 +1,78 @@
+"""Step caching (diffusers cache hooks) per call on tiny-wan, and its refusal on tiny-sd's UNet."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import diffusers
+import numpy as np
+import pytest
+from options_testing import failure, pixels, report, run_job
+
+from omnirt.worker import runtime_schema, step_cache
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.legacy_call import LegacyCallExecutor
+
+# 8 steps with classifier-free guidance: 16 denoiser forwards of 4 attention modules each.
+WAN = {"steps": 8, "guidance_scale": 5.0}
+FIRST_BLOCK = {"kind": "first_block", "threshold": 0.2}
+
+
+@pytest.fixture(scope="module")
+def wan_executor(model_dir: Path) -> LegacyCallExecutor:
+    return LegacyCallExecutor(WorkerConfig(model_dir=str(model_dir), worker_id="w-cache", torch_threads=1))
+
+
+def test_the_schema_names_fields_of_the_installed_diffusers_configs() -> None:
+    assert set(step_cache.CONFIG_CLASSES) == set(runtime_schema.STEP_CACHE_KINDS)
+    for kind, fields in runtime_schema.STEP_CACHE_KINDS.items():
+        config = getattr(diffusers, step_cache.CONFIG_CLASSES[kind])
+        assert set(fields) <= {f.name for f in dataclasses.fields(config)}, kind
+
+
+@pytest.mark.parametrize("settings", [FIRST_BLOCK, "pyramid_attention_broadcast"])
+def test_a_step_cache_reuses_work_for_one_call_and_is_reported(
+    wan_executor: LegacyCallExecutor, settings: object
+) -> None:
+    plain = run_job(wan_executor, "tiny-wan", **WAN)
+    other_seed = run_job(wan_executor, "tiny-wan", seed=12, **WAN)
+    cached = run_job(wan_executor, "tiny-wan", request_runtime={"step_cache": settings}, **WAN)
+    after = run_job(wan_executor, "tiny-wan", **WAN)
+
+    used = report(cached)
+    kind = settings["kind"] if isinstance(settings, dict) else settings
+    assert used.config_resolved["runtime_options"]["step_cache"]["kind"] == kind
+    # Attention computations served from the cache: some of the 64, never all.
+    assert 0 < used.cache_hits["step_cache"] < 64
+    assert not used.cold_start  # a call option: the loaded pipeline, not another one
+    # Tolerance: reusing a block's (or an attention's) output from an earlier step changes the
+    # latents a little, so the video differs from the uncached one, but it stays far closer to
+    # it than a video of another seed (mean pixel distance; MP4 encoding adds noise of its own).
+    seed_distance = np.abs(pixels(other_seed) - pixels(plain)).mean()
+    cache_distance = np.abs(pixels(cached) - pixels(plain)).mean()
+    assert cache_distance < 0.5 * seed_distance, (cache_distance, seed_distance)
+    # The hooks are gone after the call: the next plain call computes everything again.
+    assert report(after).cache_hits == {} and "runtime_options" not in report(after).config_resolved
+    assert np.abs(pixels(after) - pixels(plain)).mean() < 0.5
+    [entry] = wan_executor.cache._entries.values()
+    assert not entry.pipeline.transformer.is_cache_enabled
+
+
+def test_a_step_cache_that_does_not_suit_the_model_fails_the_job_clearly(
+    wan_executor: LegacyCallExecutor,
+) -> None:
+    # FasterCache expects the conditional and unconditional passes in one batch; Wan runs them apart.
+    error = failure(run_job(wan_executor, "tiny-wan", request_runtime={"step_cache": "faster_cache"}, **WAN))
+    assert error.code == "INVALID_ARGUMENT" and error.field == "extra.runtime.step_cache"
+    assert "faster_cache" in error.message and "WanTransformer3DModel" in error.message
+    assert report(run_job(wan_executor, "tiny-wan", **WAN)).cache_hits == {}  # still serving, hooks gone
+
+
+def test_a_unet_denoiser_is_refused(executor: LegacyCallExecutor) -> None:
+    by_request = failure(run_job(executor, request_runtime={"step_cache": FIRST_BLOCK}))
+    assert by_request.code == "INVALID_ARGUMENT" and by_request.field == "extra.runtime.step_cache"
+    assert "UNet2DConditionModel" in by_request.message and "cache hooks" in by_request.message
+    by_catalog = failure(run_job(executor, runtime={"step_cache": FIRST_BLOCK}))
+    assert by_catalog.code == "FAILED_PRECONDITION" and by_catalog.field == "runtime.step_cache"
+    report(run_job(executor))  # still serving
