@@ -188,10 +188,13 @@ class RedisEngine:
     async def wait(self, job_id: str) -> Job:
         changed = self._waiter(job_id)
         try:
+            await self._load(job_id)  # NOT_FOUND for an unknown job
             while True:
-                stored = await self._load(job_id)
-                if stored.job.state.terminal:
-                    return stored.job
+                # Only the state on each wake-up (progress events wake us too), the job once final.
+                with self._guard():
+                    state = await self.store.state(job_id)
+                if state is None or state.terminal:
+                    return (await self._load(job_id)).job
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), WAIT_S)
                 changed.clear()

@@ -13,13 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import omnirt
 from omnirt import errors
 from omnirt.types import EventKind, JobState
-from tests.daemons import Controller, RedisServer, Worker, wait_for
+from tests.daemons import Controller, RedisServer, Worker, free_port, wait_for
 
 SLOW_NULL = {"model": "null", "num_inference_steps": 200, "extra": {"sleep_ms_per_step": 25}}
 
@@ -151,8 +152,10 @@ def test_two_controllers_share_jobs_workers_cancels_and_artifacts(
 def test_redis_down_means_unavailable_and_not_serving_until_it_is_back(
     redis_server: RedisServer, log_dir: Path, model_dir: Path
 ) -> None:
-    controller = Controller(log_dir, "--store", redis_server.url).start()
+    http_port = free_port()
+    controller = Controller(log_dir, "--store", redis_server.url, "--http", f"127.0.0.1:{http_port}").start()
     worker = null_worker(log_dir, model_dir, controller, "w-redis-down")
+    healthz = f"http://127.0.0.1:{http_port}/healthz"
     serving = health_pb2.HealthCheckResponse.SERVING
     try:
         with omnirt.Client(controller.address, timeout=10) as client:
@@ -162,10 +165,12 @@ def test_redis_down_means_unavailable_and_not_serving_until_it_is_back(
                 client.submit(model="null", prompt="nowhere to keep it")
             assert "job store" in str(info.value)
             wait_for(lambda: health(controller.address) != serving, 10, "health to report NOT_SERVING")
+            assert httpx.get(healthz).status_code == 503
             assert controller.alive()
 
             redis_server.start()
             wait_for(lambda: health(controller.address) == serving, 20, "health to report SERVING again")
+            assert httpx.get(healthz).status_code == 200
             result = client.generate(model="null", prompt="after", timeout=30)
             assert result.report.worker_id == "w-redis-down"
     finally:
