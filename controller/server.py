@@ -43,6 +43,7 @@ SERVICE_NAMES = (
 
 
 HEALTH_POLL_S = 0.25
+LIVENESS_SERVICE = "omnirt.liveness"
 
 
 def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineClient:
@@ -102,6 +103,8 @@ class ControllerServer:
         if self.http is not None:
             await self.http.start()
         await self._set_health(self.engine.ready())
+        # For liveness probes: SERVING until shutdown, also while the job store is unreachable.
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._health_task = asyncio.create_task(self._watch_health())
         log.info(
             "controller listening on %s (%d models in the catalog)", self.address, len(self.engine.catalog)

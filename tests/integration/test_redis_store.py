@@ -40,9 +40,10 @@ def null_worker(
     return worker
 
 
-def health(address: str) -> int:
+def health(address: str, service: str = "") -> int:
     with grpc.insecure_channel(address) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        request = health_pb2.HealthCheckRequest(service=service)
+        reply = health_pb2_grpc.HealthStub(channel).Check(request, timeout=2)
         return int(reply.status)
 
 
@@ -166,6 +167,8 @@ def test_redis_down_means_unavailable_and_not_serving_until_it_is_back(
             assert "job store" in str(info.value)
             wait_for(lambda: health(controller.address) != serving, 10, "health to report NOT_SERVING")
             assert httpx.get(healthz).status_code == 503
+            # Not ready, but alive: a liveness probe must not restart it for Redis' sake.
+            assert health(controller.address, "omnirt.liveness") == serving
             assert controller.alive()
 
             redis_server.start()

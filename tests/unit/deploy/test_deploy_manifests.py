@@ -27,6 +27,7 @@ import yaml
 from omnirt import _config
 from omnirt.controller.catalog import Catalog
 from omnirt.controller.config import ControllerConfig
+from omnirt.controller.server import LIVENESS_SERVICE
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.main import build_parser as build_worker_parser
 from tests.daemons import Controller
@@ -345,19 +346,40 @@ def test_k8s_controller_service_ports_and_probes_agree() -> None:
     (controller,) = controllers()
     port = port_of(controller.config.listen)
     spec = controller.deployment["spec"]
-    # One replica, never two at once: the job store is in memory.
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    if controller.config.store in ("", "memory"):
+        # One replica, never two at once: the job store is in this process's memory.
+        assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    else:  # replicas share the store: roll one at a time, never fewer than asked for
+        assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     ports = {p["name"]: p["containerPort"] for p in controller.container["ports"]}
-    assert ports == {"grpc": port}
+    assert ports == {
+        "grpc": port,
+        **({"http": port_of(controller.config.http)} if controller.config.http else {}),
+    }
     for probe in ("readinessProbe", "livenessProbe"):
         assert controller.container[probe]["grpc"]["port"] == port, probe
+    # Liveness must not depend on Redis (readiness does): the service that stays SERVING.
+    assert controller.container["livenessProbe"]["grpc"]["service"] == LIVENESS_SERVICE
     labels = controller.pod_labels
     (service,) = [s for s in of_kind("Service") if s["spec"]["selector"].items() <= labels.items()]
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
-    (service_port,) = service["spec"]["ports"]
+    service_port = service["spec"]["ports"][0]
     assert service_port["name"] == "grpc" and service_port["appProtocol"] == "grpc"
     assert service_port["port"] == port
     assert ports.get(service_port["targetPort"], service_port["targetPort"]) == port
+
+
+def test_k8s_controller_store_names_the_redis_service() -> None:
+    (controller,) = controllers()
+    store = controller.config.store
+    if store in ("", "memory"):
+        return
+    host, port = store.removeprefix("redis://").split("/", 1)[0].rsplit(":", 1)
+    (redis,) = [s for s in of_kind("StatefulSet") if s["metadata"]["name"] == host]
+    (service,) = [s for s in of_kind("Service") if s["metadata"]["name"] == host]
+    assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+    assert service["spec"]["selector"].items() <= redis["spec"]["template"]["metadata"]["labels"].items()
+    assert "--appendonly" in redis["spec"]["template"]["spec"]["containers"][0]["args"], "jobs survive Redis"
 
 
 def test_k8s_workers_reach_the_controller_service() -> None:
