@@ -207,6 +207,14 @@ class RedisJobStore:
         value = await self.redis.hget(self.p + "job:" + job_id, "state")
         return JobState[value.decode()] if value else None
 
+    async def states(self, job_ids: Sequence[str]) -> list[JobState | None]:
+        """The states of several jobs in one round trip (None: unknown or expired)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(self.p + "job:" + job_id, "state")
+            values = await pipe.execute()
+        return [JobState[v.decode()] if v else None for v in values]
+
     async def position(self, job_id: str) -> int:
         rank = await self.redis.zrank(self.p + "queue", job_id)
         return int(rank or 0)

@@ -31,6 +31,7 @@ TICK_S = 0.1
 POLL_S = 0.5
 SLOW_TICK_S = 1.0
 ARTIFACT_SWEEP_S = 60.0
+SWEEP_PAGE = 500
 
 
 def _now_ms() -> int:
@@ -267,11 +268,13 @@ class RedisUpkeep:
     async def _sweep_records(self) -> None:
         """Forget jobs submitted here that finished elsewhere (the observers see them end)."""
         ids = [job_id for job_id in self.engine.records if job_id not in self.engine.running]
-        for job_id in ids:
-            state = await self.engine.store.state(job_id)
-            if state is None or state.terminal:
-                record = self.engine.records.get(job_id)
-                self.engine.closed(job_id, state or JobState.FAILED, record.job.error if record else None)
+        for start in range(0, len(ids), SWEEP_PAGE):
+            page = ids[start : start + SWEEP_PAGE]
+            for job_id, state in zip(page, await self.engine.store.states(page), strict=True):
+                if state is None or state.terminal:
+                    record = self.engine.records.get(job_id)
+                    error = record.job.error if record else None
+                    self.engine.closed(job_id, state or JobState.FAILED, error)
 
     async def _listen(self) -> None:
         """Notifications from every controller: queued jobs, new events, stops and drains."""
