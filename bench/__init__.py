@@ -1,5 +1,7 @@
-"""Benchmarks of the control plane: scripts, run from the repository root as `python -m bench.NAME`.
+"""OmniRT's benchmarks: scripts, run from the repository root as `python -m bench.NAME`.
 
-They start real daemons on loopback ports, drive a bounded load and stop by themselves; see
-docs/BENCHMARKS.md for the commands and the numbers.
+`python -m bench.suite` runs every scenario (overhead, control plane, batching, Ray Serve as a
+peer, cold vs warm, dispatch at scale), prints one table, writes bench/results/suite.json and
+regenerates docs/BENCHMARKS.md; `python -m bench.gpu` is the GPU variant. Each scenario starts
+real daemons on loopback, drives a bounded load and stops by itself.
 """

@@ -51,6 +51,9 @@ def failure_name(exc: BaseException) -> str:
     """A status name for a failed call (the OmniRT error's code, the RPC's code, or the type)."""
     if isinstance(exc, OmniRTError):
         return exc.code.name
+    code = getattr(exc, "failure_code", None)  # e.g. bench._http.HttpFailure
+    if isinstance(code, str):
+        return code
     if isinstance(exc, grpc.RpcError):
         code = exc.code()
         return code.name if code is not None else "UNKNOWN"

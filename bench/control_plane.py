@@ -6,9 +6,10 @@ each unary call to an echo "worker" process (raw bytes of the sizes of OmniRT's 
 and response: no protobuf, no OmniRT code), the most a Python control plane with two hops can do
 on this machine. Then, `--rounds` times, it drives `--total` calls with `--concurrency` in flight
 from this process (a closed loop: each caller sends its next call when its last one returns):
-first `AsyncClient.generate(model="null")`, right after the same through the relay. Both
-systems stay up for the whole run, so each round compares them under the same machine load;
-the summary gives the median of the rounds.
+first `AsyncClient.generate(model="null")`, then the same as `POST /v1/generate` through the
+controller's HTTP gateway (`--http`; aiohttp client, one keep-alive connection per caller), right
+after that through the relay. All systems stay up for the whole run, so each round compares
+them under the same machine load; the summary gives the median of the rounds.
 
     python -m bench.control_plane --total 10000 --concurrency 64 --rounds 3 --json out.json
 """
@@ -42,6 +43,7 @@ from ._daemons import (
     run_benchmark,
 )
 from ._echo import METHOD
+from ._http import post_json, session
 from ._load import drive
 
 PROMPT = "a benchmark of the control plane"
@@ -60,6 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=200, help="untimed calls first (default 200)")
     parser.add_argument("--log-level", default="INFO", help="log level of the daemons (default INFO)")
     parser.add_argument("--max-seconds", type=float, default=300, help="no new call after this, per load")
+    parser.add_argument(
+        "--http",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also drive the controller's HTTP gateway, POST /v1/generate (default on)",
+    )
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     return parser.parse_args(argv)
 
@@ -83,8 +91,10 @@ class System:
         return {**result.summary(), "cpu_cores_used": cpu}
 
 
-def start_omnirt(args: argparse.Namespace, log_dir: Path) -> tuple[Controller, list[Worker]]:
-    controller = Controller(log_dir, "--log-level", args.log_level).start()
+def start_omnirt(args: argparse.Namespace, log_dir: Path, http: str = "") -> tuple[Controller, list[Worker]]:
+    """The controller (with the HTTP gateway on `http` when given) and the null workers."""
+    http_args = ("--http", http) if http else ()
+    controller = Controller(log_dir, "--log-level", args.log_level, *http_args).start()
     workers = [
         null_worker(
             log_dir,
@@ -132,16 +142,23 @@ def _median(rounds: list[dict[str, Any]], key: str) -> float:
 async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     machine = _machine.describe()
     daemons: list[Daemon] = []
+    http_address = f"127.0.0.1:{free_port()}" if args.http else ""
     try:
-        controller, workers = start_omnirt(args, log_dir)
+        controller, workers = start_omnirt(args, log_dir, http_address)
         daemons += [*workers, controller]
         controller.wait_workers({w.worker_id for w in workers})
-        async with omnirt.AsyncClient(controller.address) as client:
+        async with omnirt.AsyncClient(controller.address) as client, session() as http_client:
             batch_sizes: Counter[int] = Counter()
 
             async def generate(i: int) -> None:
                 result = await client.generate(model="null", prompt=PROMPT, seed=i % SEEDS, timeout=120)
                 batch_sizes[result.report.batch_size] += 1
+
+            generate_url = f"http://{http_address}/v1/generate"
+
+            async def generate_http(i: int) -> None:
+                body = {"model": "null", "prompt": PROMPT, "seed": i % SEEDS}
+                await post_json(http_client, generate_url, body)
 
             # The sizes on the wire, for the echo.
             request = _convert.request_to_proto(omnirt.GenerateRequest(model="null", prompt=PROMPT, seed=1))
@@ -158,12 +175,11 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                     await stub(payload, timeout=30)
 
                 await _until_answered(echo, 30)
-                systems = [
-                    System(
-                        "omnirt", {"controller": controller.pid, **{w.name: w.pid for w in workers}}, generate
-                    ),
-                    System("echo", {"relay": relay.pid, "echo_worker": echo_worker.pid}, echo),
-                ]
+                omnirt_pids = {"controller": controller.pid, **{w.name: w.pid for w in workers}}
+                systems = [System("omnirt", omnirt_pids, generate)]
+                if args.http:
+                    systems.append(System("omnirt_http", omnirt_pids, generate_http))
+                systems.append(System("echo", {"relay": relay.pid, "echo_worker": echo_worker.pid}, echo))
                 for system in systems:
                     await drive(system.call, args.warmup, args.concurrency, args.max_seconds)
                 rounds = []
@@ -177,6 +193,10 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                     numbers["p50_latency_ratio"] = round(
                         numbers["omnirt"]["p50_ms"] / numbers["echo"]["p50_ms"], 2
                     )
+                    if args.http:
+                        numbers["http_throughput_ratio"] = round(
+                            numbers["omnirt_http"]["per_s"] / numbers["echo"]["per_s"], 3
+                        )
                     rounds.append(numbers)
         memory = {
             "controller_vm_hwm_mib": round(proc_status_kib(controller.pid, "VmHWM") / 1024, 1),
@@ -187,6 +207,15 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             daemon.stop()
     omnirt_rounds = [r["omnirt"] for r in rounds]
     echo_rounds = [r["echo"] for r in rounds]
+    http_median = {}
+    if args.http:
+        http_rounds = [r["omnirt_http"] for r in rounds]
+        http_median = {
+            "omnirt_http_per_s": _median(http_rounds, "per_s"),
+            "omnirt_http_p50_ms": _median(http_rounds, "p50_ms"),
+            "omnirt_http_p99_ms": _median(http_rounds, "p99_ms"),
+            "http_throughput_ratio": _median(rounds, "http_throughput_ratio"),
+        }
     return {
         "machine": machine,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -201,20 +230,26 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "echo_p99_ms": _median(echo_rounds, "p99_ms"),
             "throughput_ratio": _median(rounds, "throughput_ratio"),
             "p50_latency_ratio": _median(rounds, "p50_latency_ratio"),
+            **http_median,
         },
         "failures": sum((Counter(r["omnirt"]["failures"]) for r in rounds), Counter()),
+        "http_failures": sum(
+            (Counter(r["omnirt_http"]["failures"]) for r in rounds if "omnirt_http" in r), Counter()
+        ),
         **memory,
     }
 
 
 def print_report(report: dict[str, Any]) -> None:
-    header = f"{'round':<8}{'system':<10}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'ok':>8}"
+    header = f"{'round':<8}{'system':<12}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'ok':>8}"
     print(f"{header}  failures / CPU cores")
     for i, r in enumerate(report["rounds"], 1):
-        for name in ("omnirt", "echo"):
+        for name in ("omnirt", "omnirt_http", "echo"):
+            if name not in r:
+                continue
             s = r[name]
             numbers = f"{s['per_s']:>10.1f}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['ok']:>8}"
-            print(f"{i:<8}{name:<10}{numbers}  {s['failures'] or '-'} / {s['cpu_cores_used']}")
+            print(f"{i:<8}{name:<12}{numbers}  {s['failures'] or '-'} / {s['cpu_cores_used']}")
         print(
             f"{'':<8}omnirt/echo: throughput x{r['throughput_ratio']}, p50 latency x{r['p50_latency_ratio']}"
         )
@@ -224,6 +259,11 @@ def print_report(report: dict[str, Any]) -> None:
         f"echo {m['echo_per_s']}/s p50 {m['echo_p50_ms']} ms; "
         f"throughput x{m['throughput_ratio']}, p50 latency x{m['p50_latency_ratio']}"
     )
+    if "omnirt_http_per_s" in m:
+        print(
+            f"median HTTP: {m['omnirt_http_per_s']}/s p50 {m['omnirt_http_p50_ms']} ms "
+            f"p99 {m['omnirt_http_p99_ms']} ms; throughput x{m['http_throughput_ratio']} of the echo"
+        )
     print(
         f"controller VmHWM {report['controller_vm_hwm_mib']} MiB; messages {report['message_bytes']} bytes; "
         f"batch sizes (last round) {report['rounds'][-1]['omnirt']['batch_sizes']}"

@@ -1,0 +1,128 @@
+"""The benchmark suite and the GPU script, run as a user runs them (`python -m bench....`), on tiny loads.
+
+They check that the commands work and report what they measured (JSON keys, the table, the docs
+page written from the JSON), never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench._scenario import fmt_ms
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_module(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_quick_overhead_writes_json_table_and_docs(tmp_path: Path, model_dir: Path) -> None:
+    out, docs = tmp_path / "suite.json", tmp_path / "BENCHMARKS.md"
+    done = run_module(
+        "bench.suite",
+        "--quick",
+        "--only",
+        "overhead",
+        "--json",
+        str(out),
+        "--docs",
+        str(docs),
+        "--model-dir",
+        str(model_dir),
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    results = json.loads(out.read_text())
+    assert results["quick"] is True and results["torch_threads"] == 1
+    assert {"nproc", "cpu_model", "git_commit", "packages"} <= set(results["machine"])
+    entry = results["scenarios"]["overhead"]
+    assert entry["status"] == "ok", entry
+    (case,) = entry["cases"]
+    assert case["size"] == "64x64" and case["steps"] == 4
+    assert len(case["direct_ms"]) == len(case["omnirt_ms"]) == entry["settings"]["calls"]
+    assert case["direct_p50_ms"] > 0 and case["omnirt_p50_ms"] > 0
+    assert case["ratio"] == pytest.approx(case["omnirt_p50_ms"] / case["direct_p50_ms"], rel=0.01)
+    # Both sides did the same work: the served image is the direct call's, pixel for pixel.
+    assert case["same_pixels_max_diff"] == 0
+    (row,) = entry["rows"]
+    assert row["target"] == "<= 1.05" and row["verdict"] == ("met" if case["ratio"] <= 1.05 else "missed")
+
+    assert "overhead  tiny-sd 64x64, 4 steps, c1: p50 latency" in done.stdout  # the printed table
+    page = docs.read_text()
+    assert "## `overhead`" in page and "These numbers come from a `--quick` run" in page
+    assert f"direct {fmt_ms(case['direct_p50_ms'])}" in page  # the summary row, from the JSON
+
+    # The page is a function of the JSON alone: rewriting it from the file gives the same text.
+    again = tmp_path / "again.md"
+    rerender = run_module(
+        "bench.report", "--suite", str(out), "--gpu", str(tmp_path / "none.json"), "--out", str(again)
+    )
+    assert rerender.returncode == 0, rerender.stderr
+    assert again.read_text() == page
+
+
+def test_peers_without_ray_is_skipped_and_says_how_to_install(tmp_path: Path, model_dir: Path) -> None:
+    out = tmp_path / "peers.json"
+    done = run_module(
+        "bench.suite",
+        "--quick",
+        "--only",
+        "peers",
+        "--json",
+        str(out),
+        "--no-docs",
+        "--model-dir",
+        str(model_dir),
+        env={"OMNIRT_BENCH_RAY_PYTHON": str(tmp_path / "no-such-venv" / "bin" / "python")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    entry = json.loads(out.read_text())["scenarios"]["peers"]
+    assert entry["status"] == "skipped" and "bash bench/ray/setup.sh" in entry["reason"]
+    table_row = next(line for line in done.stdout.splitlines() if line.startswith("peers "))
+    assert table_row.rstrip().endswith("skipped")
+
+
+def test_unknown_scenario_is_a_usage_error() -> None:
+    done = run_module("bench.suite", "--only", "overhead,warp-drive", timeout=60)
+    assert done.returncode == 2
+    assert "unknown scenario(s) warp-drive" in done.stderr and "overhead" in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_gpu_script_without_cuda_says_so_and_exits_0(tmp_path: Path) -> None:
+    done = run_module("bench.gpu", "--json", str(tmp_path / "gpu.json"), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no CUDA GPU on this machine" in done.stdout
+    assert not (tmp_path / "gpu.json").exists()
+
+
+def test_gpu_script_smoke_runs_the_whole_flow_on_the_cpu(tmp_path: Path) -> None:
+    """`--smoke`: the GPU script's own code (build from configs, catalog, worker, both measurements)."""
+    out = tmp_path / "gpu.json"
+    done = run_module("bench.gpu", "--smoke", "--calls", "1", "--batch-calls", "4", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert results["smoke"] is True and set(results["models"]) == {"sd15", "wan"}
+    for name, model in results["models"].items():
+        assert model["overhead"]["direct_p50_ms"] > 0 and model["overhead"]["omnirt_p50_ms"] > 0, name
+        batching = model["batching"]
+        assert batching["off"]["ok"] == batching["on"]["ok"] == 4, name
+        assert batching["off"]["mean_batch_size"] == 1.0, name  # gpu-NAME-single never batches
+    assert results["models"]["wan"]["request"]["num_frames"] == 5
