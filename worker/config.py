@@ -38,6 +38,13 @@ class WorkerConfig:
         metadata={"help": "catalog model ids this worker serves; empty = every model of its mode"},
     )
     slots: int = field(default=1, metadata={"help": "assignments run at the same time"})
+    preload: bool | None = field(
+        default=None,
+        metadata={
+            "help": "make the --models warm at start-up, before their first request "
+            "(default: on for persistent_worker, off for the other modes)"
+        },
+    )
     model_dir: str = field(
         default="~/.cache/omnirt/models", metadata={"help": "folder for models OmniRT builds (builtin:NAME)"}
     )
@@ -69,6 +76,8 @@ class WorkerConfig:
         object.__setattr__(self, "worker_id", self.worker_id or default_worker_id())
         object.__setattr__(self, "models", list(self.models))
         object.__setattr__(self, "log_level", self.log_level.upper())
+        if self.preload is None:  # a resident group takes long to start: start it before any user waits
+            object.__setattr__(self, "preload", self.mode == "persistent_worker")
         if self.mode not in EXECUTION_MODES:
             raise ValueError(f"mode must be one of {', '.join(EXECUTION_MODES)}, not {self.mode!r}")
         if self.backend not in BACKENDS:

@@ -134,6 +134,10 @@ class Executor(ABC):
         """Catalog ids of the models held warm (for Hello and Heartbeat)."""
         return []
 
+    async def preload(self, spec: t.ModelSpec) -> None:
+        """Make `spec` warm before its first job (`--preload`); NotImplementedError in modes without it."""
+        raise NotImplementedError(f"the {self.mode} mode does not preload; models load on their first job")
+
     async def close(self) -> None:
         """Release what the executor holds."""
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +22,11 @@ import torch
 
 from omnirt import types as t
 
-PromptKey = tuple[str, str, bool]
-"""(prompt, negative_prompt, guidance on) — what decides the prompt embeddings."""
+EncoderAdapters = tuple[tuple[str, float], ...]
+"""(path, scale) of each active adapter that changes the text encoder; () for none."""
+
+PromptKey = tuple[str, str, bool, EncoderAdapters]
+"""(prompt, negative_prompt, guidance on, text-encoder adapters) — what decides the embeddings."""
 
 Embeds = tuple[torch.Tensor, torch.Tensor | None]
 """(prompt embeddings, negative prompt embeddings or None without guidance), one row."""
@@ -62,19 +65,27 @@ class PromptCache:
 
 @torch.no_grad()
 def encode(view: Any, key: PromptKey, device: str) -> Embeds:
-    """Run the text encoder: one row of prompt (and negative prompt) embeddings."""
-    prompt, negative, guided = key
+    """Run the text encoder (with whatever adapters are active on it): one row of embeddings."""
+    prompt, negative, guided, _ = key
     cond, uncond = view.encode_prompt(prompt, device, 1, guided, negative_prompt=negative or None)
     return cond, (uncond if guided else None)
 
 
-def repeat_embeds(embeds: Embeds, count: int) -> torch.Tensor:
-    """`encoder_hidden_states` for `count` outputs: [uncond x count, cond x count] with guidance."""
-    cond, uncond = embeds
-    rows = cond.repeat_interleave(count, dim=0)
-    if uncond is None:
-        return rows
-    return torch.cat([uncond.repeat_interleave(count, dim=0), rows])
+def batch_embeds(rows: Sequence[tuple[Embeds, int]]) -> torch.Tensor:
+    """`encoder_hidden_states` for a batch of (embeddings, outputs) rows, in job order.
+
+    Each row is repeated once per output; with guidance all negative rows come first, then all
+    prompt rows (the layout of the UNet input `cat([latents] * 2)`).
+    """
+    conds = torch.cat([cond.repeat_interleave(count, dim=0) for (cond, _), count in rows])
+    if all(uncond is None for (_, uncond), _ in rows):
+        return conds
+    unconds = []
+    for (_, uncond), count in rows:
+        if uncond is None:
+            raise ValueError("a batch mixes jobs with and without classifier-free guidance")
+        unconds.append(uncond.repeat_interleave(count, dim=0))
+    return torch.cat([*unconds, conds])
 
 
 @dataclass

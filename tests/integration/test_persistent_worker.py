@@ -4,6 +4,7 @@ serving the built-in `tiny-sd-cfg2` (tiny-sd on a resident 2-rank torchrun group
 from __future__ import annotations
 
 import io
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ MAX_PIXEL_DIFF = 2
 
 @pytest.fixture(scope="module")
 def pw_worker(controller: Controller, log_dir: Path, model_dir: Path) -> Iterator[Worker]:
+    # No --preload flag: it is on by default in this mode.
     daemon = Worker(
         log_dir,
         controller.address,
@@ -36,6 +38,11 @@ def pw_worker(controller: Controller, log_dir: Path, model_dir: Path) -> Iterato
     controller.wait_worker("w-pw")
     yield daemon
     daemon.stop()
+
+
+def loaded(controller: Controller) -> list[str]:
+    """What the worker's last Hello or heartbeat said it holds warm."""
+    return [m for w in controller.workers() if w.id == "w-pw" for m in w.loaded_models]
 
 
 def group_pids(model_dir: Path) -> list[int]:
@@ -58,33 +65,16 @@ def pixels(data: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
 
 
-def test_cold_then_warm_and_the_same_image_as_tiny_sd(
-    controller: Controller, pw_worker: Worker, model_dir: Path
-) -> None:
-    with omnirt.Client(controller.address) as client:
-        cold = client.generate(
-            model="tiny-sd-cfg2", prompt=PROMPT, negative_prompt="fog", seed=42, timeout=180
-        )
-        warm = client.generate(
-            model="tiny-sd-cfg2", prompt=PROMPT, negative_prompt="fog", seed=42, timeout=60
-        )
-    # loaded_models travels with the worker's heartbeats (one a second): wait for the next one
-    wait_for(
-        lambda: any(w.id == "w-pw" and "tiny-sd-cfg2" in w.loaded_models for w in controller.workers()),
-        15,
-        "the heartbeat to report tiny-sd-cfg2 loaded",
-    )
-    with omnirt.Client(controller.address) as client:
-        (worker,) = [w for w in client.list_workers() if w.id == "w-pw"]
-    r1, r2 = cold.report, warm.report
-    assert (r1.execution_mode, r1.worker_id) == ("persistent_worker", "w-pw")
-    assert r1.cold_start is True and (r1.timing("load") or 0) > 0
-    assert r2.cold_start is False and r2.timing("load") is None
-    assert r2.execution_ms < r1.execution_ms, "the warm request must not pay the group start"
-    assert r1.config_resolved["nproc_per_node"] == 2 and r1.config_resolved["cfg_parallel"] is True
-    assert cold.artifacts[0].data == warm.artifacts[0].data
-    assert worker.execution_mode == "persistent_worker" and "tiny-sd-cfg2" in worker.loaded_models
+def rank_pid(model_dir: Path, rank: int) -> int:
+    """The pid of rank `rank` of the group (torchrun sets RANK in each rank's environment)."""
+    for pid in group_pids(model_dir):
+        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return pid
+    raise AssertionError(f"no rank {rank} runs")
 
+
+def reference(model_dir: Path) -> np.ndarray:
+    """What StableDiffusionPipeline makes in this process for the test's request."""
     import diffusers
     import torch
 
@@ -99,8 +89,53 @@ def test_cold_then_warm_and_the_same_image_as_tiny_sd(
         height=64,
         generator=[torch.Generator("cpu").manual_seed(42)],
     ).images[0]
-    diff = np.abs(pixels(cold.artifacts[0].data) - np.asarray(expected.convert("RGB")).astype(int)).max()
+    return np.asarray(expected.convert("RGB")).astype(int)
+
+
+def test_the_group_starts_with_the_worker_and_the_first_request_is_warm(
+    controller: Controller, pw_worker: Worker, model_dir: Path
+) -> None:
+    # The worker connects before its group is ready (the start takes seconds): not reported warm...
+    assert "tiny-sd-cfg2" not in loaded(controller)
+    # ...until the group is up, without any request asking for it.
+    wait_for(lambda: "tiny-sd-cfg2" in loaded(controller), 120, "the preloaded group to be reported warm")
+    assert len(group_pids(model_dir)) == 3, "the torchrun agent and two ranks run before any request"
+    with omnirt.Client(controller.address) as client:
+        first = client.generate(
+            model="tiny-sd-cfg2", prompt=PROMPT, negative_prompt="fog", seed=42, timeout=60
+        )
+        second = client.generate(
+            model="tiny-sd-cfg2", prompt=PROMPT, negative_prompt="fog", seed=42, timeout=60
+        )
+        (worker,) = [w for w in client.list_workers() if w.id == "w-pw"]
+    r1, r2 = first.report, second.report
+    assert (r1.execution_mode, r1.worker_id) == ("persistent_worker", "w-pw")
+    assert r1.cold_start is False and r1.timing("load") is None, "the first user must not pay the start"
+    assert r2.cold_start is False and r2.timing("load") is None
+    assert r1.config_resolved["nproc_per_node"] == 2 and r1.config_resolved["cfg_parallel"] is True
+    assert first.artifacts[0].data == second.artifacts[0].data
+    assert worker.execution_mode == "persistent_worker" and "tiny-sd-cfg2" in worker.loaded_models
+    diff = np.abs(pixels(first.artifacts[0].data) - reference(model_dir)).max()
     assert diff <= MAX_PIXEL_DIFF, f"differs from tiny-sd's pipeline by {diff}/255"
+
+
+def test_a_killed_rank_restarts_the_group_and_the_next_request_is_cold(
+    controller: Controller, pw_worker: Worker, model_dir: Path
+) -> None:
+    before = group_pids(model_dir)
+    os.kill(rank_pid(model_dir, 1), signal.SIGKILL)
+    with omnirt.Client(controller.address) as client:
+        # It waits for the restart (or, sent before the worker noticed, fails UNAVAILABLE on the
+        # broken group and is retried by the controller): either way it pays the start.
+        result = client.generate(
+            model="tiny-sd-cfg2", prompt=PROMPT, negative_prompt="fog", seed=42, timeout=180
+        )
+    assert result.report.cold_start is True and (result.report.timing("load") or 0) > 0
+    assert np.abs(pixels(result.artifacts[0].data) - reference(model_dir)).max() <= MAX_PIXEL_DIFF
+    assert pw_worker.alive(), "a dead rank never takes the worker down"
+    after = group_pids(model_dir)
+    assert len(after) == 3 and set(after).isdisjoint(before)
+    wait_for(lambda: "tiny-sd-cfg2" in loaded(controller), 15, "the restarted group to be reported warm")
 
 
 def test_worker_sigterm_leaves_no_rank_process(pw_worker: Worker, model_dir: Path) -> None:
@@ -109,3 +144,27 @@ def test_worker_sigterm_leaves_no_rank_process(pw_worker: Worker, model_dir: Pat
     pw_worker.signal(signal.SIGTERM)
     assert pw_worker.wait(30) == 0
     wait_for(lambda: not group_pids(model_dir), 10, "the group's processes to exit")
+
+
+def test_a_killed_worker_leaves_no_rank_process(
+    controller: Controller, log_dir: Path, model_dir: Path
+) -> None:
+    """SIGKILL gives the worker no chance to stop its group: the parent-death signal does."""
+    daemon = Worker(
+        log_dir,
+        controller.address,
+        "w-pw-kill",
+        model_dir,
+        "--mode",
+        "persistent_worker",
+        "--models",
+        "tiny-sd-cfg2",
+    ).start()
+    try:
+        wait_for(lambda: len(group_pids(model_dir)) == 3, 120, "the preloaded group to start")
+        pids = group_pids(model_dir)
+        daemon.signal(signal.SIGKILL)
+        daemon.wait(10)
+        wait_for(lambda: not group_pids(model_dir), 30, f"the group's processes {pids} to exit")
+    finally:
+        daemon.stop()

@@ -8,6 +8,7 @@
 - `rank` (rank side): the program torchrun starts on every rank.
 - `cfg_denoise` (rank side): the Stable Diffusion loop with classifier-free guidance split
   across ranks.
+- `data_parallel` (rank side): the same loop with a batch's outputs split across ranks.
 
 Nothing here imports torch at import time, except the rank-side modules.
 """

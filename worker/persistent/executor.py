@@ -1,19 +1,23 @@
 """`PersistentWorkerExecutor`: the `persistent_worker` execution mode.
 
 Each model gets a resident process group (`ResidentGroup`: torchrun, one rank per
-`runtime.nproc_per_node`), started on its first assignment and kept until it idles out
+`runtime.nproc_per_node`), started when the worker starts (`preload`, the daemon's `--preload`,
+on by default in this mode) or else on its first assignment, and kept until it idles out
 (`runtime.idle_unload_s`) or the worker stops. The model is loaded and `torch.distributed`
 initialised once per start; requests then cost only their compute. The rank program runs
-Stable Diffusion-style text-to-image with classifier-free guidance split across ranks
-(`cfg_denoise`).
+Stable Diffusion-style text-to-image, by `runtime.program`: `cfg_parallel` (default,
+`cfg_denoise`: classifier-free guidance split across ranks, one job per request, a batch from
+the controller job by job) or `data_parallel` (`data_parallel`: the compatible jobs of an
+assignment in one request, their outputs split across ranks).
 
-Jobs run one at a time per group (a batch from the controller runs job by job). Events per
-job: RUNNING; `load` start/end on the first job after a (re)start (`cold_start` true, the
-timing is the group's start: spawn, dist init, model load; its offset is negative when the
-group started before the job arrived); `denoise` start, one `progress` per step, `denoise`
-end, `decode` start/end, `export` start/end. Cancel and deadline are checked at every step
-(rank 0 waits for the daemon's answer and broadcasts it). A group that dies fails its job
-with UNAVAILABLE (the controller retries it) and is restarted with backoff.
+Requests run one at a time per group. Events per job: RUNNING; `load` start/end on the first
+job after a (re)start that was not a preload, and on a job that waited for a start
+(`cold_start` true; the timing is the group's start: spawn, dist init, model load, or the part
+of it the job waited for; its offset is negative when the group started before the job
+arrived); `denoise` start, one `progress` per step, `denoise` end, `decode` start/end, `export`
+start/end. Cancel and deadline are checked at every step (rank 0 waits for the daemon's answer
+and broadcasts it). A group that dies fails its job with UNAVAILABLE (the controller retries
+it) and is restarted with backoff.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def _trace_id(trace_context: dict[str, str]) -> str:
 
 
 def check_supported(plan: ItemPlan) -> None:
-    """The rank program takes prompts, size, steps, guidance, seeds and scheduler; nothing else."""
+    """The rank programs take prompts, size, steps, guidance, seeds and scheduler; nothing else."""
     req = plan.item.request
     for key in req.extra:
         raise JobFailure(INVALID_ARGUMENT, f"the persistent pipeline does not take {key!r}", f"extra.{key}")
@@ -60,6 +64,8 @@ def check_supported(plan: ItemPlan) -> None:
         raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline takes no media inputs", "inputs")
     if req.strength is not None:
         raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline does not take 'strength'", "strength")
+    if req.adapters:  # the ranks load the model once; they have no per-request LoRA
+        raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline does not apply adapters", "adapters")
 
 
 def job_fields(plan: ItemPlan) -> dict[str, Any]:
@@ -77,6 +83,34 @@ def job_fields(plan: ItemPlan) -> dict[str, Any]:
     if "guidance_scale" in common:
         fields["guidance_scale"] = float(common["guidance_scale"])
     return fields
+
+
+def launch_spec(
+    spec: t.ModelSpec, backend: str, config: WorkerConfig
+) -> tuple[LaunchSpec, backends.Placement]:
+    """How to start `spec`'s group on `backend`; GroupError(FAILED_PRECONDITION) when it cannot be."""
+    try:
+        placement = backends.placement_for(backend, spec.runtime)
+        settings = GroupSettings.from_runtime(spec.runtime, placement.backend)
+    except (backends.BackendError, SettingsError) as exc:
+        raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
+    source = spec.source or spec.id
+    name = tiny_models.builtin_name(source)
+    if name is not None:
+        try:  # built here once, so the ranks only load it
+            source = str(tiny_models.ensure_builtin(name, config.model_dir))
+        except tiny_models.BuiltinModelError as exc:
+            raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
+    launch = LaunchSpec(
+        model_id=spec.id,
+        source=source,
+        pipeline_class=spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
+        device=placement.device,
+        dtype=placement.dtype,
+        threads=config.torch_threads,
+        settings=settings,
+    )
+    return launch, placement
 
 
 class PersistentWorkerExecutor(Executor):
@@ -123,6 +157,14 @@ class PersistentWorkerExecutor(Executor):
             threading.Thread(target=old.close, daemon=True).start()
         return group
 
+    def preload_sync(self, spec: t.ModelSpec) -> None:
+        """Start `spec`'s group and wait until it is ready; GroupError when it cannot start."""
+        launch, _ = launch_spec(spec, self.backend, self.config)
+        self.group_for(launch).preload()
+
+    async def preload(self, spec: t.ModelSpec) -> None:
+        await asyncio.to_thread(self.preload_sync, spec)
+
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         loop = asyncio.get_running_loop()
 
@@ -140,8 +182,12 @@ class PersistentWorkerExecutor(Executor):
         """Stop every group (idempotent)."""
         with self._lock:
             groups, self._groups = list(self._groups.values()), {}
-        for group in groups:
-            group.close()
+        # In parallel: each group's ranks take a moment to wind down.
+        closers = [threading.Thread(target=group.close, daemon=True) for group in groups]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join()
 
     async def close(self) -> None:
         await asyncio.to_thread(self.close_sync)
@@ -176,33 +222,12 @@ class _PersistentRun:
         return [self.outcomes[job_id] for job_id in self.assignment.job_ids]
 
     def _launch_spec(self) -> tuple[LaunchSpec, backends.Placement] | None:
-        job_ids = self.assignment.job_ids
         try:
-            placement = backends.placement_for(self.executor.backend, self.spec.runtime)
-            settings = GroupSettings.from_runtime(self.spec.runtime, placement.backend)
-        except (backends.BackendError, SettingsError) as exc:
-            for job_id in job_ids:
-                self.fail(job_id, t.JobError("FAILED_PRECONDITION", f"model {self.spec.id!r}: {exc}"))
+            return launch_spec(self.spec, self.executor.backend, self.executor.config)
+        except GroupError as exc:
+            for job_id in self.assignment.job_ids:
+                self.fail(job_id, t.JobError(exc.code, str(exc)))
             return None
-        source = self.spec.source or self.spec.id
-        name = tiny_models.builtin_name(source)
-        if name is not None:
-            try:  # built here once, so the ranks only load it
-                source = str(tiny_models.ensure_builtin(name, self.executor.config.model_dir))
-            except tiny_models.BuiltinModelError as exc:
-                for job_id in job_ids:
-                    self.fail(job_id, t.JobError("FAILED_PRECONDITION", f"model {self.spec.id!r}: {exc}"))
-                return None
-        spec = LaunchSpec(
-            model_id=self.spec.id,
-            source=source,
-            pipeline_class=self.spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
-            device=placement.device,
-            dtype=placement.dtype,
-            threads=self.executor.config.torch_threads,
-            settings=settings,
-        )
-        return spec, placement
 
     def _execute(self) -> None:
         plans = []
@@ -220,16 +245,34 @@ class _PersistentRun:
             return
         spec, placement = resolved
         group = self.executor.group_for(spec)
-        for plan in plans:
-            reason = self.stop.reason(plan.job_id)
-            if reason:
-                self.fail(plan.job_id, stop_error(reason, "before start"))
-                continue
-            self._run_one(group, plan, placement)
+        for batch in self._batches(plans, group.settings.program):
+            kept = []
+            for plan in batch:
+                reason = self.stop.reason(plan.job_id)
+                if reason:
+                    self.fail(plan.job_id, stop_error(reason, "before start"))
+                else:
+                    kept.append(plan)
+            if kept:
+                self._run_work(group, kept, placement)
 
-    def _run_one(self, group: ResidentGroup, plan: ItemPlan, placement: backends.Placement) -> None:
-        job_id = plan.job_id
-        ids = [job_id]
+    @staticmethod
+    def _batches(plans: list[ItemPlan], program: str) -> list[list[ItemPlan]]:
+        """One request per job (cfg_parallel), or per group of compatible jobs (data_parallel)."""
+        if program != "data_parallel":
+            return [[plan] for plan in plans]
+        batches: dict[str, list[ItemPlan]] = {}
+        for plan in plans:
+            batches.setdefault(plan.group_key(), []).append(plan)
+        return list(batches.values())
+
+    def _run_work(self, group: ResidentGroup, plans: list[ItemPlan], placement: backends.Placement) -> None:
+        """One request to the group: one job (`{"job": ...}`) or a data-parallel batch (`{"jobs": [...]}`)."""
+        ids = [plan.job_id for plan in plans]
+        batched = group.settings.program == "data_parallel"
+        work: dict[str, Any] = (
+            {"jobs": [job_fields(plan) for plan in plans]} if batched else {"job": job_fields(plans[0])}
+        )
         waited: list[float] = []
         dispatched: list[float] = []
         last_step: list[float] = []
@@ -240,9 +283,12 @@ class _PersistentRun:
 
         def on_dispatch(lease: Lease) -> None:
             if lease.cold:
+                start = lease.record.started
                 if not waited:  # started before this job (a restart, or for an earlier job)
                     self.recorder.stage_started(ids, "load")
-                self.recorder.stage_finished(ids, "load", lease.record.started, lease.record.ready_at)
+                else:  # what this job waited for (a preload may have begun before it arrived)
+                    start = max(start, waited[0])
+                self.recorder.stage_finished(ids, "load", start, lease.record.ready_at)
             dispatched.append(time.perf_counter())
             self.recorder.stage_started(ids, "denoise")
 
@@ -250,52 +296,57 @@ class _PersistentRun:
             now = time.perf_counter()
             last_step[:] = [now]
             self.recorder.progress(ids, step, total)
-            stop = self.stop.reason(job_id) is not None
+            # A batch goes on while one of its jobs still wants its result (the others' are dropped).
+            stop = self.stop.all_stopped(ids)
             if step >= total and not stop:
                 self.recorder.stage_finished(ids, "denoise", dispatched[0], now)
                 self.recorder.stage_started(ids, "decode")
             return stop
 
         def should_abort() -> str | None:
-            return self.stop.reason(job_id)
+            return self.stop.reason(ids[0]) if self.stop.all_stopped(ids) else None
 
         try:
-            lease, reply = group.run(job_fields(plan), on_progress, on_wait, should_abort, on_dispatch)
-        except Aborted as exc:
-            self.fail(job_id, stop_error(exc.reason, "while waiting for the process group"))
+            lease, reply = group.run(work, on_progress, on_wait, should_abort, on_dispatch)
+        except Aborted:
+            for job_id in ids:
+                why = self.stop.reason(job_id) or "CANCELLED"
+                self.fail(job_id, stop_error(why, "while waiting for the process group"))
             return
         except GroupError as exc:
-            self.fail(job_id, t.JobError(exc.code, str(exc)))
+            for job_id in ids:
+                self.fail(job_id, t.JobError(exc.code, str(exc)))
             return
         returned = time.perf_counter()
         kind = reply.get("type")
         if kind == "stopped":
-            self.fail(job_id, stop_error(self.stop.reason(job_id) or "CANCELLED", "while running"))
+            for job_id in ids:
+                self.fail(job_id, stop_error(self.stop.reason(job_id) or "CANCELLED", "while running"))
             return
         if kind != "result":
             code = str(reply.get("code") or "INTERNAL")
-            self.fail(
-                job_id,
-                t.JobError(
-                    code, str(reply.get("message", "the process group failed")), str(reply.get("field", ""))
-                ),
-            )
+            message = str(reply.get("message", "the process group failed"))
+            for job_id in ids:
+                self.fail(job_id, t.JobError(code, message, str(reply.get("field", ""))))
             return
         if last_step:
             self.recorder.stage_finished(ids, "decode", last_step[0], returned)
-        reason = self.stop.reason(job_id)
-        if reason:
-            self.fail(job_id, stop_error(reason, "while running"))
-            return
-        try:
-            self.outcomes[job_id] = self._result(plan, reply, lease, placement, group)
-        except Exception as exc:
-            log.exception("export failed")
-            self.fail(job_id, t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}"))
+        per_job = reply["images"] if batched else [reply["images"]]
+        for plan, images in zip(plans, per_job, strict=True):
+            reason = self.stop.reason(plan.job_id)
+            if reason:  # stopped while the rest of its batch went on: its images are dropped
+                self.fail(plan.job_id, stop_error(reason, "while running"))
+                continue
+            try:
+                self.outcomes[plan.job_id] = self._result(plan, images, reply, lease, placement, group)
+            except Exception as exc:
+                log.exception("export failed")
+                self.fail(plan.job_id, t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}"))
 
     def _result(
         self,
         plan: ItemPlan,
+        images: list[Any],
         reply: dict[str, Any],
         lease: Any,
         placement: backends.Placement,
@@ -309,7 +360,7 @@ class _PersistentRun:
             export.image_artifact(
                 image, index=i, seed=plan.seeds[i], job_id=job_id, fmt=plan.output_format, quality=req.quality
             )
-            for i, image in enumerate(reply["images"])
+            for i, image in enumerate(images)
         ]
         self.recorder.stage_finished([job_id], "export", started)
         record = lease.record
@@ -328,8 +379,11 @@ class _PersistentRun:
                 "nproc_per_node": record.world_size,
                 "dist_backend": group.settings.dist_backend,
                 "cfg_parallel": bool(reply.get("cfg_parallel")),
+                "program": group.settings.program,
             },
         )
+        if "outputs_per_rank" in reply:  # data parallel: how the batch's outputs were split
+            config["outputs_per_rank"] = list(reply["outputs_per_rank"])
         report = t.RunReport(
             run_id=str(uuid.uuid4()),
             job_id=job_id,

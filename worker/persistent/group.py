@@ -13,7 +13,9 @@ it, and the parent-death signal of the torchrun agent is tied to it):
 - READY -> STOPPED after `idle_unload_s` without requests (0 = never), and on `close()`.
 
 Requests are served one at a time (rank 0 runs one job at a time). The first request after
-each (re)start is cold: it gets the start record (spawn + dist init + model load timing).
+each (re)start is cold: it gets the start record (spawn + dist init + model load timing); so is
+a request that had to wait for a start. A start asked for by `preload()` (the worker's
+`--preload`, before any request) is nobody's: the first request that finds it ready is warm.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class ResidentGroup:
         self._launch: Launch | None = None
         self._record: StartRecord | None = None
         self._fresh = False
+        # The next start is a preload's: its first request does not pay for it.
+        self._unclaimed_start = False
         self._wanted = False
         self._busy = False
         self._last_used = time.monotonic()
@@ -124,13 +128,14 @@ class ResidentGroup:
 
     def run(
         self,
-        job: dict[str, Any],
+        work: dict[str, Any],
         on_progress: Callable[[int, int], bool],
         on_wait: Callable[[], None],
         should_abort: Callable[[], str | None],
         on_dispatch: Callable[[Lease], None] | None = None,
     ) -> tuple[Lease, dict[str, Any]]:
-        """Run `job` on rank 0 (waiting for the group to be ready first).
+        """Run `work` (`{"job": ...}` or `{"jobs": [...]}`) on the group, through rank 0
+        (waiting for the group to be ready first).
 
         `on_wait` is called once if the request has to wait for a start; `should_abort`
         (polled while waiting) returns a reason to give up; `on_dispatch(lease)` is called
@@ -146,7 +151,7 @@ class ResidentGroup:
                 assert launch is not None
                 if on_dispatch is not None:
                     on_dispatch(lease)
-                reply = launch.request(job, on_progress)
+                reply = launch.request(work, on_progress)
             except (channel.ChannelClosed, TimeoutError, OSError) as exc:
                 what = "stopped answering" if isinstance(exc, TimeoutError) else "died"
                 self._lost(launch, f"rank 0 {what} during the job ({exc})")
@@ -174,7 +179,8 @@ class ResidentGroup:
                 if self._state is State.CLOSED:
                     raise GroupError("the worker is shutting down")
                 if self._state is State.READY and self._record is not None:
-                    cold, self._fresh = self._fresh, False
+                    # Cold: the first request after a (re)start, or one that waited for a start.
+                    cold, self._fresh = self._fresh or waited, False
                     return Lease(self._record, cold)
                 if self._start_errors > seen_errors and self._last_error is not None:
                     raise self._last_error
@@ -193,6 +199,33 @@ class ResidentGroup:
                     finally:
                         self._cond.acquire()
                     continue
+                self._wanted = True
+                self._cond.notify_all()
+                self._cond.wait(_TICK_S)
+
+    def preload(self) -> None:
+        """Start the group now, before any request, and return once it is ready.
+
+        A group started this way is warm for its first request (nobody waited for it); a request
+        that arrives while it is still starting waits and is cold. Raises GroupError when the
+        start fails or does not finish within `start_timeout_s`.
+        """
+        with self._cond:
+            if self._state is State.READY:
+                return
+            if self._state is State.STOPPED:
+                self._unclaimed_start = True
+            seen_errors = self._start_errors
+            deadline = time.monotonic() + self.settings.start_timeout_s + self.settings.restart_backoff_max_s
+            while self._state is not State.READY:
+                if self._state is State.CLOSED:
+                    raise GroupError("the worker is shutting down")
+                if self._start_errors > seen_errors and self._last_error is not None:
+                    raise self._last_error
+                if time.monotonic() > deadline:
+                    raise GroupError(
+                        f"the process group of model {self.spec.model_id!r} is not ready in time"
+                    )
                 self._wanted = True
                 self._cond.notify_all()
                 self._cond.wait(_TICK_S)
@@ -284,7 +317,7 @@ class ResidentGroup:
             with self._cond:
                 self._last_error = exc
                 self._start_errors += 1
-                self._wanted = False
+                self._wanted = self._unclaimed_start = False
                 if self._state is State.STARTING:
                     self._failures += 1
                     delay = min(
@@ -314,7 +347,8 @@ class ResidentGroup:
                 closing = True
             else:
                 closing = False
-                self._launch, self._record, self._fresh = launch, record, True
+                self._launch, self._record = launch, record
+                self._fresh, self._unclaimed_start = not self._unclaimed_start, False
                 self._state, self._wanted = State.READY, False
                 self._last_used = time.monotonic()
                 self._cond.notify_all()

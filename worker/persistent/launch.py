@@ -4,13 +4,17 @@ The agent is started in its own session (`start_new_session`), with a parent-dea
 so that it never outlives the worker even when the worker is killed with SIGKILL; torchrun
 starts each rank in a session of its own, so the ranks' pids (reported by rank 0 at start)
 are signalled one by one as well when the group is stopped.
+
+The parent-death signal is set by a few lines of Python that then exec torchrun
+(`DEATH_SIGNAL_THEN_EXEC`), not by a `preexec_fn`: running Python in a child forked from a
+worker whose grpc.aio threads are busy crashes that child with SIGSEGV now and then (gRPC's
+fork handlers), while a spawn without `preexec_fn` is a vfork + exec that runs none of them.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
@@ -30,18 +34,19 @@ from omnirt.worker.persistent.settings import GroupSettings
 log = logging.getLogger("omnirt.worker.persistent")
 
 RANK_MODULE = "omnirt.worker.persistent.rank"
-_PR_SET_PDEATHSIG = 1
-try:  # resolved before any fork: the child only calls it
-    _PRCTL: Any = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _PRCTL = None
-
-
-def _die_with_parent() -> None:
-    # Runs in the forked child before exec: the agent gets SIGTERM (and stops its ranks) when
-    # the worker thread that started it goes away, including a SIGKILLed worker.
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+# `python -c DEATH_SIGNAL_THEN_EXEC WORKER_PID ARGS...` asks Linux for SIGTERM when the worker
+# thread that started it goes away (a SIGKILLed worker included; the agent then stops its
+# ranks), checks that the worker did not die first, and becomes `python ARGS...` (same pid).
+DEATH_SIGNAL_THEN_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "except (OSError, AttributeError):\n"
+    "    pass  # not Linux\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(70)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
 
 
 class GroupError(Exception):
@@ -121,6 +126,9 @@ class Launch:
         spec = self.spec
         return [
             sys.executable,
+            "-c",
+            DEATH_SIGNAL_THEN_EXEC,
+            str(os.getpid()),
             "-m",
             "torch.distributed.run",
             "--nnodes",
@@ -193,7 +201,6 @@ class Launch:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # only prctl, resolved before the fork
             )
             self._reader = threading.Thread(target=self._read_output, name="omnirt-pw-output", daemon=True)
             self._reader.start()
@@ -230,14 +237,15 @@ class Launch:
         """True while the torchrun agent runs."""
         return self.agent is not None and self.agent.poll() is None
 
-    def request(self, job: dict[str, Any], on_progress: Any) -> dict[str, Any]:
-        """Run one job on rank 0; `on_progress(step, total)` returns True to stop it.
+    def request(self, work: dict[str, Any], on_progress: Any) -> dict[str, Any]:
+        """Run `work` (`{"job": ...}` or `{"jobs": [...]}`) on the ranks; `on_progress(step, total)`
+        returns True to stop it.
 
         Raises ChannelClosed / TimeoutError / OSError when the group dies or hangs.
         """
         assert self.conn is not None
         self.conn.settimeout(self.spec.settings.step_timeout_s)
-        channel.send(self.conn, {"op": "run", "job": job})
+        channel.send(self.conn, {"op": "run", **work})
         while True:
             message: dict[str, Any] = channel.receive(self.conn)
             if message.get("type") != "progress":

@@ -4,7 +4,8 @@
 --socket PATH --source DIR ...`: every rank initialises `torch.distributed` and loads the
 pipeline once; rank 0 then connects to the worker daemon's socket (see `channel`), says
 `ready`, and serves requests one at a time: it broadcasts each request to the other ranks
-(`broadcast_object_list`), every rank runs `cfg_denoise`, and after each step rank 0 reports
+(`broadcast_object_list`), every rank runs `cfg_denoise` (one job, guidance split across
+ranks) or `data_parallel` (a batch, split across ranks), and after each step rank 0 reports
 progress, waits for the daemon's continue/stop answer and broadcasts it, so all ranks stop at
 the same step. Rank 0 decodes and returns the images.
 
@@ -173,23 +174,21 @@ class Rank:
             stop = channel.receive(self.sock).get("op") == "stop"
         return self._agree(stop)
 
-    def run_job(self, job_fields: dict[str, Any]) -> dict[str, Any] | None:
-        """One request on this rank; rank 0 returns the message for the daemon."""
+    def _prepare_agreed(self, prepare: Any) -> tuple[Any, dict[str, Any] | None]:
+        """`prepare()` on every rank, then the first rank's error (if any) on every rank.
+
+        Preparation errors (bad size, unknown scheduler) are agreed on before any step, so no
+        rank is left waiting in a collective; errors inside the loop end the group.
+        """
         import torch.distributed as dist
 
-        from omnirt.worker.memory import PeakMemory
-        from omnirt.worker.persistent import cfg_denoise as cfg
+        from omnirt.worker.persistent.cfg_denoise import JobRejected
 
-        job = cfg.TextJob(**job_fields)
-        memory = PeakMemory(self.device)
-        memory.reset()
-        # Preparation errors (bad size, unknown scheduler) are agreed on before any step, so
-        # no rank is left waiting in a collective; errors inside the loop end the group.
         error: dict[str, Any] | None = None
         prep = None
         try:
-            prep = cfg.prepare(self.pipe, job, self.device)
-        except cfg.JobRejected as exc:
+            prep = prepare()
+        except JobRejected as exc:
             error = {"type": "error", "code": "INVALID_ARGUMENT", "message": str(exc), "field": exc.field}
         except Exception as exc:
             error = {
@@ -200,9 +199,60 @@ class Rank:
             }
         errors: list[Any] = [None] * self.world_size
         dist.all_gather_object(errors, error)
-        first = next((e for e in errors if e), None)
-        if first is not None or prep is None:
-            return first
+        return prep, next((e for e in errors if e), None)
+
+    def run_batch(self, jobs_fields: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """A batch split across the ranks (data parallel); rank 0 returns the message for the daemon."""
+        import torch.distributed as dist
+
+        from omnirt.worker.memory import PeakMemory
+        from omnirt.worker.persistent import cfg_denoise as cfg
+        from omnirt.worker.persistent import data_parallel as dp
+
+        jobs = [cfg.TextJob(**fields) for fields in jobs_fields]
+        memory = PeakMemory(self.device)
+        memory.reset()
+        outputs = dp.outputs_of(jobs)
+        share = dp.share_of(outputs, self.rank, self.world_size)
+        prep, error = self._prepare_agreed(lambda: dp.prepare(self.pipe, jobs, share, self.device))
+        if error is not None or prep is None:
+            return error
+        made = dp.generate_share(self.pipe, jobs, prep, self._on_step)
+        if made is None:
+            return {"type": "stopped"}
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(made, gathered, dst=0)
+        if self.rank != 0:
+            return None
+        assert gathered is not None
+        images: list[list[Any]] = [[None] * len(job.seeds) for job in jobs]
+        for (j, k), image in (pair for part in gathered for pair in part):
+            images[j][k] = image
+        first = images[0][0]
+        return {
+            "type": "result",
+            "images": images,
+            "scheduler": type(prep.scheduler).__name__,
+            "num_inference_steps": len(prep.timesteps),
+            "width": int(first.shape[1]),
+            "height": int(first.shape[0]),
+            "peak_memory_bytes": memory.peak_bytes(),
+            "outputs_per_rank": [len(part) for part in gathered],
+        }
+
+    def run_job(self, job_fields: dict[str, Any]) -> dict[str, Any] | None:
+        """One request on this rank; rank 0 returns the message for the daemon."""
+        import torch.distributed as dist
+
+        from omnirt.worker.memory import PeakMemory
+        from omnirt.worker.persistent import cfg_denoise as cfg
+
+        job = cfg.TextJob(**job_fields)
+        memory = PeakMemory(self.device)
+        memory.reset()
+        prep, error = self._prepare_agreed(lambda: cfg.prepare(self.pipe, job, self.device))
+        if error is not None or prep is None:
+            return error
         group = cfg.Group(self.rank, self.world_size, lambda tensor, src: dist.broadcast(tensor, src))
         started = time.perf_counter()
         latents = cfg.denoise(self.pipe, job, prep, group, self._on_step)
@@ -231,7 +281,8 @@ class Rank:
             message = self._next_request()
             if message.get("op") != "run":
                 return
-            reply = self.run_job(message["job"])
+            # "jobs": a batch for the data-parallel program; "job": one job, guidance split.
+            reply = self.run_batch(message["jobs"]) if "jobs" in message else self.run_job(message["job"])
             if self.rank == 0 and reply is not None:
                 assert self.sock is not None
                 channel.send(self.sock, reply)

@@ -9,6 +9,8 @@ step_timeout_s = 300        # longest silence of rank 0 during a job before the 
 restart_backoff_s = 1       # first restart delay after a crash, doubling per crash ...
 restart_backoff_max_s = 60  # ... up to this
 dist_backend = ""           # gloo / nccl / hccl; empty = by backend (cpu gloo, cuda nccl, ascend hccl)
+program = "cfg_parallel"    # cfg_parallel: one job at a time, guidance split across 2 ranks;
+                            # data_parallel: a batch's outputs split across the ranks
 ```
 
 Values travel through `google.protobuf.Struct`, so integers arrive as floats.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DIST_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "ascend": "hccl"}
+PROGRAMS = ("cfg_parallel", "data_parallel")
 
 
 class SettingsError(ValueError):
@@ -47,6 +50,7 @@ class GroupSettings:
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 60.0
     dist_backend: str = "gloo"
+    program: str = "cfg_parallel"
 
     @classmethod
     def from_runtime(cls, runtime: Mapping[str, Any], backend: str) -> GroupSettings:
@@ -57,6 +61,9 @@ class GroupSettings:
         dist_backend = str(runtime.get("dist_backend", "") or DIST_BACKENDS.get(backend, "gloo"))
         if dist_backend not in ("gloo", "nccl", "hccl", "mpi"):
             raise SettingsError(f"runtime.dist_backend {dist_backend!r} is not gloo, nccl, hccl or mpi")
+        program = str(runtime.get("program", "") or PROGRAMS[0])
+        if program not in PROGRAMS:
+            raise SettingsError(f"runtime.program {program!r} is not {' or '.join(PROGRAMS)}")
         return cls(
             nproc_per_node=int(nproc),
             idle_unload_s=_number(runtime, "idle_unload_s", 0.0, 0.0),
@@ -65,4 +72,5 @@ class GroupSettings:
             restart_backoff_s=_number(runtime, "restart_backoff_s", 1.0, 0.0),
             restart_backoff_max_s=_number(runtime, "restart_backoff_max_s", 60.0, 0.0),
             dist_backend=dist_backend,
+            program=program,
         )

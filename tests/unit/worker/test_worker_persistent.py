@@ -2,7 +2,7 @@
 
 One 2-rank group is shared by the tests of this module (a start costs several seconds):
 they run in file order (cold start, warm, cancel, bad input, a killed rank and the restart,
-idle unload) and the last one closes the executor.
+idle unload, preload) and the last one closes the executor.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import functools
 import io
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,6 +246,38 @@ def test_new_idle_settings_apply_without_a_restart_and_an_idle_group_is_unloaded
         time.sleep(0.05)
     assert CFG2 not in pw.loaded_models() and group.pids() == []
     assert not any(pid_alive(p) for p in pids)
+
+
+def test_a_preloaded_group_is_warm_for_its_first_request(pw: PersistentWorkerExecutor) -> None:
+    assignment = cfg2_assignment(model_id="tiny-sd-preloaded")
+    pw.preload_sync(assignment.model)  # what the daemon's --preload does at start-up
+    assert "tiny-sd-preloaded" in pw.loaded_models()
+    group = pw.group("tiny-sd-preloaded")
+    assert group is not None and len(group.pids()) == 3
+    seen_pids.extend(group.pids())
+    outcome, events = run(pw, assignment)
+    assert outcome.result is not None and outcome.result.report is not None
+    assert outcome.result.report.cold_start is False and outcome.result.report.timing("load") is None
+    assert "load:start" not in stages(events)
+
+
+def test_a_request_arriving_while_a_preload_starts_the_group_waits_and_is_cold(
+    pw: PersistentWorkerExecutor,
+) -> None:
+    group = pw.group(CFG2)
+    assert group is not None and CFG2 not in pw.loaded_models()  # unloaded by the idle test
+    assignment = cfg2_assignment()
+    preload = threading.Thread(target=pw.preload_sync, args=(assignment.model,))
+    preload.start()
+    outcome, events = run(pw, assignment)
+    preload.join()
+    assert outcome.result is not None and outcome.result.report is not None
+    report = outcome.result.report
+    assert report.cold_start is True and stages(events)[:2] == ["load:start", "load:end"]
+    [load] = [timing for timing in report.timings if timing.name == "load"]
+    # It is charged what it waited for, from its arrival: not the part of the start before it.
+    assert load.start_offset_ms >= 0 and load.duration_ms > 0
+    seen_pids.extend(group.pids())
 
 
 def test_close_leaves_no_group_process(pw: PersistentWorkerExecutor) -> None:
