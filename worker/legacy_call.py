@@ -155,6 +155,17 @@ class LegacyCallExecutor(Executor):
     def loaded_models(self) -> list[str]:
         return self.cache.loaded_models()
 
+    async def preload(self, spec: t.ModelSpec) -> None:
+        """Load `spec` into the model cache now (`--preload`), so its first job finds it warm."""
+        if null_model.is_null_model(spec):
+            return
+
+        def load() -> None:
+            placement = backends.placement_for(self._start_sync(), spec.runtime)
+            self.cache.release(self.cache.get(spec, placement))
+
+        await asyncio.to_thread(load)
+
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         if null_model.is_null_model(assignment.model):
             # No compute, so no thread: it runs on the loop and never reaches the model cache.

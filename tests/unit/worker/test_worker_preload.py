@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
+from worker_testing import make_assignment, run_assignment
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import create_executor
+from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.main import load_config
 
 
@@ -30,3 +33,15 @@ def test_a_mode_without_preload_says_so() -> None:
     executor = create_executor(WorkerConfig(mode="subprocess"))
     with pytest.raises(NotImplementedError, match="subprocess mode does not preload"):
         asyncio.run(executor.preload(t.ModelSpec(id="m")))
+
+
+def test_legacy_call_preload_makes_the_first_job_warm(model_dir: Path) -> None:
+    executor = LegacyCallExecutor(WorkerConfig(model_dir=str(model_dir), worker_id="w-pre", torch_threads=1))
+    assignment = make_assignment()
+    assert "tiny-sd" not in executor.loaded_models()
+    asyncio.run(executor.preload(assignment.model))
+    assert executor.loaded_models() == ["tiny-sd"]
+    outcomes, _ = run_assignment(executor, assignment)
+    (outcome,) = outcomes
+    assert outcome.error is None and outcome.result is not None
+    assert outcome.result.report.cold_start is False, "the preloaded model served the first job"
