@@ -235,49 +235,42 @@ def _cells(x: dict[str, Any]) -> list[str]:
     return [f"{x['per_s']:,.1f}", sc.fmt_ms(x["p50_ms"]), sc.fmt_ms(x["p99_ms"]), failures]
 
 
+def _rows(points: list[dict[str, Any]], labels: dict[str, str]) -> list[list[Any]]:
+    """Table rows: per concurrency, one row per system with its ratios to Ray."""
+    rows = []
+    for p in points:
+        for name, label in labels.items():
+            tr = p.get(f"{name}_throughput_ratio")
+            pr = p.get(f"{name}_p50_ratio")
+            rows.append(
+                [
+                    p["concurrency"],
+                    label,
+                    *_cells(p[name]),
+                    "" if tr is None else f"**{tr:.2f}**",
+                    "" if pr is None else f"{pr:.2f}",
+                ]
+            )
+    return rows
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     header = ["concurrency", "system", "calls/s", "p50", "p99", "failures", "throughput ratio", "p50 ratio"]
-    null_rows = []
-    labels = {
+    null_labels = {
         "omnirt_grpc": "OmniRT null, gRPC (SDK)",
         "omnirt_http": "OmniRT null, HTTP",
         "ray": "Ray Serve no-op",
         "ray_batch": "Ray Serve no-op, @serve.batch",
     }
-    for p in result["null"]:
-        for name, label in labels.items():
-            tr = p.get(f"{name}_throughput_ratio")
-            pr = p.get(f"{name}_p50_ratio")
-            null_rows.append(
-                [
-                    p["concurrency"],
-                    label,
-                    *_cells(p[name]),
-                    "" if tr is None else f"**{tr:.2f}**",
-                    "" if pr is None else f"{pr:.2f}",
-                ]
-            )
-    sd_rows = []
-    labels = {
+    sd_labels = {
         "omnirt": "OmniRT tiny-sd, batching off",
         "omnirt_batch": "OmniRT tiny-sd, batching on",
         "ray": "Ray Serve tiny-sd",
         "ray_batch": "Ray Serve tiny-sd, @serve.batch",
     }
-    for p in result["tiny_sd"]:
-        for name, label in labels.items():
-            tr = p.get(f"{name}_throughput_ratio")
-            pr = p.get(f"{name}_p50_ratio")
-            sd_rows.append(
-                [
-                    p["concurrency"],
-                    label,
-                    *_cells(p[name]),
-                    "" if tr is None else f"**{tr:.2f}**",
-                    "" if pr is None else f"{pr:.2f}",
-                ]
-            )
+    null_rows = _rows(result["null"], null_labels)
+    sd_rows = _rows(result["tiny_sd"], sd_labels)
     return "\n\n".join(
         [
             f"`bash bench/ray/setup.sh` once (Ray Serve {result['ray_version']} in its own virtualenv), then "
