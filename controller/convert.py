@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from omnirt import _convert as c
-from omnirt.types import WorkerInfo, WorkerState
+from omnirt.types import ModelSpec, WorkerInfo, WorkerState
+from omnirt.v1 import models_pb2
 from omnirt.worker.v1 import gateway_pb2 as pb
 
 from .workers import Assignment, CancelAssignment, Drain, Outbound
+
+# Converted ModelSpecs by spec object: every assignment carries its model's spec, and catalog
+# specs do not change once loaded. The entry holds the spec, so its id is not reused while cached.
+_MODELS: dict[int, tuple[ModelSpec, models_pb2.ModelSpec]] = {}
+_MODELS_MAX = 256
 
 
 def worker_from_hello(hello: pb.Hello) -> WorkerInfo:
@@ -25,6 +31,17 @@ def worker_from_hello(hello: pb.Hello) -> WorkerInfo:
     )
 
 
+def _model_to_proto(spec: ModelSpec) -> models_pb2.ModelSpec:
+    hit = _MODELS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    if len(_MODELS) >= _MODELS_MAX:  # specs made per call (not from a catalog): stay bounded
+        _MODELS.clear()
+    message = c.model_to_proto(spec)
+    _MODELS[id(spec)] = (spec, message)
+    return message
+
+
 def assignment_to_proto(a: Assignment) -> pb.Assignment:
     return pb.Assignment(
         assignment_id=a.assignment_id,
@@ -37,7 +54,7 @@ def assignment_to_proto(a: Assignment) -> pb.Assignment:
             )
             for i in a.items
         ],
-        model=c.model_to_proto(a.model),
+        model=_model_to_proto(a.model),
         deadline_ms=a.deadline_ms,
         trace_context=a.trace_context,
         batch_group_id=a.batch_group_id,

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import heapq
 import json
 import logging
 import time
@@ -132,6 +133,8 @@ class Engine:
         self.queue = JobQueue(config.max_queue, config.priority_aging_s)
         self.workers = WorkerRegistry()
         self._live: dict[str, JobRecord] = {}
+        # (deadline_ms, job id) of live jobs with a deadline: the reaper looks at the due ones only.
+        self._deadlines: list[tuple[int, str]] = []
         self._wake = asyncio.Event()
         # When a job held back for batch companions must go anyway (monotonic; 0 = none).
         self._window_due = 0.0
@@ -171,7 +174,8 @@ class Engine:
 
     def _submit(self, request: GenerateRequest, call_deadline_ms: int) -> tuple[JobRecord, bool]:
         started_ns = time.time_ns()
-        fingerprint = _fingerprint(request)
+        # Only an idempotency key is ever compared with it: no hashing for the other requests.
+        fingerprint = _fingerprint(request) if request.idempotency_key else b""
         if request.idempotency_key:
             existing = self.store.by_idempotency_key(request.idempotency_key)
             if existing is not None:
@@ -190,6 +194,8 @@ class Engine:
         self.tracing.submitted(record, started_ns, validated_ns)
         self.store.add(record)
         self._live[job.id] = record
+        if job.deadline_ms:
+            heapq.heappush(self._deadlines, (job.deadline_ms, job.id))
         self.queue.push(record, self._batch_key(record))
         record.append(JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED))
         log.info("job queued", extra={"job_id": job.id, "model": job.model})
@@ -198,9 +204,7 @@ class Engine:
 
     async def wait(self, record: JobRecord) -> JobRecord:
         """Wait until the job is final."""
-        seen = 0
-        while not record.job.state.terminal:
-            seen = len(await record.wait_after(seen)) + seen
+        await record.wait_final()
         return record
 
     def get(self, job_id: str) -> Job:
@@ -517,11 +521,14 @@ class Engine:
                 handle.link.close()
                 self.worker_lost(handle, f"no heartbeat for {lease_s:.1f} s")
         now_ms = int(time.time() * 1000)
-        for record in list(self._live.values()):
-            job = record.job
-            if not job.deadline_ms or job.deadline_ms > now_ms:
-                continue
-            self._expire(record)
+        if len(self._deadlines) > 2 * len(self._live) + 1024:  # mostly jobs that finished in time
+            self._deadlines = [(r.job.deadline_ms, i) for i, r in self._live.items() if r.job.deadline_ms]
+            heapq.heapify(self._deadlines)
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            _, job_id = heapq.heappop(self._deadlines)
+            record = self._live.get(job_id)  # gone when it finished in time
+            if record is not None:
+                self._expire(record)
         self.store.evict()
 
     def _expire(self, record: JobRecord) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -20,19 +21,52 @@ from .workers import Outbound, WorkerHandle
 
 log = logging.getLogger("omnirt.controller.gateway")
 _CLOSE = object()
+# Messages for a worker that queue up while the stream writes go out as one batch (to workers
+# whose Hello accepts batches): one stream write per batch instead of one per assignment.
+BATCH_MAX_MESSAGES = 256
+BATCH_MAX_BYTES = 1024 * 1024
 
 
 class StreamLink:
     """WorkerLink over the Connect stream: messages wait in a queue the response stream drains."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        # Outbound messages, or ones already converted (a message that did not fit in a batch).
+        self._pending: deque[object] = deque()
+        self._ready = asyncio.Event()
 
     def send(self, message: Outbound) -> None:
-        self.queue.put_nowait(message)
+        self._pending.append(message)
+        self._ready.set()
 
     def close(self) -> None:
-        self.queue.put_nowait(_CLOSE)
+        self._pending.append(_CLOSE)
+        self._ready.set()
+
+    async def take(self, max_messages: int) -> list[pb.ConnectResponse] | None:
+        """The next messages for the worker, converted, in order; None once the link is closed.
+
+        The first is taken whatever its size, then those queued behind it up to `max_messages`
+        and BATCH_MAX_BYTES in all.
+        """
+        while not self._pending:
+            self._ready.clear()
+            await self._ready.wait()
+        taken: list[pb.ConnectResponse] = []
+        total = 0
+        while self._pending and len(taken) < max_messages:
+            head = self._pending[0]
+            if head is _CLOSE:
+                return taken or None  # what came before the close goes first
+            message = head if isinstance(head, pb.ConnectResponse) else outbound_to_proto(head)  # type: ignore[arg-type]
+            if max_messages > 1:
+                total += message.ByteSize()
+                if taken and total > BATCH_MAX_BYTES:
+                    self._pending[0] = message  # the next batch starts with it
+                    break
+            self._pending.popleft()
+            taken.append(message)
+        return taken
 
 
 class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
@@ -62,13 +96,15 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                     worker_id=handle.id,
                     heartbeat_interval_ms=config.heartbeat_interval_ms,
                     lease_timeout_ms=config.lease_timeout_ms,
+                    accepts_batches=True,
                 )
             )
-            while True:
-                message = await link.queue.get()
-                if message is _CLOSE:
-                    break
-                yield outbound_to_proto(message)  # type: ignore[arg-type]
+            limit = BATCH_MAX_MESSAGES if hello.accepts_batches else 1
+            while (messages := await link.take(limit)) is not None:
+                if len(messages) == 1:
+                    yield messages[0]
+                else:
+                    yield pb.ConnectResponse(batch=pb.ConnectResponseBatch(messages=messages))
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -90,7 +126,11 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
 
     async def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest) -> None:
         kind = message.WhichOneof("message")
-        if kind == "heartbeat":
+        if kind == "batch":
+            for one in message.batch.messages:
+                if one.WhichOneof("message") != "batch":  # never nested (a bad worker must not recurse)
+                    await self._handle(handle, one)
+        elif kind == "heartbeat":
             hb = message.heartbeat
             await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining)
         elif kind == "event":

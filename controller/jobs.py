@@ -35,7 +35,9 @@ class JobRecord:
     first_enqueued_at: float = field(default_factory=time.monotonic)
     assignment_id: str = ""
     finished_at_monotonic: float = 0.0
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Made only when someone waits (most jobs have no watcher: the hot path skips the churn).
+    _changed: asyncio.Event | None = None
+    _final: asyncio.Event | None = None
 
     @property
     def state(self) -> JobState:
@@ -47,17 +49,30 @@ class JobRecord:
         event.job_id = self.job.id
         event.time = event.time or utcnow()
         self.events.append(event)
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+        if self._final is not None and self.job.state.terminal:
+            self._final.set()
         return event
 
     async def wait_after(self, sequence: int, timeout: float | None = None) -> list[JobEvent]:
         """Events after `sequence`, waiting for at least one unless the job is already final."""
         if len(self.events) <= sequence and not self.job.state.terminal:
+            if self._changed is None:
+                self._changed = asyncio.Event()
             changed = self._changed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout)
         return self.events[sequence:]
+
+    async def wait_final(self) -> None:
+        """Until the job is in a final state (woken once, not on every progress event)."""
+        if self.job.state.terminal:
+            return
+        if self._final is None:
+            self._final = asyncio.Event()
+        await self._final.wait()
 
 
 class JobStore:

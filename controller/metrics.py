@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -55,6 +55,24 @@ disable_created_metrics()
 
 def _task(value: object) -> str:
     return str(getattr(value, "value", value) or "")
+
+
+class _Series:
+    """`metric.labels(*values)` remembered per label values: the engine's hooks run several times
+    per job, and prometheus_client checks the values and takes a lock on every lookup.
+
+    The label values are few (models, tasks, states, error codes, stages), as in the metric itself.
+    """
+
+    def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
 
 class _StateCollector(Collector):
@@ -174,6 +192,7 @@ class EngineMetrics:
         GCCollector(registry=r)
         self._dispatched: dict[str, float] = {}
         self._progressed: set[str] = set()
+        self._series = _Series()
 
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4)."""
@@ -190,44 +209,44 @@ class EngineMetrics:
         return spec.id, _task(request.task or (spec.tasks[0] if spec.tasks else ""))
 
     def request_accepted(self, record: JobRecord) -> None:
-        self.requests.labels(record.job.model, _task(record.job.task), "OK").inc()
+        self._series(self.requests, record.job.model, _task(record.job.task), "OK").inc()
 
     def request_rejected(self, request: GenerateRequest, error: OmniRTError) -> None:
-        self.requests.labels(*self._labels(request), error.code.name).inc()
+        self._series(self.requests, *self._labels(request), error.code.name).inc()
 
     def dispatched(self, records: list[JobRecord]) -> None:
         now = time.monotonic()
         model = records[0].job.model
-        self.batch.labels(model).observe(len(records))
+        self._series(self.batch, model).observe(len(records))
         for record in records:
-            self.queue_wait.labels(model).observe(max(0.0, now - record.enqueued_at))
+            self._series(self.queue_wait, model).observe(max(0.0, now - record.enqueued_at))
             self._dispatched[record.job.id] = now
 
     def worker_event(self, record: JobRecord, event: JobEvent) -> None:
         job = record.job
         if event.kind is EventKind.STAGE and event.stage_finished:
-            self.stage.labels(job.model, event.stage).observe(event.stage_duration_ms / 1000)
+            self._series(self.stage, job.model, event.stage).observe(event.stage_duration_ms / 1000)
         elif event.kind is EventKind.PROGRESS and job.id not in self._progressed:
             self._progressed.add(job.id)
-            self.first_progress.labels(job.model).observe(time.monotonic() - record.first_enqueued_at)
+            self._series(self.first_progress, job.model).observe(time.monotonic() - record.first_enqueued_at)
 
     def result_received(self, record: JobRecord) -> None:
         started = self._dispatched.pop(record.job.id, None)
         if started is not None:
-            self.execution.labels(record.job.model, _task(record.job.task)).observe(
+            self._series(self.execution, record.job.model, _task(record.job.task)).observe(
                 time.monotonic() - started
             )
 
     def requeued(self, record: JobRecord) -> None:
         self._dispatched.pop(record.job.id, None)
-        self.retries.labels(record.job.model).inc()
+        self._series(self.retries, record.job.model).inc()
 
     def finished(self, record: JobRecord) -> None:
         job = record.job
         model, task, state = job.model, _task(job.task), job.state.value
-        self.jobs.labels(model, task, state).inc()
+        self._series(self.jobs, model, task, state).inc()
         if job.state is JobState.FAILED:
-            self.failures.labels(model, task, job.error.code if job.error else "UNKNOWN").inc()
-        self.latency.labels(model, task, state).observe(time.monotonic() - record.first_enqueued_at)
+            self._series(self.failures, model, task, job.error.code if job.error else "UNKNOWN").inc()
+        self._series(self.latency, model, task, state).observe(time.monotonic() - record.first_enqueued_at)
         self._dispatched.pop(job.id, None)
         self._progressed.discard(job.id)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -57,7 +56,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 if err
                 else error_for("UNKNOWN", "no result")
             )
-        job_msg = c.job_to_proto(dataclasses.replace(job, result=None))  # the result travels once
+        job_msg = c.job_to_proto(job, with_result=False)  # the result travels once
         return generation_pb2.GenerateResponse(result=c.result_to_proto(job.result), job=job_msg)
 
     async def Submit(self, request, context):  # type: ignore[no-untyped-def]

@@ -7,13 +7,15 @@ worker's result). The `execute` span's context travels to the worker in
 `Assignment.trace_context` (`traceparent`; for a batch also `traceparent.JOB_ID` per job), where
 the worker's own spans hang under it. The SDK exports over OTLP/HTTP when the standard
 `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are set; without
-them spans are still made (so reports and logs carry trace ids) and then dropped.
+them the spans only carry ids (`IdOnlyTracerProvider`): reports, logs and the context sent to
+workers have the same trace ids, and no span is recorded only to be dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, StatusCode, TraceFlags
 
 from omnirt.types import JobState
 
@@ -48,18 +50,68 @@ def exporting_configured(environ: Mapping[str, str] = os.environ) -> bool:
     )
 
 
-def setup(service_name: str) -> bool:
-    """Install the SDK tracer provider (once per process); export over OTLP/HTTP when configured.
+class IdOnlyTracer(trace.Tracer):
+    """Spans that carry W3C ids and record nothing: for a process that exports no span.
 
-    Returns True when spans are exported. `OTEL_SDK_DISABLED=true` leaves tracing off entirely.
+    An SDK span costs tens of microseconds to make, end and drop. These cost one random number:
+    a child keeps its parent's trace id, flags and state (as the SDK's default parent-based
+    sampler does), a root gets a new trace id and the sampled flag, so trace ids in reports and
+    logs and the `traceparent` sent to workers are what the SDK would give.
+    """
+
+    def start_span(  # type: ignore[override]
+        self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any
+    ) -> Span:
+        parent = trace.get_current_span(context).get_span_context()
+        span_id = random.getrandbits(64) or 1
+        if parent.is_valid:
+            ids = SpanContext(parent.trace_id, span_id, False, parent.trace_flags, parent.trace_state)
+        else:
+            ids = SpanContext(random.getrandbits(128) or 1, span_id, False, _SAMPLED)
+        return NonRecordingSpan(ids)
+
+    @contextmanager
+    def start_as_current_span(  # type: ignore[override]
+        self,
+        name: str,
+        context: otel_context.Context | None = None,
+        *args: Any,
+        end_on_exit: bool = True,
+        **kwargs: Any,
+    ) -> Iterator[Span]:
+        with trace.use_span(self.start_span(name, context), end_on_exit=end_on_exit) as span:
+            yield span
+
+
+class IdOnlyTracerProvider(trace.TracerProvider):
+    """The provider of `IdOnlyTracer`s, installed when no exporter is configured."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return _ID_ONLY_TRACER
+
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_ID_ONLY_TRACER = IdOnlyTracer()
+
+
+def setup(service_name: str) -> bool:
+    """Install the tracer provider (once per process); export over OTLP/HTTP when configured.
+
+    Returns True when spans are exported. Without an exporter (and without an
+    `OTEL_TRACES_SAMPLER` asking for the SDK's sampling) spans only carry ids
+    (`IdOnlyTracerProvider`). `OTEL_SDK_DISABLED=true` leaves tracing off entirely.
     """
     global _provider
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
+    exporting = exporting_configured()
+    if _provider is None and not exporting and not os.environ.get("OTEL_TRACES_SAMPLER"):
+        _provider = IdOnlyTracerProvider()
+        trace.set_tracer_provider(_provider)
+        return False
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    exporting = exporting_configured()
     if _provider is None:
         attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
         _provider = TracerProvider(resource=Resource.create(attributes))
@@ -74,7 +126,7 @@ def setup(service_name: str) -> bool:
 
 def shutdown() -> None:
     """Flush spans still buffered (at daemon exit)."""
-    if _provider is not None:
+    if _provider is not None and hasattr(_provider, "shutdown"):
         _provider.shutdown()
 
 
@@ -115,20 +167,40 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
 
 
 class TraceInterceptor(grpc.aio.ServerInterceptor):
-    """Takes the caller's trace context from gRPC metadata for the duration of each unary call."""
+    """Takes the caller's trace context from gRPC metadata for the duration of each unary call.
+
+    The wrapped handler of a method is made once and kept (the server's handlers and the
+    interceptors after this one depend on the method name only), and a call whose metadata
+    carries none of the propagator's fields skips the extraction.
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None:
+            handler = self._wrap(await continuation(handler_call_details))
+            if handler is not None:  # unknown methods are not remembered: the set of names is open
+                self._handlers[method] = handler
+        return handler  # type: ignore[return-value]  # None: grpc answers UNIMPLEMENTED
+
+    @staticmethod
+    def _wrap(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
         if handler is None or handler.request_streaming or not handler.unary_unary:
             return handler
         inner: Any = handler.unary_unary
 
         async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            with remote_parent(_metadata(context)):
+            carrier = _metadata(context)
+            if not carrier.keys() & propagate.get_global_textmap().fields:
+                return await inner(request, context)
+            with remote_parent(carrier):
                 return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
@@ -162,8 +234,10 @@ class JobTracing:
 
     @property
     def tracer(self) -> trace.Tracer:
-        # Looked up late: the daemon installs the provider after the engine exists.
-        return self._tracer or trace.get_tracer(TRACER_NAME)
+        if self._tracer is None:
+            # Once: a tracer taken before the provider is installed follows it when it is.
+            self._tracer = trace.get_tracer(TRACER_NAME)
+        return self._tracer
 
     def _child(
         self, spans: _Spans, name: str, start_ns: int | None = None, attrs: dict[str, Any] | None = None
@@ -185,8 +259,9 @@ class JobTracing:
             },
         )
         spans = _Spans(job=span)
-        self._child(spans, "validate", started_ns).end(end_time=validated_ns)
-        spans.queue = self._child(spans, "queue", validated_ns)
+        if span.is_recording():  # children of a span that records nothing would record nothing
+            self._child(spans, "validate", started_ns).end(end_time=validated_ns)
+            spans.queue = self._child(spans, "queue", validated_ns)
         self._jobs[job.id] = spans
         ctx = span.get_span_context()
         if ctx.is_valid:
@@ -205,7 +280,9 @@ class JobTracing:
                 "omnirt.batch_size": len(records),
             }
             spans.queue = None
-            spans.dispatch = self._child(spans, "dispatch", attrs=attrs)
+            if spans.job.is_recording():
+                spans.dispatch = self._child(spans, "dispatch", attrs=attrs)
+            # Always: its context is the parent of the worker's spans.
             spans.execute = self._child(spans, "execute", attrs=attrs)
 
     def assignment_context(self, records: list[JobRecord]) -> dict[str, str]:
@@ -238,7 +315,8 @@ class JobTracing:
         _end(spans.dispatch, reason)
         _end(spans.execute, reason)
         spans.dispatch = spans.execute = None
-        spans.queue = self._child(spans, "queue", time.time_ns(), {"omnirt.requeued": reason})
+        if spans.job.is_recording():
+            spans.queue = self._child(spans, "queue", time.time_ns(), {"omnirt.requeued": reason})
 
     def finished(self, record: JobRecord) -> None:
         spans = self._jobs.pop(record.job.id, None)

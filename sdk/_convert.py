@@ -6,7 +6,8 @@ reads or builds public protobuf messages field by field.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import math
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -17,25 +18,51 @@ from omnirt.v1 import cluster_pb2, models_pb2, types_pb2
 # ---- enums -------------------------------------------------------------------------------
 
 
+# Number <-> member tables per (proto enum, Python enum), made on first use: every message
+# converts a few enums, and the descriptor lookups by name cost more than the rest of it.
+_FROM_PROTO: dict[tuple[str, Any], dict[int, Any]] = {}
+_TO_PROTO: dict[tuple[str, Any], dict[Any, int]] = {}
+
+
+def _tables(enum_type: Any, prefix: str, py_enum: Any) -> tuple[dict[int, Any], dict[Any, int]]:
+    key = (enum_type.DESCRIPTOR.full_name, py_enum)
+    if key not in _FROM_PROTO:
+        members = {name.removeprefix(prefix): number for name, number in enum_type.items()}
+        both = {m: members[m.name] for m in py_enum if m.name in members}
+        _TO_PROTO[key] = both
+        _FROM_PROTO[key] = {number: m for m, number in both.items() if number}
+    return _FROM_PROTO[key], _TO_PROTO[key]
+
+
 # Enum numbers are typed Any: the generated stubs give each enum its own ValueType.
 def task_to_proto(task: t.Task | str | None) -> Any:
     """`Task` -> `omnirt.v1.Task` number (0 for None)."""
     if not task:
         return types_pb2.TASK_UNSPECIFIED
-    return types_pb2.Task.Value("TASK_" + t.Task(task).name)
+    number = _tables(types_pb2.Task, "TASK_", t.Task)[1].get(task)
+    return number if number is not None else types_pb2.Task.Value("TASK_" + t.Task(task).name)
 
 
 def task_from_proto(value: int) -> t.Task | None:
     """`omnirt.v1.Task` number -> `Task` (None when unspecified or unknown to this SDK)."""
+    task = _tables(types_pb2.Task, "TASK_", t.Task)[0].get(value)
+    if task is not None:
+        return task  # type: ignore[no-any-return]
     name = types_pb2.Task.Name(value) if value in types_pb2.Task.values() else ""
     return t.Task[name.removeprefix("TASK_")] if name and value else None
 
 
 def _enum_to_proto(enum_type: Any, prefix: str, value: Any) -> Any:
-    return int(enum_type.Value(prefix + value.name)) if value else 0
+    if not value:
+        return 0
+    number = _tables(enum_type, prefix, type(value))[1].get(value)
+    return number if number is not None else int(enum_type.Value(prefix + value.name))
 
 
 def _enum_from_proto(enum_type: Any, prefix: str, py_enum: Any, value: int) -> Any:
+    member = _tables(enum_type, prefix, py_enum)[0].get(value)
+    if member is not None:
+        return member
     if not value or value not in enum_type.values():
         return None
     return py_enum[enum_type.Name(value).removeprefix(prefix)]
@@ -59,19 +86,57 @@ def struct_from_dict(data: dict[str, Any] | None) -> struct_pb2.Struct:
     return msg
 
 
+def _from_value(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        number = value.number_value
+        if math.isinf(number) or math.isnan(number):
+            return json_format.MessageToDict(value)  # raises, with protobuf's message
+        return number
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return {k: _from_value(v) for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_from_value(v) for v in value.list_value.values]
+    return None
+
+
 def dict_from_struct(msg: struct_pb2.Struct) -> dict[str, Any]:
-    return json_format.MessageToDict(msg) if msg.fields else {}
+    """The Struct as plain data, as `json_format.MessageToDict` gives it (numbers are floats)."""
+    return {k: _from_value(v) for k, v in msg.fields.items()}
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The range of google.protobuf.Timestamp: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+_MIN_SECONDS, _MAX_SECONDS = -62135596800, 253402300799
 
 
 def ts_to_proto(value: datetime | None, target: timestamp_pb2.Timestamp) -> None:
-    if value is not None:
-        target.FromDatetime(value.astimezone(UTC))
+    if value is None:
+        return
+    if value.tzinfo is None:
+        value = value.astimezone(UTC)  # naive: local time
+    # Integer arithmetic on the timedelta: exact, and cheaper than FromDatetime's timegm.
+    delta = value - _EPOCH
+    seconds = delta.days * 86400 + delta.seconds
+    if not _MIN_SECONDS <= seconds <= _MAX_SECONDS:
+        target.FromDatetime(value.astimezone(UTC))  # raises, with protobuf's message
+        return
+    target.seconds = seconds
+    target.nanos = delta.microseconds * 1000
 
 
 def ts_from_proto(msg: Any, name: str) -> datetime | None:
     if not msg.HasField(name):
         return None
-    return getattr(msg, name).ToDatetime(tzinfo=UTC)
+    ts = getattr(msg, name)
+    seconds, nanos = ts.seconds, ts.nanos
+    if 0 <= nanos < 1_000_000_000 and _MIN_SECONDS <= seconds <= _MAX_SECONDS:
+        return _EPOCH + timedelta(seconds=seconds, microseconds=nanos // 1000)
+    return ts.ToDatetime(tzinfo=UTC)  # raises for an invalid timestamp
 
 
 def _opt(msg: Any, name: str) -> Any:
@@ -304,7 +369,8 @@ def progress_from_proto(m: types_pb2.Progress) -> t.Progress:
 # ---- jobs and events ---------------------------------------------------------------------
 
 
-def job_to_proto(j: t.Job) -> types_pb2.Job:
+def job_to_proto(j: t.Job, *, with_result: bool = True) -> types_pb2.Job:
+    """`Job` -> message; `with_result=False` leaves the result out (when it travels beside it)."""
     msg = types_pb2.Job(
         id=j.id,
         state=state_to_proto(j.state),
@@ -324,7 +390,7 @@ def job_to_proto(j: t.Job) -> types_pb2.Job:
     ts_to_proto(j.finished_at, msg.finished_at)
     if j.error:
         msg.error.CopyFrom(error_to_proto(j.error))
-    if j.result:
+    if j.result and with_result:
         msg.result.CopyFrom(result_to_proto(j.result))
     if j.progress:
         msg.progress.CopyFrom(progress_to_proto(j.progress))

@@ -7,6 +7,12 @@ reconnects with exponential backoff and jitter, says Hello again with the same w
 then sends the results that finished while it was away. A drain (SIGTERM, SIGINT or the
 controller's Drain) announces `draining`, takes nothing new, lets running jobs finish within
 `drain_timeout_s`, flushes results, closes the stream and ends `run()`.
+
+Preload (`--preload`, on by default for persistent_worker): after the first Welcome the worker
+asks the controller's ModelService (DescribeModel, over the same channel) for the catalog
+entry of each of its `--models` and has the executor make it warm, in the background: jobs
+are taken meanwhile (a job for a model still loading waits for it and is reported cold), and
+`loaded_models` names a model only once it is warm.
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ import random
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 
 import omnirt
+from omnirt import _convert
 from omnirt import types as t
+from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker import protocol
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import CancelFlags, Executor, create_executor
@@ -55,6 +64,11 @@ STABLE_SESSION_S = 10.0
 DRAIN_GRACE_S = 10.0
 # The JobError code of jobs stopped because the drain timed out: retryable elsewhere.
 DRAIN_STOP_CODE = "UNAVAILABLE"
+DESCRIBE_TIMEOUT_S = 10.0
+# Messages queued while a write is in flight go up together as one batch (when the controller
+# reads batches): one stream write per batch instead of one per event.
+BATCH_MAX_MESSAGES = 256
+BATCH_MAX_BYTES = 1024 * 1024
 
 
 def backoff_delay(
@@ -63,6 +77,16 @@ def backoff_delay(
     """Seconds to wait before reconnect `attempt` (0-based): exponential, capped, "equal jitter"."""
     ceiling = min(cap_s, base_s * (2 ** min(attempt, 30)))
     return ceiling / 2 + rand() * ceiling / 2
+
+
+def thread_pool(slots: int) -> ThreadPoolExecutor:
+    """The loop's default thread pool: room for a pipeline thread per slot and for model loads.
+
+    asyncio's own default has min(32, CPUs + 4) threads: fewer than the slots of a busy worker
+    on a small machine, so jobs the controller counts as running would wait for a thread.
+    """
+    default = min(32, (os.cpu_count() or 1) + 4)
+    return ThreadPoolExecutor(max_workers=max(default, slots + 4), thread_name_prefix="omnirt-run")
 
 
 class WorkerDaemon:
@@ -85,6 +109,9 @@ class WorkerDaemon:
         self._call: Any = None
         self._heartbeat_s = DEFAULT_HEARTBEAT_S
         self._welcomed_at: float | None = None
+        self._batch_writes = False  # the controller of this session reads batches
+        # Preloads by model id: a task while the model is made warm, None once settled.
+        self._preloads: dict[str, asyncio.Task[None] | None] = {}
         self.telemetry = WorkerTelemetry(
             config.worker_id,
             config.slots,
@@ -119,6 +146,8 @@ class WorkerDaemon:
 
     async def run(self) -> int:
         """Serve until drained; returns the exit code (0). Raises when the executor cannot start."""
+        # Executors run pipeline calls with asyncio.to_thread: one thread per busy slot, plus loads.
+        asyncio.get_running_loop().set_default_executor(thread_pool(self.config.slots))
         await self.executor.start()
         log.info(
             "worker %s ready: mode=%s backend=%s slots=%d controller=%s",
@@ -136,6 +165,9 @@ class WorkerDaemon:
         finally:
             self._closing = True
             await self._close_stream(connection)
+            for task in self._preloads.values():
+                if task is not None:
+                    task.cancel()
             await self.executor.close()
         log.info("worker %s stopped", self.worker_id)
         return 0
@@ -233,6 +265,7 @@ class WorkerDaemon:
             await asyncio.sleep(delay)
 
     async def _session(self) -> None:
+        describing: asyncio.Task[None] | None = None
         async with grpc.aio.insecure_channel(self.config.controller, options=CHANNEL_OPTIONS) as channel:
             call = gateway_pb2_grpc.WorkerGatewayServiceStub(channel).Connect()
             try:
@@ -245,9 +278,12 @@ class WorkerDaemon:
                     raise ConnectionError(f"expected Welcome, got {type(welcome).__name__}")
                 self._on_welcome(welcome)
                 self._call = call
+                describing = self._start_preloads(channel)
                 await self._serve_stream(call)
             finally:
                 self._call = None
+                if describing is not None:
+                    describing.cancel()  # its channel closes with this session; the next one retries
                 dropped = self._outbox.drop_live()
                 if dropped:
                     log.debug("dropped %d event(s) while disconnected", dropped)
@@ -272,6 +308,7 @@ class WorkerDaemon:
 
     def _on_welcome(self, welcome: Welcome) -> None:
         self._welcomed_at = time.monotonic()
+        self._batch_writes = welcome.accepts_batches
         if welcome.heartbeat_interval_ms:
             self._heartbeat_s = welcome.heartbeat_interval_ms / 1000.0
         if welcome.worker_id and welcome.worker_id != self.worker_id:
@@ -289,24 +326,32 @@ class WorkerDaemon:
             msg = await call.read()
             if msg is STREAM_END:
                 return
-            try:
-                parsed = protocol.controller_message(msg)
-            except Exception as exc:
-                log.exception("cannot read a controller message")
-                self._refuse_raw(msg, f"the worker cannot read the assignment: {exc}")
-                continue
-            self._handle(parsed)
+            for one in protocol.unbatched(msg):
+                try:
+                    parsed = protocol.controller_message(one)
+                except Exception as exc:
+                    log.exception("cannot read a controller message")
+                    self._refuse_raw(one, f"the worker cannot read the assignment: {exc}")
+                    continue
+                self._handle(parsed)
 
     async def _write_loop(self, call: Any) -> None:
         while True:
-            item = await self._outbox.get()
+            limit = BATCH_MAX_MESSAGES if self._batch_writes else 1
+            items = await self._outbox.get_many(limit, BATCH_MAX_BYTES, protocol.message_size)
+            if len(items) == 1:
+                message = items[0].message
+            else:
+                message = protocol.batch_message([item.message for item in items])
             try:
-                await call.write(item.message)
+                await call.write(message)
             except BaseException:
-                if not self._outbox.failed(item) and item.durable:
-                    log.error("giving up on a result after %d failed writes", item.attempts)
+                for item in reversed(items):  # reversed: kept results go back in their order
+                    if not self._outbox.failed(item) and item.durable:
+                        log.error("giving up on a result after %d failed writes", item.attempts)
                 raise
-            self._outbox.sent(item)
+            for item in items:
+                self._outbox.sent(item)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -336,6 +381,59 @@ class WorkerDaemon:
             draining=self._draining,
         )
         self._outbox.put(beat)
+
+    # ---- preload -------------------------------------------------------------------------
+
+    def _start_preloads(self, channel: grpc.aio.Channel) -> asyncio.Task[None] | None:
+        """Preload the `--models` not preloaded yet (after each Welcome until all are settled)."""
+        if not self.config.preload or self._draining:
+            return None
+        pending = [m for m in self.config.models if m not in self._preloads]
+        if not pending:
+            return None
+        return asyncio.create_task(self._describe_and_preload(channel, pending), name="omnirt-preload")
+
+    async def _describe_and_preload(self, channel: grpc.aio.Channel, model_ids: list[str]) -> None:
+        stub = models_pb2_grpc.ModelServiceStub(channel)
+        for model_id in model_ids:
+            request = models_pb2.DescribeModelRequest(model=model_id)
+            try:
+                response = await stub.DescribeModel(request, timeout=DESCRIBE_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    log.warning("preload: the controller has no model %r (%s)", model_id, exc.details())
+                    self._preloads[model_id] = None
+                else:  # the controller is away: the next session asks again
+                    log.warning("preload: cannot describe model %r: %s", model_id, exc.code().name)
+                continue
+            spec = _convert.model_from_proto(response.model)
+            if spec.execution_mode and spec.execution_mode != self.config.mode:
+                log.warning(
+                    "preload: model %r runs in mode %r, not %r; not preloaded",
+                    model_id,
+                    spec.execution_mode,
+                    self.config.mode,
+                )
+                self._preloads[model_id] = None
+                continue
+            self._preloads[model_id] = asyncio.create_task(
+                self._preload(spec), name=f"omnirt-preload-{model_id}"
+            )
+
+    async def _preload(self, spec: t.ModelSpec) -> None:
+        started = time.monotonic()
+        log.info("preloading model %s", spec.id)
+        try:
+            await self.executor.preload(spec)
+        except NotImplementedError as exc:
+            log.warning("--preload: %s", exc)
+        except Exception as exc:  # its first job tries again (and reports why it cannot)
+            log.error("preload of model %s failed: %s: %s", spec.id, type(exc).__name__, exc)
+        else:
+            log.info("model %s preloaded in %.1f s", spec.id, time.monotonic() - started)
+            self._queue_heartbeat()  # the controller learns it is warm now, not a beat later
+        finally:
+            self._preloads[spec.id] = None
 
     # ---- controller messages -------------------------------------------------------------
 
@@ -431,7 +529,8 @@ class WorkerDaemon:
 
     def _emit(self, assignment_id: str, event: t.JobEvent) -> None:
         # Events only matter live; while disconnected they are dropped (results are not).
-        if self._call is not None:
+        # State events stay here: the controller owns job states and ignores them.
+        if self._call is not None and event.kind is not t.EventKind.STATE:
             self._outbox.put(protocol.event_message(assignment_id, event))
 
     def _send_result(self, assignment_id: str, outcome: ItemOutcome) -> None:

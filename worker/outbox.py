@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +54,28 @@ class Outbox:
 
     async def get(self) -> OutgoingMessage:
         """The next message; call `sent` or `failed` with it afterwards."""
+        return (await self.get_many(1, 0, len))[0]
+
+    async def get_many(
+        self, max_items: int, max_bytes: int, size: Callable[[Any], int]
+    ) -> list[OutgoingMessage]:
+        """The next message and those queued behind it, up to `max_items` and `max_bytes` in all
+        (`size` of each message; the first one is taken whatever its size), in order.
+
+        Call `sent` or `failed` with each afterwards.
+        """
         while not self._items:
             await self._ready.wait()
-        item = self._items.popleft()
-        self._in_flight += 1
+        taken = [self._items.popleft()]
+        total = size(taken[0].message) if len(self._items) and max_items > 1 else 0
+        while self._items and len(taken) < max_items:
+            total += size(self._items[0].message)
+            if total > max_bytes:
+                break
+            taken.append(self._items.popleft())
+        self._in_flight += len(taken)
         self._changed()
-        return item
+        return taken
 
     def sent(self, item: OutgoingMessage) -> None:
         """`item` was written to the stream."""
@@ -66,7 +83,10 @@ class Outbox:
         self._changed()
 
     def failed(self, item: OutgoingMessage) -> bool:
-        """The write of `item` failed; durable items go back to the front. True when kept."""
+        """The write of `item` failed; durable items go back to the front. True when kept.
+
+        For several items of one failed write, call it in reverse order to keep their order.
+        """
         self._in_flight -= 1
         item.attempts += 1
         kept = item.durable and item.attempts < MAX_RESULT_ATTEMPTS

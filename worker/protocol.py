@@ -59,6 +59,8 @@ class Welcome:
     worker_id: str
     heartbeat_interval_ms: int
     lease_timeout_ms: int
+    # The controller reads batches: several messages may go up as one (`batch_message`).
+    accepts_batches: bool = False
 
 
 @dataclass
@@ -93,8 +95,9 @@ def hello_message(
     version: str,
     labels: dict[str, str] | None = None,
     token: str = "",
+    accepts_batches: bool = True,
 ) -> gateway_pb2.ConnectRequest:
-    """The first message of every stream."""
+    """The first message of every stream (this worker reads batches unless told otherwise)."""
     hello = gateway_pb2.Hello(
         worker_id=worker_id,
         execution_mode=execution_mode,
@@ -107,6 +110,7 @@ def hello_message(
         version=version,
         labels=labels or {},
         token=token,
+        accepts_batches=accepts_batches,
     )
     return gateway_pb2.ConnectRequest(hello=hello)
 
@@ -138,6 +142,18 @@ def result_message(assignment_id: str, outcome: ItemOutcome) -> gateway_pb2.Conn
     return gateway_pb2.ConnectRequest(result=msg)
 
 
+def batch_message(messages: list[gateway_pb2.ConnectRequest]) -> gateway_pb2.ConnectRequest:
+    """Several messages as one stream message (for a controller whose Welcome accepts batches)."""
+    return gateway_pb2.ConnectRequest(batch=gateway_pb2.ConnectRequestBatch(messages=messages))
+
+
+def unbatched(msg: gateway_pb2.ConnectResponse) -> list[gateway_pb2.ConnectResponse]:
+    """The controller messages in `msg`, in order: those of a batch, or `msg` itself."""
+    if msg.WhichOneof("message") == "batch":
+        return list(msg.batch.messages)
+    return [msg]
+
+
 def assignment_from_proto(msg: gateway_pb2.Assignment) -> Assignment:
     """An `omnirt.worker.v1.Assignment` as plain data."""
     items = [
@@ -164,7 +180,7 @@ def controller_message(msg: gateway_pb2.ConnectResponse) -> ControllerMessage | 
     kind = msg.WhichOneof("message")
     if kind == "welcome":
         w = msg.welcome
-        return Welcome(w.worker_id, w.heartbeat_interval_ms, w.lease_timeout_ms)
+        return Welcome(w.worker_id, w.heartbeat_interval_ms, w.lease_timeout_ms, w.accepts_batches)
     if kind == "assignment":
         return assignment_from_proto(msg.assignment)
     if kind == "cancel":

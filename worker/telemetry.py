@@ -4,7 +4,8 @@ Both are made from what each assignment returns, after it ran, so no executor ne
 about them: one `worker.execute` span per job, a child of the controller's `execute` span (the
 W3C context in `Assignment.trace_context`), with one child span per stage timing of the
 RunReport (`load`, `encode`, `denoise`, `decode`, `export`). Spans are exported over OTLP/HTTP
-when the standard `OTEL_EXPORTER_OTLP_*` endpoint variables are set.
+when the standard `OTEL_EXPORTER_OTLP_*` endpoint variables are set; a daemon without an
+exporter makes no span at all (nothing would ever read them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client import (
     start_http_server,
 )
 
+from omnirt.types import RunReport
 from omnirt.worker.memory import current_rss_bytes
 from omnirt.worker.protocol import Assignment, ItemOutcome
 
@@ -36,14 +38,19 @@ TRACER_NAME = "omnirt.worker"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _provider: Any = None
+# False once `setup_tracing` found no exporter: spans would only be made to be dropped.
+_make_spans = True
 
 disable_created_metrics()
 
 
 def setup_tracing(service_name: str) -> bool:
     """Install the SDK tracer provider; returns True when spans are exported (OTLP/HTTP)."""
-    global _provider
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or _provider is not None:
+    global _provider, _make_spans
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        _make_spans = False  # tracing off
+        return False
+    if _provider is not None:
         return False
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -60,7 +67,8 @@ def setup_tracing(service_name: str) -> bool:
 
         _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(_provider)
-    return bool(exporter and endpoint)
+    _make_spans = bool(exporter and endpoint)
+    return _make_spans
 
 
 def shutdown_tracing() -> None:
@@ -132,6 +140,16 @@ class WorkerTelemetry:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
+        # `metric.labels(...)` by label values: prometheus_client checks them and takes a lock on
+        # every lookup, several times per job; the values (models, codes, stages) are few.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _series(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def serve(self, address: str) -> None:
         """Serve `/metrics` on `address` from a background thread (prometheus_client's server)."""
@@ -152,15 +170,18 @@ class WorkerTelemetry:
         self, assignment: Assignment, outcomes: list[ItemOutcome], start_ns: int, end_ns: int
     ) -> None:
         model = assignment.model.id
-        self.execution.labels(model).observe((end_ns - start_ns) / 1e9)
-        self.batch.labels(model).observe(len(assignment.items))
+        self._series(self.execution, model).observe((end_ns - start_ns) / 1e9)
+        self._series(self.batch, model).observe(len(assignment.items))
         by_job = {o.job_id: o for o in outcomes}
         tracer = trace.get_tracer(TRACER_NAME)
         for item in assignment.items:
             outcome = by_job.get(item.job_id)
             error = outcome.error if outcome else None
             report = outcome.result.report if outcome and outcome.result else None
-            self.jobs.labels(model, error.code if error else "OK").inc()
+            self._series(self.jobs, model, error.code if error else "OK").inc()
+            if not _make_spans:
+                self._stage_metrics(model, report)
+                continue
             carrier = {"traceparent": assignment.trace_context.get(f"traceparent.{item.job_id}", "")}
             carrier["traceparent"] = carrier["traceparent"] or assignment.trace_context.get("traceparent", "")
             parent = propagate.extract(carrier) if carrier["traceparent"] else None
@@ -181,14 +202,20 @@ class WorkerTelemetry:
                 base_ns = int(report.started_at.timestamp() * 1e9) if report.started_at else start_ns
                 ctx = trace.set_span_in_context(span)
                 for timing in report.timings:
-                    self.stage.labels(model, timing.name).observe(timing.duration_ms / 1000)
-                    if timing.name == "load":
-                        self.load.labels(model).observe(timing.duration_ms / 1000)
                     begin = base_ns + int(timing.start_offset_ms * 1e6)
                     stage = tracer.start_span(timing.name, context=ctx, start_time=begin)
                     stage.end(end_time=begin + int(timing.duration_ms * 1e6))
-                if report.peak_memory_bytes:
-                    self.peak.labels(model).set(report.peak_memory_bytes)
+            self._stage_metrics(model, report)
             if error is not None:
                 span.set_status(Status(StatusCode.ERROR, f"{error.code}: {error.message}"))
             span.end(end_time=end_ns)
+
+    def _stage_metrics(self, model: str, report: RunReport | None) -> None:
+        if report is None:
+            return
+        for timing in report.timings:
+            self._series(self.stage, model, timing.name).observe(timing.duration_ms / 1000)
+            if timing.name == "load":
+                self._series(self.load, model).observe(timing.duration_ms / 1000)
+        if report.peak_memory_bytes:
+            self._series(self.peak, model).set(report.peak_memory_bytes)

@@ -137,3 +137,53 @@ def test_outbox_gives_up_on_a_result_that_never_sends() -> None:
         assert box.durable_pending() == 0
 
     asyncio.run(scenario())
+
+
+def test_batches_both_ways_keep_their_order() -> None:
+    welcome = gateway_pb2.ConnectResponse(welcome=gateway_pb2.Welcome(worker_id="w", accepts_batches=True))
+    assert protocol.controller_message(welcome) == protocol.Welcome("w", 0, 0, accepts_batches=True)
+    cancels = [gateway_pb2.ConnectResponse(cancel=gateway_pb2.CancelAssignment(job_id=j)) for j in "abc"]
+    batch = gateway_pb2.ConnectResponse(batch=gateway_pb2.ConnectResponseBatch(messages=cancels))
+    assert [m.cancel.job_id for m in protocol.unbatched(batch)] == ["a", "b", "c"]
+    assert protocol.unbatched(cancels[0]) == [cancels[0]]
+    events = [protocol.event_message("a", t.JobEvent(j, t.EventKind.STAGE, stage="denoise")) for j in "xy"]
+    up = protocol.batch_message(events)
+    assert [m.event.event.job_id for m in up.batch.messages] == ["x", "y"]
+
+
+def test_outbox_hands_out_what_is_queued_together_within_the_limits() -> None:
+    async def scenario() -> None:
+        box = Outbox()
+        for message in ("e1", "r1", "e2", "e3", "big", "e4"):
+            box.put(message, durable=message.startswith("r"))
+        size = {"big": 100}.get
+        taken = await box.get_many(3, 50, lambda m: size(m, 1))
+        assert [i.message for i in taken] == ["e1", "r1", "e2"]  # at most 3
+        taken2 = await box.get_many(10, 50, lambda m: size(m, 1))
+        assert [i.message for i in taken2] == ["e3"]  # "big" would pass 50 bytes: it goes next
+        alone = await box.get_many(10, 50, lambda m: size(m, 1))
+        assert [i.message for i in alone] == ["big"]  # first in line: taken whatever its size
+        for item in (*taken, *taken2, *alone):
+            box.sent(item)
+        last = await box.get_many(10, 50, lambda m: size(m, 1))
+        assert [i.message for i in last] == ["e4"]
+        for item in reversed(last):
+            box.failed(item)
+        assert box.durable_pending() == 0  # an event whose write failed is not kept
+
+    asyncio.run(scenario())
+
+
+def test_outbox_puts_the_results_of_a_failed_batch_back_in_order() -> None:
+    async def scenario() -> None:
+        box = Outbox()
+        for message in ("r1", "e1", "r2"):
+            box.put(message, durable=message.startswith("r"))
+        box.put("r3", durable=True)
+        batch = await box.get_many(3, 1000, len)
+        for item in reversed(batch):
+            box.failed(item)
+        again = await box.get_many(10, 1000, len)
+        assert [i.message for i in again] == ["r1", "r2", "r3"]
+
+    asyncio.run(scenario())
