@@ -74,6 +74,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
 
     def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
+        self._closing: set[asyncio.Future[None]] = set()
 
     async def Connect(
         self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
@@ -109,7 +110,12 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            await self.engine.worker_lost(handle, "stream closed")
+            # Shielded: the stream's task may be cancelled again while the engine requeues the
+            # worker's jobs (a Redis round trip), and a half-done requeue would leave them stuck.
+            lost = asyncio.ensure_future(self.engine.worker_lost(handle, "stream closed"))
+            self._closing.add(lost)
+            lost.add_done_callback(self._closing.discard)
+            await asyncio.shield(lost)
 
     async def _read(
         self, request_iterator: AsyncIterator[pb.ConnectRequest], handle: WorkerHandle, link: StreamLink

@@ -184,11 +184,7 @@ class RedisUpkeep:
                 now = time.monotonic()
                 if now - last_renew >= self.engine.config.lease_timeout_ms / 3000:
                     last_renew = now
-                    await self.engine.store.renew(
-                        self.engine.id,
-                        list(self.engine.running),
-                        _now_ms() + self.engine.config.lease_timeout_ms,
-                    )
+                    await self._renew_leases()
                 await self._expire_leases()
                 await self._expire_deadlines()
             except redis.exceptions.RedisError as exc:
@@ -196,6 +192,23 @@ class RedisUpkeep:
                 log.debug("reaper: job store unavailable: %s", exc)
             except Exception:
                 log.exception("reaper failed")
+
+    async def _renew_leases(self) -> None:
+        """Renew the leases of jobs our workers run; requeue any we hold for no worker (never stuck)."""
+        held, orphans = [], []
+        for job_id, record in list(self.engine.running.items()):
+            try:
+                handle = self.engine.workers.get(record.job.worker_id)
+            except OmniRTError:
+                handle = None
+            if handle is not None and handle.running.get(job_id) == record.assignment_id:
+                held.append(job_id)
+            else:
+                orphans.append((job_id, record.assignment_id))
+        await self.engine.store.renew(self.engine.id, held, _now_ms() + self.engine.config.lease_timeout_ms)
+        for job_id, assignment_id in orphans:
+            log.warning("job held for no connected worker: requeued", extra={"job_id": job_id})
+            await self.engine.requeue(job_id, assignment_id, "its worker is no longer connected")
 
     def _reap_workers(self) -> None:
         lease_s = self.engine.config.lease_timeout_ms / 1000
