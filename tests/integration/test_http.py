@@ -40,6 +40,20 @@ width = 64
 height = 64
 num_inference_steps = 2
 fps = 8
+
+# The same, in a mode no worker of these tests runs: its jobs stay queued until cancelled.
+[[models]]
+id = "queued-video"
+family = "null"
+tasks = ["text2video"]
+execution_mode = "modular"
+source = "builtin:null"
+pipeline_class = "NullPipeline"
+[models.defaults]
+width = 64
+height = 64
+num_inference_steps = 2
+fps = 8
 """
 MAX_BODY = 256 * 1024
 # The openai client marks its videos API deprecated (OpenAI's service is being retired); the
@@ -417,11 +431,9 @@ def test_openai_video_jobs_lifecycle_and_cancel(oai: openai.OpenAI, http: httpx.
     assert done.status == "failed" and done.error is not None and done.error.code == "invalid_argument"
     with pytest.raises(openai.BadRequestError):
         oai.videos.download_content(video.id)
-    slow = oai.videos.create(
-        model="null-video",
-        prompt="slow",
-        extra_body={"num_inference_steps": 100, "extra": {"sleep_ms_per_step": 50}},
-    )
+    # A job that waits in the queue (no worker runs its mode): a null-video job would fail at
+    # planning within a millisecond of its dispatch, before a delete could reach it.
+    slow = oai.videos.create(model="queued-video", prompt="slow")
     deleted = oai.videos.delete(slow.id)
     assert deleted.deleted is True and deleted.object == "video.deleted"
     cancelled = oai.videos.retrieve(slow.id)
