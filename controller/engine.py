@@ -29,7 +29,6 @@ from omnirt.types import (
     ModelSpec,
     Task,
     WorkerInfo,
-    WorkerState,
 )
 
 from . import tracing
@@ -44,7 +43,6 @@ from .workers import (
     Assignment,
     AssignmentItem,
     CancelAssignment,
-    Drain,
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
@@ -296,8 +294,7 @@ class Engine:
 
     def drain_worker(self, worker_id: str) -> WorkerInfo:
         handle = self.workers.get(worker_id)
-        handle.info.state = WorkerState.DRAINING
-        handle.link.send(Drain("drained by an operator"))
+        handle.drain()
         return handle.snapshot()
 
     # ---- worker side ----------------------------------------------------------------------
@@ -315,11 +312,7 @@ class Engine:
         return handle
 
     def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
-        handle.last_seen = time.monotonic()
-        handle.info.last_heartbeat_at = utcnow()
-        handle.info.loaded_models = loaded_models
-        if draining:
-            handle.info.state = WorkerState.DRAINING
+        handle.heartbeat(loaded_models, draining)
 
     def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         handle.last_seen = time.monotonic()

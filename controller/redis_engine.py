@@ -49,7 +49,6 @@ from .tracing import JobTracing
 from .validation import Plan, validate
 from .workers import (
     CancelAssignment,
-    Drain,
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
@@ -369,8 +368,7 @@ class RedisEngine:
     async def drain_worker(self, worker_id: str) -> WorkerInfo:
         with contextlib.suppress(OmniRTError):
             handle = self.workers.get(worker_id)
-            handle.info.state = WorkerState.DRAINING
-            handle.link.send(Drain("drained by an operator"))
+            handle.drain()
             return handle.snapshot()
         for info in await self.list_workers():
             if info.id == worker_id:
@@ -399,11 +397,7 @@ class RedisEngine:
         return handle
 
     async def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
-        handle.last_seen = time.monotonic()
-        handle.info.last_heartbeat_at = utcnow()
-        handle.info.loaded_models = loaded_models
-        if draining:
-            handle.info.state = WorkerState.DRAINING
+        handle.heartbeat(loaded_models, draining)
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         handle.last_seen = time.monotonic()

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import redis.exceptions
 
 from omnirt.errors import OmniRTError
-from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec, WorkerState
+from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec
 
 from .engine import batch_limit
 from .jobs import JobRecord, utcnow
 from .redis_store import Claimed
 from .validation import Plan
-from .workers import Assignment, AssignmentItem, Drain
+from .workers import Assignment, AssignmentItem
 
 if TYPE_CHECKING:
     from .redis_engine import RedisEngine
@@ -321,6 +321,4 @@ class RedisUpkeep:
                 self.engine.stop_local(job_id, assignment_id, reason or "CANCELLED")
         elif kind == "d":
             with contextlib.suppress(OmniRTError):
-                handle = self.engine.workers.get(rest)
-                handle.info.state = WorkerState.DRAINING
-                handle.link.send(Drain("drained by an operator"))
+                self.engine.workers.get(rest).drain()

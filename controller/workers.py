@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 from omnirt.errors import WorkerNotFound
@@ -88,6 +89,19 @@ class WorkerHandle:
         else:
             del self._calls[assignment_id]
         return True
+
+    def heartbeat(self, loaded_models: list[str], draining: bool) -> None:
+        """The worker is alive: its lease is renewed and its state refreshed."""
+        self.last_seen = time.monotonic()
+        self.info.last_heartbeat_at = datetime.now(UTC)
+        self.info.loaded_models = loaded_models
+        if draining:
+            self.info.state = WorkerState.DRAINING
+
+    def drain(self, reason: str = "drained by an operator") -> None:
+        """Take nothing new, finish what runs, exit (the worker's side of it)."""
+        self.info.state = WorkerState.DRAINING
+        self.link.send(Drain(reason))
 
     def release_all(self) -> None:
         self.running.clear()
