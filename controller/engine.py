@@ -196,7 +196,7 @@ class Engine:
             heapq.heappush(self._deadlines, (job.deadline_ms, job.id))
         self.queue.push(record, self._batch_key(record))
         record.append(JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED))
-        log.info("job queued", extra={"job_id": job.id, "model": job.model})
+        log.debug("job queued", extra={"job_id": job.id, "model": job.model})
         self._wake.set()
         return record, False
 

@@ -160,7 +160,7 @@ class RedisEngine:
         self.records[job.id] = record
         self.tracing.submitted(record, started_ns, validated_ns)
         self.metrics.request_accepted(record)
-        log.info("job queued", extra={"job_id": job.id, "model": job.model})
+        log.debug("job queued", extra={"job_id": job.id, "model": job.model})
         self.wake.set()
         return job, False
 

@@ -503,7 +503,7 @@ class WorkerDaemon:
             async with self._slots:
                 started_ns = time.time_ns()
                 self._busy += len(assignment.items)
-                log.info("running %d job(s) of model %s", len(assignment.items), assignment.model.id)
+                log.debug("running %d job(s) of model %s", len(assignment.items), assignment.model.id)
                 emit = functools.partial(self._emit, assignment.assignment_id)
                 try:
                     outcomes = await self.executor.run(assignment, emit, self._flags)
@@ -522,7 +522,7 @@ class WorkerDaemon:
                 if outcome.error is not None:
                     log.info("job %s failed: %s %s", job_id, outcome.error.code, outcome.error.message)
                 else:
-                    log.info("job %s succeeded", job_id)
+                    log.debug("job %s succeeded", job_id)
                 self._send_result(assignment.assignment_id, outcome)
                 self._flags.clear(job_id)
                 self._active.pop(job_id, None)

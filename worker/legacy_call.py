@@ -17,7 +17,6 @@ Models of the `null` family (no compute, for control-plane tests and benchmarks)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import logging
@@ -62,6 +61,7 @@ from omnirt.worker.pipeline_args import (
 )
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.run_events import RunRecorder, StepMonitor
+from omnirt.worker.thread_events import ThreadEvents
 
 log = logging.getLogger(__name__)
 
@@ -182,14 +182,8 @@ class LegacyCallExecutor(Executor):
             return await null_model.run_null(
                 assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend
             )
-        loop = asyncio.get_running_loop()
-
-        def emit_threadsafe(event: t.JobEvent) -> None:
-            # The loop may be gone when the worker stops mid-run; the event has nowhere to go then.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(emit, event)
-
-        return await asyncio.to_thread(self.run_sync, assignment, emit_threadsafe, flags)
+        events = ThreadEvents(asyncio.get_running_loop(), emit)
+        return await events.run(self.run_sync, assignment, events, flags)
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         """`run` without the event loop: blocks; `emit` is called from this thread."""

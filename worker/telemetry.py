@@ -173,13 +173,13 @@ class WorkerTelemetry:
         self._series(self.execution, model).observe((end_ns - start_ns) / 1e9)
         self._series(self.batch, model).observe(len(assignment.items))
         by_job = {o.job_id: o for o in outcomes}
-        tracer = trace.get_tracer(TRACER_NAME)
+        tracer = trace.get_tracer(TRACER_NAME) if _make_spans else None
         for item in assignment.items:
             outcome = by_job.get(item.job_id)
             error = outcome.error if outcome else None
             report = outcome.result.report if outcome and outcome.result else None
             self._series(self.jobs, model, error.code if error else "OK").inc()
-            if not _make_spans:
+            if tracer is None:
                 self._stage_metrics(model, report)
                 continue
             carrier = {"traceparent": assignment.trace_context.get(f"traceparent.{item.job_id}", "")}

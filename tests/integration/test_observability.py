@@ -128,6 +128,8 @@ def worker(controller: Controller, log_dir: Path, model_dir: Path, otlp: OtlpRec
         "--metrics",
         f"127.0.0.1:{port}",
         "--log-json",
+        "--log-level",
+        "DEBUG",  # a job's lines on the worker are DEBUG ("running", "succeeded")
     )
     daemon.env.update(_otel_env(otlp))
     daemon.metrics = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import logging
 import threading
 import time
@@ -43,6 +42,7 @@ from omnirt.worker.persistent.settings import GroupSettings, SettingsError
 from omnirt.worker.pipeline_args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.run_events import RunRecorder
+from omnirt.worker.thread_events import ThreadEvents
 
 log = logging.getLogger(__name__)
 
@@ -166,13 +166,8 @@ class PersistentWorkerExecutor(Executor):
         await asyncio.to_thread(self.preload_sync, spec)
 
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
-        loop = asyncio.get_running_loop()
-
-        def emit_threadsafe(event: t.JobEvent) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone when the worker stops mid-run
-                loop.call_soon_threadsafe(emit, event)
-
-        return await asyncio.to_thread(self.run_sync, assignment, emit_threadsafe, flags)
+        events = ThreadEvents(asyncio.get_running_loop(), emit)
+        return await events.run(self.run_sync, assignment, events, flags)
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         """`run` without the event loop: blocks; `emit` is called from this thread."""
