@@ -75,13 +75,16 @@ def pipeline_config(settings: Mapping[str, str], location: str) -> Any:
 # is installed), things that do not matter here: torchao's prebuilt CUDA kernels (cutlass,
 # mxfp8) do not load on a CPU-only torch, Triton is absent on CPU, diffusers cannot import
 # torchao's older tensor classes (only for checkpoints saved quantized), and torch 2.13
-# deprecates how torchao registers two enums. diffusers also says integer quantization supports
+# deprecates how torchao registers two enums; without torchvision (not a dependency: PyPI's
+# build does not import beside the pinned torch), transformers says at every first load that it
+# uses its PIL image processors instead. diffusers also says integer quantization supports
 # only bfloat16, but float32 weight-only int8 runs (and matches) on CPU: tested.
 NOISY_LOGGERS = (
     "torchao",
     "torchao.kernel.intmm",
     "diffusers.quantizers.torchao.torchao_quantizer",
     "torch.utils._pytree",
+    "transformers.utils.import_utils",
 )
 NOISE = (
     "Failed to load",
@@ -89,6 +92,8 @@ NOISE = (
     "Unable to import `torchao`",
     "is an Enum subclass",
     "for integer quantization, but only bfloat16 is supported",
+    # Stable Diffusion's feature extractor: transformers falls back to its PIL image processor.
+    "requires torchvision (not installed); falling back to",
 )
 
 
