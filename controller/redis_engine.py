@@ -143,22 +143,29 @@ class RedisEngine:
         rank = (time.time() / aging if aging > 0 else 0.0) - job.priority
         key = batch_key_id(batch_key(plan, batch_limit(self.config, plan.spec)))
         queued = JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED, time=utcnow())
-        with self._guard():
-            existing = await self.store.submit(
-                job, plan.request, fingerprint, key, rank, self.config.max_queue, queued
-            )
-            if existing is not None:
-                stored = await self.store.load(existing)
-                if stored.fingerprint != fingerprint:
-                    raise InvalidRequest(
-                        f"idempotency_key: {request.idempotency_key!r} was used for a different request "
-                        f"(job {existing})",
-                        field="idempotency_key",
-                    )
-                return stored.job, True
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
-        self.records[job.id] = record
+        # The span first: its context is stored with the job, for the controller that dispatches it.
         self.tracing.submitted(record, started_ns, validated_ns)
+        traceparent = self.tracing.traceparent(job.id)
+        try:
+            with self._guard():
+                existing = await self.store.submit(
+                    job, plan.request, fingerprint, key, rank, self.config.max_queue, queued, traceparent
+                )
+                if existing is not None:
+                    stored = await self.store.load(existing)
+                    if stored.fingerprint != fingerprint:
+                        raise InvalidRequest(
+                            f"idempotency_key: {request.idempotency_key!r} was used for a different "
+                            f"request (job {existing})",
+                            field="idempotency_key",
+                        )
+                    self.tracing.discard(job.id)
+                    return stored.job, True
+        except BaseException:
+            self.tracing.discard(job.id)
+            raise
+        self.records[job.id] = record
         self.metrics.request_accepted(record)
         log.debug("job queued", extra={"job_id": job.id, "model": job.model})
         self.wake.set()
@@ -295,6 +302,7 @@ class RedisEngine:
         self.notify(job_id)
         record = self.records.pop(job_id, None) or self.running.get(job_id)
         if record is None:
+            self.tracing.discard(job_id)  # adopted here once, then requeued and run elsewhere
             return
         record.job.state, record.job.error = state, error
         self.metrics.finished(record)

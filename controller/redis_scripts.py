@@ -81,7 +81,7 @@ end
 if redis.call('ZCARD', p .. 'queue') >= tonumber(ARGV[5]) then return {'full'} end
 redis.call('HSET', p .. 'job:' .. id, 'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
   'model', ARGV[9], 'bkey', ARGV[10], 'rank', ARGV[11], 'priority', ARGV[14], 'state', 'QUEUED',
-  'attempts', 0, 'enqueued_ms', ARGV[12])
+  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16])
 enqueue(p, id, ARGV[9], ARGV[10], ARGV[11], ARGV[14])
 if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
 redis.call('ZADD', p .. 'jobs', ARGV[12], id)
@@ -95,7 +95,7 @@ return {'ok'}
 # call), mark them RUNNING under one assignment held by `owner`.
 # ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, then model, limit pairs.
 # Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
-# {'ok', model, id1, attempts1, request1, enqueued_ms1, id2, ...}.
+# {'ok', model, id1, attempts1, request1, enqueued_ms1, traceparent1, id2, ...}.
 CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, window = ARGV[4], ARGV[5], tonumber(ARGV[6])
@@ -122,7 +122,7 @@ end
 local out = {'ok', model}
 for _, id in ipairs(ids) do
   local jk = p .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms')
+  local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent')
   dequeue(p, id, f[1], f[2], f[3])
   local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
   redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
@@ -133,6 +133,7 @@ for _, id in ipairs(ids) do
   table.insert(out, tostring(attempts))
   table.insert(out, f[4])
   table.insert(out, f[5])
+  table.insert(out, f[6] or '')
 end
 return out
 """

@@ -88,6 +88,7 @@ class Claimed:
     attempts: int
     request: GenerateRequest
     enqueued_ms: int
+    traceparent: str = ""  # of the job's span on the controller that accepted it
 
 
 class RedisJobStore:
@@ -146,6 +147,7 @@ class RedisJobStore:
         rank: float,
         max_queue: int,
         queued: JobEvent,
+        traceparent: str = "",
     ) -> str | None:
         """Store and queue a new job; returns the id of an existing job with the same key, else None."""
         now_ms = int(job.created_at.timestamp() * 1000) if job.created_at else 0
@@ -165,6 +167,7 @@ class RedisJobStore:
             job.deadline_ms,
             job.priority,
             _bytes(c.event_to_proto(queued)),
+            traceparent,
         )
         kind = answer[0].decode()
         if kind == "dup":
@@ -287,9 +290,11 @@ class RedisJobStore:
             return model, int(answer[2])
         claimed = []
         rest = answer[2:]
-        for i in range(0, len(rest), 4):
+        for i in range(0, len(rest), 5):
             request = c.request_from_proto(types_pb2.GenerateRequest.FromString(rest[i + 2]))
-            claimed.append(Claimed(rest[i].decode(), int(rest[i + 1]), request, int(rest[i + 3])))
+            claimed.append(
+                Claimed(rest[i].decode(), int(rest[i + 1]), request, int(rest[i + 3]), rest[i + 4].decode())
+            )
         return model, claimed
 
     async def append(

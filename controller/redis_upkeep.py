@@ -107,6 +107,7 @@ class RedisUpkeep:
         batch: list[JobRecord] = []
         items = []
         for c in claimed:
+            self.engine.tracing.adopt(c.job_id, c.traceparent)  # accepted by another controller
             record = self.engine.records.get(c.job_id) or JobRecord(
                 job=Job(id=c.job_id, state=JobState.RUNNING, model=spec.id, task=c.request.task),
                 plan=Plan(spec, c.request),

@@ -3,7 +3,9 @@
 Each job gets a span `omnirt.job` (a child of the caller's span when the gRPC metadata or the
 HTTP headers carry a W3C `traceparent`) with children `validate`, `queue` (one per attempt),
 `dispatch` (assignment sent -> the worker's first event) and `execute` (assignment sent -> the
-worker's result). The `execute` span's context travels to the worker in
+worker's result). With a shared store (Redis) the `omnirt.job` span's context is stored with the
+job, and a controller that dispatches a job another one accepted hangs its `dispatch` and
+`execute` under it (`JobTracing.adopt`). The `execute` span's context travels to the worker in
 `Assignment.trace_context` (`traceparent`; for a batch also `traceparent.JOB_ID` per job), where
 the worker's own spans hang under it. The SDK exports over OTLP/HTTP when the standard
 `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are set; without
@@ -216,6 +218,7 @@ class _Spans:
     queue: Span | None = None
     dispatch: Span | None = None
     execute: Span | None = None
+    adopted: bool = False  # `job` is another controller's span (a remote parent)
 
 
 def _end(span: Span | None, error: str = "") -> None:
@@ -238,6 +241,12 @@ class JobTracing:
             # Once: a tracer taken before the provider is installed follows it when it is.
             self._tracer = trace.get_tracer(TRACER_NAME)
         return self._tracer
+
+    def _records(self, spans: _Spans) -> bool:
+        """Whether children of this job's span are recorded (not with ids only)."""
+        if spans.adopted:
+            return not isinstance(self.tracer, IdOnlyTracer)
+        return spans.job.is_recording()
 
     def _child(
         self, spans: _Spans, name: str, start_ns: int | None = None, attrs: dict[str, Any] | None = None
@@ -267,6 +276,32 @@ class JobTracing:
         if ctx.is_valid:
             _remember(job.id, format(ctx.trace_id, "032x"))
 
+    def traceparent(self, job_id: str) -> str:
+        """The W3C `traceparent` of the job's span, for another controller to adopt ('' if none)."""
+        spans = self._jobs.get(job_id)
+        if spans is None:
+            return ""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, context=trace.set_span_in_context(spans.job))
+        return carrier.get("traceparent", "")
+
+    def adopt(self, job_id: str, traceparent: str) -> None:
+        """Continue the trace of a job another controller accepted (shared store): this one's
+        `dispatch` and `execute` spans, and the worker's, become children of its `omnirt.job`."""
+        if job_id in self._jobs or not traceparent:
+            return
+        span = trace.get_current_span(propagate.extract({"traceparent": traceparent}))
+        ctx = span.get_span_context()
+        if not ctx.is_valid:
+            return
+        self._jobs[job_id] = _Spans(job=span, adopted=True)  # a remote parent: nothing here ends it
+        _remember(job_id, format(ctx.trace_id, "032x"))
+
+    def discard(self, job_id: str) -> None:
+        """Forget a job's spans without ending them (a submission that did not create the job,
+        or a job that went on elsewhere)."""
+        self._jobs.pop(job_id, None)
+
     def dispatched(self, records: list[JobRecord], worker_id: str, assignment_id: str) -> None:
         for record in records:
             spans = self._jobs.get(record.job.id)
@@ -280,7 +315,7 @@ class JobTracing:
                 "omnirt.batch_size": len(records),
             }
             spans.queue = None
-            if spans.job.is_recording():
+            if self._records(spans):
                 spans.dispatch = self._child(spans, "dispatch", attrs=attrs)
             # Always: its context is the parent of the worker's spans.
             spans.execute = self._child(spans, "execute", attrs=attrs)
@@ -315,7 +350,7 @@ class JobTracing:
         _end(spans.dispatch, reason)
         _end(spans.execute, reason)
         spans.dispatch = spans.execute = None
-        if spans.job.is_recording():
+        if self._records(spans):
             spans.queue = self._child(spans, "queue", time.time_ns(), {"omnirt.requeued": reason})
 
     def finished(self, record: JobRecord) -> None:

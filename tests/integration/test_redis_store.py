@@ -7,6 +7,8 @@ workers. The scheduler's own tests also run on this store (test_scheduler.py, `[
 from __future__ import annotations
 
 import hashlib
+import json
+import secrets
 import signal
 import time
 from collections.abc import Iterator
@@ -109,12 +111,23 @@ def test_two_controllers_share_jobs_workers_cancels_and_artifacts(
     )
     a = Controller(log_dir, *shared).start()
     b = Controller(log_dir, *shared).start()
-    worker = null_worker(log_dir, model_dir, b, "w-on-b", "--slots", "2")
+    worker = null_worker(
+        log_dir, model_dir, b, "w-on-b", "--slots", "2", "--log-json", "--log-level", "DEBUG"
+    )
     try:
         with omnirt.Client(a.address, timeout=30) as on_a, omnirt.Client(b.address, timeout=30) as on_b:
-            # Submitted to A, run by B's worker, read and watched through B.
-            result = on_a.generate(model="null", prompt="through a", seed=3)
+            # Submitted to A, run by B's worker, read and watched through B; the caller's trace
+            # goes on through B to the worker.
+            trace_id = secrets.token_hex(16)
+            traced = (("traceparent", f"00-{trace_id}-{secrets.token_hex(8)}-01"),)
+            with omnirt.Client(a.address, timeout=30, metadata=traced) as traced_a:
+                result = traced_a.generate(model="null", prompt="through a", seed=3)
             assert result.report.worker_id == "w-on-b"
+            assert result.report.trace_id == trace_id
+            time.sleep(0.3)  # the worker's last lines reach its log file
+            lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+            about_job = [line for line in lines if result.job_id in line.get("job_id", "")]
+            assert about_job and {line.get("trace_id") for line in about_job} == {trace_id}
             job = on_b.get_job(result.job_id)
             assert job.state is JobState.SUCCEEDED and job.worker_id == "w-on-b"
             events = list(on_b.watch(result.job_id))

@@ -63,3 +63,44 @@ def test_a_controller_without_an_exporter_installs_the_id_only_provider() -> Non
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"  # exporting: the SDK's spans
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.split() == ["True", "TracerProvider"]
+
+
+def test_a_job_accepted_by_another_controller_continues_its_trace_here() -> None:
+    """Shared store: A stores its job span's traceparent; B adopts it, and B's dispatch/execute
+    spans and the worker's context are children of A's `omnirt.job` span."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    a = make_engine()
+    a.tracing = JobTracing(provider.get_tracer("a"))
+    record, _ = a.submit(request(seed=1, num_inference_steps=2))
+    job_id = record.job.id
+    stored = a.tracing.traceparent(job_id)
+    assert stored.startswith("00-") and a.tracing.traceparent("job-unknown") == ""
+
+    b = JobTracing(provider.get_tracer("b"))
+    b.adopt(job_id, stored)
+    b.adopt(job_id, "00-" + "0" * 32 + "-" + "0" * 16 + "-01")  # once adopted, kept
+    b.dispatched([record], "w-b", "as-1")
+    worker_context = b.assignment_context([record])["traceparent"]
+    b.finished(record)
+    a.tracing.finished(record)
+
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    job_span = spans["omnirt.job"]
+    assert stored.split("-")[2] == format(job_span.context.span_id, "016x")
+    for name in ("dispatch", "execute"):
+        assert spans[name].parent is not None and spans[name].parent.span_id == job_span.context.span_id
+        assert spans[name].context.trace_id == job_span.context.trace_id
+    _, trace_id, span_id, _ = worker_context.split("-")
+    assert (trace_id, span_id) == (
+        format(job_span.context.trace_id, "032x"),
+        format(spans["execute"].context.span_id, "016x"),
+    )
+    assert trace_id_of(job_id) == trace_id
+    b.adopt("job-other", "")  # nothing stored (an older controller accepted it): nothing adopted
+    assert b.traceparent("job-other") == ""
