@@ -195,4 +195,7 @@ def test_an_adapter_applies_to_its_request_only(client: omnirt.Client, te_lora: 
             model=MODEL, prompt=f"lora batch {prompt}", seed=40, adapters=adapters, timeout=60
         )
         diff = np.abs(pixels(alone) - pixels(result))
-        assert diff.max() <= 3 and diff.mean() < 0.5, (prompt, diff.max(), diff.mean())
+        # float32 sums in another order in a batch of 2 than alone: on one CPU (AMD EPYC, 2026-11)
+        # the second adapter job differed by up to 5 levels (mean 0.8), elsewhere by 3 (mean < 0.5);
+        # a missing or misapplied adapter moves the mean by more than 5 (asserted above).
+        assert diff.max() <= 8 and diff.mean() < 1.5, (prompt, diff.max(), diff.mean())
