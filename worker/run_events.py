@@ -1,8 +1,8 @@
 """`RunRecorder` (events and stage timings of a run) and `StepMonitor` (the step callback).
 
 Executors call it from the pipeline thread; the sink it is given must be thread-safe (the
-executors wrap the daemon's sink with `loop.call_soon_threadsafe`). Offsets and durations are
-wall time in milliseconds from the start of the run.
+executors hand it a `ThreadEvents`, which passes the events to the daemon's sink on the loop).
+Offsets and durations are wall time in milliseconds from the start of the run.
 """
 
 from __future__ import annotations
