@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -93,7 +94,7 @@ def test_slow_steps_arrive_one_by_one_while_the_call_runs() -> None:
     def pipeline(events: ThreadEvents) -> None:
         for step in range(1, 5):
             events(progress("a", step))
-            arrived_before_next.append(wait_until(lambda n=step: len(sink.events) == n, timeout=5))
+            arrived_before_next.append(wait_until(lambda: len(sink.events) == step, timeout=5))  # noqa: B023
             time.sleep(0.06)  # a step slower than the interval
 
     async def main() -> None:
@@ -166,10 +167,10 @@ def test_events_after_the_run_was_cancelled_still_reach_the_loop() -> None:
     assert [e.stage for e in sink.events] == ["denoise", "late"]
 
 
-def wait_until(condition: object, timeout: float = 5.0) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
+        if condition():
             return True
         time.sleep(0.005)
     return False
