@@ -47,6 +47,17 @@ class LoadResult:
         }
 
 
+def merged(results: list[LoadResult]) -> LoadResult:
+    """Several runs of one system as one: calls, wall time, latencies and failures added up."""
+    out = LoadResult(total=0, concurrency=results[0].concurrency if results else 0, wall_s=0.0)
+    for r in results:
+        out.total += r.total
+        out.wall_s += r.wall_s
+        out.latencies_s += r.latencies_s
+        out.failures.update(r.failures)
+    return out
+
+
 def failure_name(exc: BaseException) -> str:
     """A status name for a failed call (the OmniRT error's code, the RPC's code, or the type)."""
     if isinstance(exc, OmniRTError):

@@ -8,8 +8,11 @@ with plain diffusers from the folder OmniRT's worker built it into), each with a
 OmniRT runs, at the same time: the null model (1 controller with the HTTP gateway + 2 workers,
 32 slots each) called through the SDK (gRPC) and through `POST /v1/generate`; tiny-sd with
 batching off and on (`bench.batching`'s two deployments, one slot each) through the SDK.
-For each concurrency the four systems are driven one after the other, the same number of
-calls each, after untimed warm-up calls. Without the Ray virtualenv the scenario is skipped.
+For each concurrency, after untimed warm-up calls, the four systems take turns in `rounds`
+rounds (each round starts with the next system), the same number of calls each. A system's
+calls/s and latencies pool its rounds; a throughput ratio is the median of the ratios of the
+rounds, so a burst of load from elsewhere on a shared machine moves one round, not the verdict.
+Without the Ray virtualenv the scenario is skipped.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import omnirt
 
 from . import _scenario as sc
 from ._http import post_json, session
-from ._load import drive
+from ._load import LoadResult, drive, merged
 from ._ray import SETUP, RayServe, ray_python
 from ._stacks import Stack, start_stack, tiny_sd_stacks
 
@@ -49,23 +52,42 @@ class Settings:
     steps: int = 4
     guidance: float = 7.5
     max_batch_size: int = 8
+    rounds: int = 4  # turns per concurrency; each system gets calls / rounds per turn
 
     @classmethod
     def quick(cls) -> Settings:
-        return replace(cls(), null_calls=100, sd_calls=16)
+        return replace(cls(), null_calls=100, sd_calls=16, rounds=2)
 
 
 async def _load_points(
-    systems: dict[str, Call], concurrencies: tuple[int, ...], calls: int
+    systems: dict[str, Call], concurrencies: tuple[int, ...], calls: int, rounds: int
 ) -> list[dict[str, Any]]:
+    """Per concurrency: each system's pooled summary, with its calls/s in every round."""
+    names = list(systems)
+    per_round = max(1, calls // rounds)
     points = []
     for c in concurrencies:
-        point: dict[str, Any] = {"concurrency": c}
-        for name, call in systems.items():
+        for call in systems.values():
             await drive(call, max(2 * c, calls // 10), c, 600)
-            point[name] = (await drive(call, calls, c, 600)).summary()
+        runs: dict[str, list[LoadResult]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                runs[name].append(await drive(systems[name], per_round, c, 600))
+        point: dict[str, Any] = {"concurrency": c}
+        for name, results in runs.items():
+            point[name] = {**merged(results).summary(), "rounds_per_s": [round(x.rate, 1) for x in results]}
         points.append(point)
     return points
+
+
+def _round_ratio(point: dict[str, Any], ours: str, theirs: list[str]) -> float | None:
+    """The median over rounds of our calls/s over the best of theirs in the same round."""
+    ratios = []
+    for i, rate in enumerate(point[ours]["rounds_per_s"]):
+        best = max(point[t]["rounds_per_s"][i] for t in theirs)
+        if best:
+            ratios.append(rate / best)
+    return round(sc.median(ratios), 3) if ratios else None
 
 
 async def _measure(
@@ -122,22 +144,21 @@ async def _measure(
             "ray": ray_call("sd", sd_body),
             "ray_batch": ray_call("sd-batch", sd_body),
         }
-        null_points = await _load_points(null_systems, s.null_concurrencies, s.null_calls)
-        sd_points = await _load_points(sd_systems, s.sd_concurrencies, s.sd_calls)
+        null_points = await _load_points(null_systems, s.null_concurrencies, s.null_calls, s.rounds)
+        sd_points = await _load_points(sd_systems, s.sd_concurrencies, s.sd_calls, s.rounds)
     return null_points, sd_points
 
 
 def _null_ratios(point: dict[str, Any]) -> None:
-    best = max(point["ray"]["per_s"], point["ray_batch"]["per_s"])
     point["ray_best"] = "ray" if point["ray"]["per_s"] >= point["ray_batch"]["per_s"] else "ray_batch"
     for name in ("omnirt_grpc", "omnirt_http"):
-        point[f"{name}_throughput_ratio"] = sc.ratio(point[name]["per_s"], best)
+        point[f"{name}_throughput_ratio"] = _round_ratio(point, name, ["ray", "ray_batch"])
         point[f"{name}_p50_ratio"] = sc.ratio(point[name]["p50_ms"], point[point["ray_best"]]["p50_ms"])
 
 
 def _sd_ratios(point: dict[str, Any]) -> None:
     for ours, theirs in (("omnirt", "ray"), ("omnirt_batch", "ray_batch")):
-        point[f"{ours}_throughput_ratio"] = sc.ratio(point[ours]["per_s"], point[theirs]["per_s"])
+        point[f"{ours}_throughput_ratio"] = _round_ratio(point, ours, [theirs])
         point[f"{ours}_p50_ratio"] = sc.ratio(point[ours]["p50_ms"], point[theirs]["p50_ms"])
 
 
@@ -254,6 +275,16 @@ def _rows(points: list[dict[str, Any]], labels: dict[str, str]) -> list[list[Any
     return rows
 
 
+def _turns(rounds: int) -> str:
+    if rounds <= 1:
+        return "The systems run one after the other."
+    return (
+        f"The systems take turns in {rounds} rounds per concurrency (each round starts with the next "
+        "system); calls/s and latencies pool the rounds, and each throughput ratio is the median of the "
+        "rounds' ratios, so a burst of load from elsewhere on the machine moves one round, not the ratio."
+    )
+
+
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
     header = ["concurrency", "system", "calls/s", "p50", "p99", "failures", "throughput ratio", "p50 ratio"]
@@ -282,10 +313,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"Ray was ready {result['ray_ready_s']} s after its start. Every system gets "
             f"{s['null_calls']:,} timed calls per concurrency for the no-op / null model and "
             f"{s['sd_calls']} for tiny-sd ({s['size']}x{s['size']}, {s['steps']} steps, guidance "
-            f"{s['guidance']}), one system after the other, all of them up the whole time.",
-            "No-op / null model. Ratios are OmniRT over the better of Ray's two no-op deployments at that "
-            f"concurrency (throughput: higher is better for OmniRT; p50: lower is). Target: OmniRT's "
-            f"throughput >= {NULL_TARGET:g}x Ray Serve's.",
+            f"{s['guidance']}), all of them up the whole time. {_turns(s.get('rounds', 1))}",
+            "No-op / null model. Ratios are OmniRT over the better of Ray's two no-op deployments "
+            "(throughput: higher is better for OmniRT, the median of the rounds' ratios, each over the "
+            "better deployment in that round; p50: lower is, over the deployment with more calls/s "
+            f"overall). Target: OmniRT's throughput >= {NULL_TARGET:g}x Ray Serve's.",
             sc.md_table(header, null_rows, right=2),
             "tiny-sd. Ratios: OmniRT with batching off over Ray without `@serve.batch`, and OmniRT with "
             f"batching on over Ray with it. Target: batched throughput at concurrency 4 >= "
