@@ -34,7 +34,8 @@ from omnirt.types import (
 from . import tracing
 from .catalog import Catalog
 from .config import ControllerConfig
-from .jobs import JobRecord, JobStore, utcnow
+from .job_store import JobStore
+from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics
 from .queue import JobQueue
 from .tracing import JobTracing
@@ -216,9 +217,7 @@ class Engine:
 
     def list_jobs(self, states: list[JobState], model: str, limit: int, offset: int) -> tuple[list[Job], int]:
         """Newest first; returns the page and the next offset (0 when there is no more)."""
-        records = self.store.list(states, model)
-        page = records[offset : offset + limit]
-        more = offset + limit < len(records)
+        page, more = self.store.list(states, model, limit, offset)
         return [r.job for r in page], (offset + limit if more else 0)
 
     async def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]:
@@ -410,10 +409,20 @@ class Engine:
         self.store.finish(record, state, error=error)
         self.metrics.finished(record)
         self.tracing.finished(record)
+        self._freeze_soon(record.job.id)
         log.info(
             "job finished",
             extra={"job_id": record.job.id, "state": state.value, "error": error.message if error else ""},
         )
+
+    def _freeze_soon(self, job_id: str) -> None:
+        """Freeze a finished job once the callbacks already due (its waiters' wake-ups) have run."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the event loop (tests, tools): at once
+            self.store.freeze_finished(job_id)
+            return
+        loop.call_soon(self.store.freeze_finished, job_id)
 
     def _client_view(self, record: JobRecord, result: GenerateResult) -> GenerateResult:
         """The result with oversized artifacts replaced by a download reference."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import os
 import random
@@ -149,6 +150,11 @@ class WorkerDaemon:
         # Executors run pipeline calls with asyncio.to_thread: one thread per busy slot, plus loads.
         asyncio.get_running_loop().set_default_executor(thread_pool(self.config.slots))
         await self.executor.start()
+        # What startup made (torch, diffusers and the rest of the imports) lives as long as the
+        # process: kept out of the collector's full passes, which otherwise walk all of it again
+        # (models loaded later are not frozen: an evicted one must be collectable).
+        gc.collect()
+        gc.freeze()
         log.info(
             "worker %s ready: mode=%s backend=%s slots=%d controller=%s",
             self.worker_id,

@@ -1,0 +1,123 @@
+"""The in-memory job store: live records, and finished jobs frozen to bytes until they expire."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from omnirt.errors import JobNotFound
+from omnirt.types import EventKind, JobError, JobEvent, JobState
+
+from .finished import FinishedJob, freeze, thaw
+from .jobs import JobRecord, utcnow
+
+
+class JobStore:
+    """In-memory jobs, newest last; finished jobs are evicted by count and age.
+
+    A finished record is frozen (`finished.FinishedJob`) by `freeze_finished`, which the engine
+    calls once the job's waiters have been woken; reads of a frozen job get a fresh record.
+    """
+
+    def __init__(self, max_finished: int = 10000, ttl_s: float = 3600.0) -> None:
+        self._jobs: OrderedDict[str, JobRecord | FinishedJob] = OrderedDict()
+        self._by_key: dict[str, str] = {}
+        self._finished: OrderedDict[str, float] = OrderedDict()
+        self.max_finished = max_finished
+        self.ttl_s = ttl_s
+
+    def add(self, record: JobRecord) -> None:
+        self._jobs[record.job.id] = record
+        if record.job.idempotency_key:
+            self._by_key[record.job.idempotency_key] = record.job.id
+
+    def get(self, job_id: str) -> JobRecord:
+        entry = self._jobs.get(job_id)
+        if entry is None:
+            raise JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
+        return thaw(entry) if isinstance(entry, FinishedJob) else entry
+
+    def by_idempotency_key(self, key: str) -> JobRecord | None:
+        job_id = self._by_key.get(key)
+        return self.get(job_id) if job_id and job_id in self._jobs else None
+
+    def list(
+        self, states: Iterable[JobState] = (), model: str = "", limit: int = 0, offset: int = 0
+    ) -> tuple[list[JobRecord], bool]:
+        """Jobs newest first, filtered by state and model; a page of them and whether more follow.
+
+        `limit` 0 means all after `offset`. Only the page's frozen jobs are thawed.
+        """
+        wanted = set(states)
+        matching = [
+            entry
+            for entry in reversed(self._jobs.values())
+            if (not wanted or _state(entry) in wanted) and (not model or _model(entry) == model)
+        ]
+        end = offset + limit if limit else len(matching)
+        page = [thaw(e) if isinstance(e, FinishedJob) else e for e in matching[offset:end]]
+        return page, end < len(matching)
+
+    def finish(
+        self,
+        record: JobRecord,
+        state: JobState,
+        *,
+        error: JobError | None = None,
+    ) -> None:
+        """Move a job to a final state and log the closing events (result, then the state).
+
+        For SUCCEEDED the caller sets `record.result` and `job.result` first.
+        """
+        job = record.job
+        job.state = state
+        job.finished_at = utcnow()
+        job.error = error
+        job.waiting_reason = ""
+        job.queue_position = 0
+        if state is JobState.SUCCEEDED and job.result is not None:
+            record.append(JobEvent(job_id=job.id, kind=EventKind.RESULT, result=job.result))
+        record.append(
+            JobEvent(job_id=job.id, kind=EventKind.STATE, state=state, error=error, worker_id=job.worker_id)
+        )
+        record.finished_at_monotonic = time.monotonic()
+        self._finished[job.id] = record.finished_at_monotonic
+        self.evict()
+
+    def freeze_finished(self, job_id: str) -> None:
+        """Keep a finished job as bytes from now on (no-op when it is gone or already frozen)."""
+        entry = self._jobs.get(job_id)
+        if isinstance(entry, JobRecord) and entry.job.state.terminal:
+            self._jobs[job_id] = freeze(entry)
+
+    def evict(self, now: float | None = None) -> int:
+        """Drop finished jobs past the TTL or beyond the count bound; returns how many."""
+        now = time.monotonic() if now is None else now
+        dropped = 0
+        while self._finished:
+            job_id, finished = next(iter(self._finished.items()))
+            if len(self._finished) <= self.max_finished and now - finished < self.ttl_s:
+                break
+            self._finished.pop(job_id)
+            entry = self._jobs.pop(job_id, None)
+            key = _idempotency_key(entry) if entry is not None else ""
+            if key:
+                self._by_key.pop(key, None)
+            dropped += 1
+        return dropped
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+def _state(entry: JobRecord | FinishedJob) -> JobState:
+    return entry.state if isinstance(entry, FinishedJob) else entry.job.state
+
+
+def _model(entry: JobRecord | FinishedJob) -> str:
+    return entry.model if isinstance(entry, FinishedJob) else entry.job.model
+
+
+def _idempotency_key(entry: JobRecord | FinishedJob) -> str:
+    return entry.idempotency_key if isinstance(entry, FinishedJob) else entry.job.idempotency_key

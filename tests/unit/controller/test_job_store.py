@@ -1,0 +1,165 @@
+"""Finished jobs frozen to bytes: every read sees what it saw before, and the GC skips them."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from datetime import UTC, datetime
+
+from omnirt.controller.engine import Engine
+from omnirt.controller.finished import FinishedJob
+from omnirt.controller.jobs import JobRecord
+from omnirt.types import (
+    Artifact,
+    EventKind,
+    GenerateResult,
+    JobError,
+    JobEvent,
+    JobState,
+    MediaKind,
+    Progress,
+    RunReport,
+    StageTiming,
+)
+from tests.unit.controller.test_engine import connect, make_engine, request
+
+PNG = b"\x89PNG" + bytes(range(256)) * 8  # 2 KiB
+
+
+def result(job_id: str, *sizes: int) -> GenerateResult:
+    artifacts = [
+        Artifact(index=i, kind=MediaKind.IMAGE, mime_type="image/png", data=PNG[:n], seed=7 + i, width=64)
+        for i, n in enumerate(sizes)
+    ]
+    report = RunReport(
+        job_id=job_id,
+        worker_id="w1",
+        model="tiny-sd",
+        execution_ms=12.5,
+        timings=[StageTiming("denoise", 10.0, 0.5)],
+        config_resolved={"width": 64.0, "scheduler": "PNDMScheduler"},
+        seeds=[7],
+        warnings=["a warning"],
+        started_at=datetime(2026, 11, 30, 1, 2, 3, 456789, tzinfo=UTC),
+    )
+    return GenerateResult(job_id=job_id, artifacts=artifacts, report=report)
+
+
+def run_to_end(engine: Engine, record: JobRecord, outcome: GenerateResult | JobError) -> None:
+    """Dispatch the job to worker w1, report progress and stages, then its outcome."""
+    handle = engine.workers.get("w1")
+    engine.dispatch()
+    assignment_id = record.assignment_id
+    engine.worker_event(handle, assignment_id, _event(record, EventKind.STAGE, stage="denoise"))
+    engine.worker_event(handle, assignment_id, _event(record, EventKind.PROGRESS, progress=Progress(2, 4)))
+    if isinstance(outcome, JobError):
+        engine.worker_result(handle, assignment_id, record.job.id, None, outcome)
+    else:
+        engine.worker_result(handle, assignment_id, record.job.id, outcome, None)
+
+
+def _event(record: JobRecord, kind: EventKind, **fields: object) -> JobEvent:
+    return JobEvent(job_id=record.job.id, kind=kind, **fields)  # type: ignore[arg-type]
+
+
+def test_a_frozen_job_reads_back_as_it_was_finished() -> None:
+    engine = make_engine(inline_limit_bytes=1024)
+    connect(engine, "w1", slots=4)
+    ok, _ = engine.submit(request(prompt="a fox", width=64, labels={"team": "a"}, extra={"k": "v"}))
+    run_to_end(engine, ok, result(ok.job.id, 100, 2000))  # the second artifact is over the limit
+    failed, _ = engine.submit(request())
+    run_to_end(engine, failed, JobError("FAILED_PRECONDITION", "cannot load", field="model"))
+
+    for live in (ok, failed):
+        entry = engine.store._jobs[live.job.id]
+        assert isinstance(entry, FinishedJob)  # outside an event loop: frozen at once
+        thawed = engine.store.get(live.job.id)
+        assert thawed is not live
+        assert thawed.job == live.job
+        assert thawed.events == live.events
+        assert thawed.fingerprint == live.fingerprint
+    assert [e.kind for e in ok.events] == [
+        EventKind.STATE,
+        EventKind.STATE,
+        EventKind.STAGE,
+        EventKind.PROGRESS,
+        EventKind.RESULT,
+        EventKind.STATE,
+    ]
+
+    # The client's view left the big artifact's bytes out; DownloadArtifact still has them all.
+    job = engine.get(ok.job.id)
+    assert job.result is not None and job.result.artifacts[1].data == b""
+    assert job.result.artifacts[1].uri == f"omnirt://jobs/{ok.job.id}/artifacts/1"
+    data, full = engine.artifact(ok.job.id, 1)
+    assert data == PNG[:2000] and full.artifacts[0].data == PNG[:100]
+    request_back = engine.store.get(ok.job.id).plan.request
+    assert (request_back.prompt, request_back.width, request_back.labels) == ("a fox", 64, {"team": "a"})
+    assert engine.get(failed.job.id).error == JobError("FAILED_PRECONDITION", "cannot load", field="model")
+
+
+def test_lists_filters_pages_and_idempotency_work_on_frozen_jobs() -> None:
+    engine = make_engine()
+    connect(engine, "w1", slots=8)
+    records = [engine.submit(request(idempotency_key=f"k{i}"))[0] for i in range(5)]
+    for record in records[:3]:
+        run_to_end(engine, record, result(record.job.id, 10))
+    jobs, next_offset = engine.list_jobs([JobState.SUCCEEDED], "tiny-sd", limit=2, offset=0)
+    assert [j.id for j in jobs] == [records[2].job.id, records[1].job.id] and next_offset == 2
+    jobs, next_offset = engine.list_jobs([JobState.SUCCEEDED], "", limit=2, offset=2)
+    assert [j.id for j in jobs] == [records[0].job.id] and next_offset == 0
+    assert engine.list_jobs([], "other-model", 10, 0) == ([], 0)
+    again, deduplicated = engine.submit(request(idempotency_key="k0"))
+    assert deduplicated and again.job.id == records[0].job.id and again.job.state is JobState.SUCCEEDED
+
+
+def test_eviction_drops_frozen_jobs_and_their_idempotency_keys() -> None:
+    engine = make_engine(max_finished_jobs=2)
+    connect(engine, "w1", slots=8)
+    records = [engine.submit(request(idempotency_key=f"k{i}"))[0] for i in range(3)]
+    for record in records:
+        run_to_end(engine, record, result(record.job.id, 10))
+    assert len(engine.store) == 2
+    fresh, deduplicated = engine.submit(request(idempotency_key="k0"))
+    assert not deduplicated and fresh.job.id != records[0].job.id
+
+
+def test_kept_finished_jobs_cost_the_garbage_collector_almost_nothing() -> None:
+    engine = make_engine()
+    link = connect(engine, "w1", slots=1)
+    for _ in range(20):  # first calls fill caches (metrics series, conversion tables)
+        record, _ = engine.submit(request())
+        run_to_end(engine, record, result(record.job.id, 100))
+    link.sent.clear()  # the test's link keeps what it was sent; a worker's stream does not
+    gc.collect()
+    before = len(gc.get_objects())
+    count = 500
+    for _ in range(count):
+        record, _ = engine.submit(request(prompt="p", labels={"a": "b"}))
+        run_to_end(engine, record, result(record.job.id, 100))
+        link.sent.clear()
+    del record
+    gc.collect()
+    # A live finished record is ~35 tracked objects (job, result, report, events, request...);
+    # frozen, it is one tuple whose contents the collector does not track.
+    per_job = (len(gc.get_objects()) - before) / count
+    assert per_job <= 1.1, per_job
+    assert len(engine.store) == count + 20
+
+
+def test_a_job_is_frozen_only_after_its_waiters_were_woken() -> None:
+    async def scenario() -> None:
+        engine = make_engine()
+        connect(engine, "w1", slots=1)
+        record, _ = engine.submit(request())
+        waiter = asyncio.ensure_future(engine.wait(record))
+        await asyncio.sleep(0)
+        run_to_end(engine, record, result(record.job.id, 10))
+        assert isinstance(engine.store._jobs[record.job.id], JobRecord)  # not yet: waiters first
+        woken = await waiter
+        assert woken is record and woken.job.result is not None
+        await asyncio.sleep(0)
+        assert isinstance(engine.store._jobs[record.job.id], FinishedJob)
+        assert engine.get(record.job.id).result == record.job.result
+
+    asyncio.run(scenario())
