@@ -43,7 +43,8 @@ def freeze(record: JobRecord) -> FinishedJob:
     """The bytes of a finished record (it must not change any more)."""
     job = record.job
     full = record.result
-    cut = full is not None and job.result is not None and any(a.uri for a in job.result.artifacts)
+    # Only when an artifact was cut from the client's view does the full result differ from it.
+    cut = job.result is not None and any(a.uri for a in job.result.artifacts)
     return FinishedJob(
         id=job.id,
         state=job.state,
@@ -53,7 +54,7 @@ def freeze(record: JobRecord) -> FinishedJob:
         finished_at_monotonic=record.finished_at_monotonic,
         spec=record.plan.spec,
         job=c.job_to_proto(job).SerializeToString(),
-        full_result=c.result_to_proto(full).SerializeToString() if cut and full is not None else b"",
+        full_result=c.result_to_proto(full).SerializeToString() if full is not None and cut else b"",
         request=c.request_to_proto(record.plan.request).SerializeToString(),
         events=tuple(_event_bytes(e) for e in record.events),
     )

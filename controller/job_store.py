@@ -53,7 +53,7 @@ class JobStore:
         matching = [
             entry
             for entry in reversed(self._jobs.values())
-            if (not wanted or _state(entry) in wanted) and (not model or _model(entry) == model)
+            if (not wanted or entry.state in wanted) and (not model or entry.model == model)
         ]
         end = offset + limit if limit else len(matching)
         page = [thaw(e) if isinstance(e, FinishedJob) else e for e in matching[offset:end]]
@@ -101,23 +101,10 @@ class JobStore:
                 break
             self._finished.pop(job_id)
             entry = self._jobs.pop(job_id, None)
-            key = _idempotency_key(entry) if entry is not None else ""
-            if key:
-                self._by_key.pop(key, None)
+            if entry is not None and entry.idempotency_key:
+                self._by_key.pop(entry.idempotency_key, None)
             dropped += 1
         return dropped
 
     def __len__(self) -> int:
         return len(self._jobs)
-
-
-def _state(entry: JobRecord | FinishedJob) -> JobState:
-    return entry.state if isinstance(entry, FinishedJob) else entry.job.state
-
-
-def _model(entry: JobRecord | FinishedJob) -> str:
-    return entry.model if isinstance(entry, FinishedJob) else entry.job.model
-
-
-def _idempotency_key(entry: JobRecord | FinishedJob) -> str:
-    return entry.idempotency_key if isinstance(entry, FinishedJob) else entry.job.idempotency_key

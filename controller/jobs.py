@@ -36,9 +36,18 @@ class JobRecord:
     _changed: asyncio.Event | None = None
     _final: asyncio.Event | None = None
 
+    # The names a `finished.FinishedJob` has too: the store filters and evicts either kind.
     @property
     def state(self) -> JobState:
         return self.job.state
+
+    @property
+    def model(self) -> str:
+        return self.job.model
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.job.idempotency_key
 
     def append(self, event: JobEvent) -> JobEvent:
         """Number the event, log it and wake the watchers."""
