@@ -50,7 +50,15 @@ def _session_pids(sid: int) -> list[int]:
 class RayServe:
     """The Ray Serve app on a free loopback port; `url` is its HTTP proxy."""
 
-    def __init__(self, python: Path, log_dir: Path, model_dir: Path, torch_threads: int, max_batch_size: int):
+    def __init__(
+        self,
+        python: Path,
+        log_dir: Path,
+        model_dir: Path,
+        torch_threads: int,
+        max_batch_size: int,
+        noop_batch_wait_s: float = 0.0,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / "ray-serve.log"
@@ -66,6 +74,8 @@ class RayServe:
             str(torch_threads),
             "--max-batch-size",
             str(max_batch_size),
+            "--noop-batch-wait-s",
+            str(noop_batch_wait_s),
             # Ray's own session folder, removed on stop: nothing left in /tmp/ray afterwards. Short,
             # because Ray puts Unix sockets in it (their paths are limited to 107 bytes).
             "--temp-dir",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import omnirt
+from omnirt.controller.config import ControllerConfig
 
 from . import _scenario as sc
 from ._http import post_json, session
@@ -52,6 +53,9 @@ class Settings:
     steps: int = 4
     guidance: float = 7.5
     max_batch_size: int = 8
+    # Ray's no-op `@serve.batch` waits as long as OmniRT's busy batch window (its default, 2 ms);
+    # the tiny-sd batches wait for nothing on either side (OmniRT's 1-slot workers never wait).
+    noop_batch_wait_s: float = ControllerConfig().batch_busy_window_ms / 1000
     rounds: int = 4  # turns per concurrency; each system gets calls / rounds per turn
 
     @classmethod
@@ -166,7 +170,14 @@ def run(settings: Settings, ctx: sc.Context) -> dict[str, Any]:
     python = ray_python()
     if python is None:
         raise sc.Skipped(f"Ray Serve is not installed: `{SETUP}` makes .venv-bench-ray, then rerun")
-    ray = RayServe(python, ctx.log_dir, ctx.model_dir / "tiny-sd", ctx.torch_threads, settings.max_batch_size)
+    ray = RayServe(
+        python,
+        ctx.log_dir,
+        ctx.model_dir / "tiny-sd",
+        ctx.torch_threads,
+        settings.max_batch_size,
+        settings.noop_batch_wait_s,
+    )
     stacks: list[Stack] = []
     try:
         ray.start()
@@ -307,9 +318,13 @@ def markdown(result: dict[str, Any]) -> str:
             f"`bash bench/ray/setup.sh` once (Ray Serve {result['ray_version']} in its own virtualenv), then "
             "`python -m bench.suite --only peers`. Ray Serve: one local Ray instance, its HTTP proxy on "
             "127.0.0.1, one replica per deployment (`num_cpus=0`, `max_ongoing_requests=256` so that Ray's "
-            f"default cap of 5 does not decide), `@serve.batch(max_batch_size={s['max_batch_size']}, "
-            "batch_wait_timeout_s=0)` like OmniRT's batcher (up to 8, no window); the tiny-sd replicas run "
-            "one pipeline call at a time in a thread, with the same torch threads as OmniRT's workers. "
+            f"default cap of 5 does not decide), `@serve.batch(max_batch_size={s['max_batch_size']})` like "
+            "OmniRT's batcher (up to 8), waiting for companions "
+            f"`batch_wait_timeout_s={s.get('noop_batch_wait_s', 0):g}` for the no-op, as long as OmniRT's "
+            "busy batch window (`--batch-busy-window-ms`, its default; it applies while jobs of the model "
+            "run), and 0 for tiny-sd, where OmniRT's 1-slot workers never wait either; the tiny-sd "
+            "replicas run one pipeline call at a time in a thread, with the same torch threads as OmniRT's "
+            "workers. "
             f"Ray was ready {result['ray_ready_s']} s after its start. Every system gets "
             f"{s['null_calls']:,} timed calls per concurrency for the no-op / null model and "
             f"{s['sd_calls']} for tiny-sd ({s['size']}x{s['size']}, {s['steps']} steps, guidance "

@@ -27,6 +27,13 @@ class ControllerConfig:
         default=0,
         metadata={"help": "how long a batchable job may wait for companions (0 = batch only what is queued)"},
     )
+    batch_busy_window_ms: int = field(
+        default=2,
+        metadata={
+            "help": "how long a batchable job may wait for companions while other jobs of its model "
+            "run (0 = off; an idle model's job never waits for it)"
+        },
+    )
     max_attempts: int = field(default=3, metadata={"help": "runs of a job before a lost worker fails it"})
     heartbeat_interval_ms: int = field(default=1000, metadata={"help": "how often workers send heartbeats"})
     lease_timeout_ms: int = field(

@@ -447,7 +447,7 @@ class Engine:
         if handle is None:
             return False
         limit = self._batch_limit(record.plan.spec)
-        window_s = self.config.batch_window_ms / 1000
+        window_s = self._window_s(record.plan.spec)
         if (
             window_s
             and self.queue.count_peers(record.job.id) + 1 < limit
@@ -475,6 +475,15 @@ class Engine:
         )
         return True
 
+    def _window_s(self, spec: ModelSpec) -> float:
+        """How long a batchable job of `spec` may wait for companions now (the busy window while
+        jobs of the model run: under load the next companions are already on their way)."""
+        window_ms = self.config.batch_window_ms
+        busy_ms = self.config.batch_busy_window_ms
+        if busy_ms > window_ms and self.workers.running_of(spec.id):
+            window_ms = busy_ms
+        return window_ms / 1000
+
     def _start(self, record: JobRecord, handle: WorkerHandle, assignment_id: str) -> AssignmentItem:
         """Mark one job RUNNING on `handle` under `assignment_id`."""
         job = record.job
@@ -484,7 +493,7 @@ class Engine:
         job.worker_id = handle.id
         job.waiting_reason = ""
         record.assignment_id = assignment_id
-        handle.start(job.id, assignment_id)
+        handle.start(job.id, assignment_id, record.plan.spec.id)
         wait_ms = (time.monotonic() - record.enqueued_at) * 1000
         record.append(
             JobEvent(

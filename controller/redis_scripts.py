@@ -93,14 +93,15 @@ return {'ok'}
 
 # Take the best queued job among the given models (and up to limit-1 jobs that can share its
 # call), mark them RUNNING under one assignment held by `owner`.
-# ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, then model, limit pairs.
+# ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, busy_window_ms (the window while jobs
+# of the model run, when longer), then model, limit pairs.
 # Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
 # {'ok', model, id1, attempts1, request1, enqueued_ms1, traceparent1, id2, ...}.
 CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local owner, asg, window = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local best, score, model, limit = nil, nil, nil, 1
-for i = 7, #ARGV, 2 do
+for i = 8, #ARGV, 2 do
   local head = redis.call('ZRANGE', p .. 'queue:m:' .. ARGV[i], 0, 0, 'WITHSCORES')
   if head[1] and (best == nil or tonumber(head[2]) < score) then
     best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
@@ -111,6 +112,9 @@ local ids = {best}
 local bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey') or ''
 if bkey ~= '' and limit > 1 then
   local peers = redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)
+  if busy > window and #peers < limit then
+    if tonumber(redis.call('HGET', p .. 'runmodels', model) or '0') > 0 then window = busy end
+  end
   if window > 0 and #peers < limit then
     local due = tonumber(redis.call('HGET', p .. 'job:' .. best, 'enqueued_ms')) + window
     if due > now then return {'wait', model, tostring(due)} end

@@ -275,14 +275,19 @@ class RedisJobStore:
         lease_ms: int,
         window_ms: int,
         now_ms: int,
+        busy_window_ms: int = 0,
     ) -> tuple[str, list[Claimed]] | tuple[str, int] | None:
         """Claim the best queued job of `models` (model -> batch limit) and its batch peers.
 
-        Returns (model, claimed jobs), or (model, due_ms) when the head waits for companions,
-        or None when none of the models has a queued job.
+        A batchable head with fewer peers than its limit waits for companions `window_ms` after
+        it was queued, or `busy_window_ms` when that is longer and jobs of its model run (on any
+        controller's workers). Returns (model, claimed jobs), or (model, due_ms) when the head
+        waits, or None when none of the models has a queued job.
         """
         pairs = [x for model, limit in models.items() for x in (model, limit)]
-        answer = await self._run("CLAIM", now_ms, lease_ms, owner, assignment_id, window_ms, *pairs)
+        answer = await self._run(
+            "CLAIM", now_ms, lease_ms, owner, assignment_id, window_ms, busy_window_ms, *pairs
+        )
         if not answer:
             return None
         model = answer[1].decode()

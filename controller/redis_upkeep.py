@@ -85,6 +85,7 @@ class RedisUpkeep:
                 self.engine.config.lease_timeout_ms,
                 self.engine.config.batch_window_ms,
                 _now_ms(),
+                busy_window_ms=self.engine.config.batch_busy_window_ms,
             )
             if claim is None:
                 return placed
@@ -121,7 +122,7 @@ class RedisUpkeep:
             )
             record.assignment_id = assignment_id
             record.enqueued_at = time.monotonic() - max(0, now - c.enqueued_ms) / 1000
-            handle.start(c.job_id, assignment_id)
+            handle.start(c.job_id, assignment_id, spec.id)
             self.engine.running[c.job_id] = record
             batch.append(record)
             items.append(

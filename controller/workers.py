@@ -73,10 +73,15 @@ class WorkerHandle:
     last_seen: float = field(default_factory=time.monotonic)
     # assignment id -> jobs of it still running: one pipeline call takes one slot
     _calls: dict[str, int] = field(default_factory=dict)
+    # model id -> jobs of it running here, and job id -> its model (for the busy batch window)
+    _models: dict[str, int] = field(default_factory=dict)
+    _job_models: dict[str, str] = field(default_factory=dict)
 
-    def start(self, job_id: str, assignment_id: str) -> None:
+    def start(self, job_id: str, assignment_id: str, model: str = "") -> None:
         self.running[job_id] = assignment_id
         self._calls[assignment_id] = self._calls.get(assignment_id, 0) + 1
+        self._job_models[job_id] = model
+        self._models[model] = self._models.get(model, 0) + 1
 
     def release(self, job_id: str, assignment_id: str) -> bool:
         """Forget a finished job; True when it was running here under that assignment."""
@@ -88,7 +93,17 @@ class WorkerHandle:
             self._calls[assignment_id] = left
         else:
             del self._calls[assignment_id]
+        model = self._job_models.pop(job_id, "")
+        left = self._models.get(model, 0) - 1
+        if left > 0:
+            self._models[model] = left
+        else:
+            self._models.pop(model, None)
         return True
+
+    def running_of(self, model: str) -> int:
+        """Jobs of `model` running on this worker now."""
+        return self._models.get(model, 0)
 
     def heartbeat(self, loaded_models: list[str], draining: bool) -> None:
         """The worker is alive: its lease is renewed and its state refreshed."""
@@ -106,6 +121,8 @@ class WorkerHandle:
     def release_all(self) -> None:
         self.running.clear()
         self._calls.clear()
+        self._models.clear()
+        self._job_models.clear()
 
     @property
     def id(self) -> str:
@@ -178,6 +195,10 @@ class WorkerRegistry:
             free,
             key=lambda w: (spec.id not in w.info.loaded_models, w.busy_slots / max(1, w.info.slots), w.id),
         )
+
+    def running_of(self, model: str) -> int:
+        """Jobs of `model` running on any worker now."""
+        return sum(w.running_of(model) for w in self._workers.values())
 
     def serving_count(self, spec: ModelSpec) -> int:
         return len(self.candidates(spec))

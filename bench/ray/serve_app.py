@@ -134,6 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--batch-wait-s", type=float, default=0.0)
+    parser.add_argument(
+        "--noop-batch-wait-s", type=float, default=None, help="the no-op's batch wait (else --batch-wait-s)"
+    )
     parser.add_argument("--num-cpus", type=int, default=0, help="Ray's logical CPUs (0 = all)")
     parser.add_argument("--temp-dir", default="", help="Ray's session folder (default Ray's)")
     return parser.parse_args(argv)
@@ -156,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         batch = (args.max_batch_size, args.batch_wait_s)
         apps = {
             "noop": Noop.bind(),
-            "noop-batch": NoopBatch.bind(*batch),
+            "noop-batch": NoopBatch.bind(
+                args.max_batch_size,
+                args.batch_wait_s if args.noop_batch_wait_s is None else args.noop_batch_wait_s,
+            ),
             "sd": TinySD.bind(args.model_dir, args.torch_threads),
             "sd-batch": TinySDBatch.bind(args.model_dir, args.torch_threads, *batch),
         }

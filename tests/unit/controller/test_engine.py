@@ -32,7 +32,9 @@ class InProcessLink:
 
 
 def make_engine(**kw: object) -> Engine:
-    return Engine(ControllerConfig(**kw), Catalog.load())  # type: ignore[arg-type]
+    """An engine that dispatches whatever it can at once (no busy batch window) unless told."""
+    config: dict[str, object] = {"batch_busy_window_ms": 0, **kw}
+    return Engine(ControllerConfig(**config), Catalog.load())  # type: ignore[arg-type]
 
 
 def connect(engine: Engine, worker_id: str, slots: int = 1, loaded: tuple[str, ...] = ()) -> InProcessLink:
@@ -225,6 +227,48 @@ def test_batch_window_waits_for_companions() -> None:
             await engine.stop()
 
     assert asyncio.run(scenario()) == [2]
+
+
+def test_busy_window_waits_for_companions_only_while_the_model_runs() -> None:
+    # A window far longer than the test: a job that waits for it stays queued.
+    engine = make_engine(max_batch_size=4, batch_busy_window_ms=600_000)
+    link = connect(engine, "w1", slots=3)
+    handle = engine.workers.get("w1")
+    first, _ = engine.submit(request(prompt="a"))
+    engine.dispatch()
+    assert [len(a.items) for a in link.assignments()] == [1], "an idle model's job goes at once"
+
+    waiting = [engine.submit(request(prompt=p))[0] for p in ("b", "c")]
+    engine.dispatch()
+    assert len(link.assignments()) == 1 and all(r.job.state is JobState.QUEUED for r in waiting)
+    assert engine.workers.running_of("tiny-sd") == 1
+
+    # Its first job done, the model is idle again: the two waiting go together, at once.
+    a = link.assignments()[0]
+    engine.worker_result(handle, a.assignment_id, first.job.id, GenerateResult(""), None)
+    assert engine.workers.running_of("tiny-sd") == 0
+    engine.dispatch()
+    assert [len(a.items) for a in link.assignments()] == [1, 2]
+
+    # A full batch never waits, busy or not.
+    full = [engine.submit(request(prompt=str(i)))[0] for i in range(4)]
+    engine.dispatch()
+    assert [len(a.items) for a in link.assignments()] == [1, 2, 4]
+    assert all(r.job.state is JobState.RUNNING for r in full)
+
+
+def test_busy_window_counts_only_jobs_of_the_same_model() -> None:
+    engine = make_engine(max_batch_size=4, batch_busy_window_ms=600_000)
+    connect(engine, "w1", slots=3)
+    handle = engine.workers.get("w1")
+    other, _ = engine.submit(request(model="null"))
+    engine.dispatch()
+    mine, _ = engine.submit(request(prompt="a"))
+    engine.dispatch()
+    assert other.job.state is JobState.RUNNING and mine.job.state is JobState.RUNNING
+    assert (handle.running_of("null"), handle.running_of("tiny-sd")) == (1, 1)
+    engine.worker_lost(handle, "test")
+    assert (handle.running_of("null"), handle.running_of("tiny-sd")) == (0, 0)
 
 
 def test_no_batching_for_a_model_that_does_not_batch_or_when_off() -> None:
