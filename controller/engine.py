@@ -450,8 +450,8 @@ class Engine:
         window_s = self._window_s(record.plan.spec)
         if (
             window_s
+            and self.queue.batchable(record.job.id)
             and self.queue.count_peers(record.job.id) + 1 < limit
-            and self._batch_key(record) is not None
         ):
             due = record.enqueued_at + window_s
             if due > time.monotonic():  # wait a little for companions

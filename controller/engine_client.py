@@ -21,6 +21,7 @@ from omnirt.types import (
     Task,
     WorkerInfo,
 )
+from omnirt.v1 import types_pb2
 
 from .catalog import Catalog
 from .config import ControllerConfig
@@ -47,6 +48,10 @@ class EngineClient(Protocol):
     async def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[Job, bool]: ...
     async def wait(self, job_id: str) -> Job:
         """The job once it is final."""
+        ...
+
+    def job_message(self, job: Job) -> types_pb2.Job:
+        """A final job (from `wait`) as a message, result included."""
         ...
 
     async def get(self, job_id: str) -> Job: ...
@@ -107,6 +112,9 @@ class MemoryEngineClient:
 
     async def wait(self, job_id: str) -> Job:
         return (await self.engine.wait(self.engine.store.get(job_id))).job
+
+    def job_message(self, job: Job) -> types_pb2.Job:
+        return self.engine.store.job_message(job)
 
     async def get(self, job_id: str) -> Job:
         return self.engine.get(job_id)

@@ -6,8 +6,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from omnirt import _convert as c
 from omnirt.errors import JobNotFound
-from omnirt.types import EventKind, JobError, JobEvent, JobState
+from omnirt.types import EventKind, Job, JobError, JobEvent, JobState
+from omnirt.v1 import types_pb2
 
 from .finished import FinishedJob, freeze, thaw
 from .jobs import JobRecord, utcnow
@@ -90,6 +92,15 @@ class JobStore:
         entry = self._jobs.get(job_id)
         if isinstance(entry, JobRecord) and entry.job.state.terminal:
             self._jobs[job_id] = freeze(entry)
+
+    def job_message(self, job: Job) -> types_pb2.Job:
+        """A finished job as a message, result included: parsed from its frozen bytes (freezing it
+        now when it is not yet, so the conversion is made once for the answer and the store)."""
+        self.freeze_finished(job.id)
+        entry = self._jobs.get(job.id)
+        if isinstance(entry, FinishedJob):
+            return types_pb2.Job.FromString(entry.job)
+        return c.job_to_proto(job)  # evicted already, or not final: converted as it is
 
     def evict(self, now: float | None = None) -> int:
         """Drop finished jobs past the TTL or beyond the count bound; returns how many."""

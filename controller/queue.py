@@ -73,6 +73,10 @@ class JobQueue:
                 del self._key_heaps[key]
         return record
 
+    def batchable(self, job_id: str) -> bool:
+        """True when `job_id` was queued with a batch key (it may share a pipeline call)."""
+        return job_id in self._keys
+
     def count_peers(self, job_id: str) -> int:
         """How many other queued jobs could share a pipeline call with `job_id`."""
         key = self._keys.get(job_id)

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import redis.exceptions
 
+from omnirt import _convert as c
 from omnirt.errors import FailedPrecondition, InvalidRequest, OmniRTError, Unavailable
 from omnirt.types import (
     EventKind,
@@ -36,6 +37,7 @@ from omnirt.types import (
     WorkerInfo,
     WorkerState,
 )
+from omnirt.v1 import types_pb2
 
 from . import tracing
 from .catalog import Catalog
@@ -206,6 +208,9 @@ class RedisEngine:
                 changed.clear()
         finally:
             self._unwait(job_id, changed)
+
+    def job_message(self, job: Job) -> types_pb2.Job:
+        return c.job_to_proto(job)
 
     async def get(self, job_id: str) -> Job:
         stored = await self._load(job_id)

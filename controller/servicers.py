@@ -56,8 +56,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 if err
                 else error_for("UNKNOWN", "no result")
             )
-        job_msg = c.job_to_proto(job, with_result=False)  # the result travels once
-        return generation_pb2.GenerateResponse(result=c.result_to_proto(job.result), job=job_msg)
+        job_msg = self.engine.job_message(job)
+        response = generation_pb2.GenerateResponse(result=job_msg.result)
+        job_msg.ClearField("result")  # the result travels once
+        response.job.CopyFrom(job_msg)
+        return response
 
     async def Submit(self, request, context):  # type: ignore[no-untyped-def]
         job, dedup = await self.engine.submit(_request(request.request))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 from datetime import UTC, datetime
+from typing import Any
 
+from omnirt import _convert as c
 from omnirt.controller.engine import Engine
 from omnirt.controller.finished import FinishedJob
 from omnirt.controller.jobs import JobRecord
@@ -13,6 +15,7 @@ from omnirt.types import (
     Artifact,
     EventKind,
     GenerateResult,
+    Job,
     JobError,
     JobEvent,
     JobState,
@@ -161,5 +164,34 @@ def test_a_job_is_frozen_only_after_its_waiters_were_woken() -> None:
         await asyncio.sleep(0)
         assert isinstance(engine.store._jobs[record.job.id], FinishedJob)
         assert engine.get(record.job.id).result == record.job.result
+
+    asyncio.run(scenario())
+
+
+def test_the_job_message_of_a_finished_job_is_its_conversion_made_once() -> None:
+    async def generate_like(engine: Engine, record: JobRecord) -> tuple[bool, Job, Any]:
+        """What the Generate servicer does: wait for the job, then take its message."""
+        job = (await engine.wait(record)).job
+        live_then = isinstance(engine.store._jobs[job.id], JobRecord)
+        message = engine.store.job_message(job)
+        frozen_by_it = isinstance(engine.store._jobs[job.id], FinishedJob)
+        return live_then and frozen_by_it, job, message
+
+    async def scenario() -> None:
+        engine = make_engine(inline_limit_bytes=1024)
+        connect(engine, "w1", slots=1)
+        record, _ = engine.submit(request(labels={"team": "a"}))
+        waiter = asyncio.ensure_future(generate_like(engine, record))
+        await asyncio.sleep(0)
+        run_to_end(engine, record, result(record.job.id, 100, 2000))
+        live_then, job, message = await waiter
+        # The waiter took the message before the job was frozen, and taking it froze the job
+        # (the freeze scheduled after the waiters then finds it done): one conversion for both.
+        assert live_then and isinstance(engine.store._jobs[job.id], FinishedJob)
+        assert message == c.job_to_proto(job)
+        assert message.result.artifacts[1].uri and not message.result.artifacts[1].data
+        assert engine.store.job_message(job) == message  # frozen already: read back alike
+        engine.store._jobs.pop(job.id)
+        assert engine.store.job_message(job) == message, "evicted meanwhile: converted as it is"
 
     asyncio.run(scenario())
