@@ -3,12 +3,13 @@
 Two deployments run side by side for the whole scenario, each one controller and one
 `omnirt-worker --models tiny-sd --slots 1` (one pipeline call at a time): `off` with
 `--max-batch-size 1`, `on` with the default 8 (no batch window, and the busy window never
-applies to a 1-slot worker: a call takes the compatible jobs already queued). For each point (size, concurrency), off then on: untimed warm-up calls,
-then `calls` calls of `AsyncClient.generate` (a closed loop, distinct seeds). Throughput, p50
-and the mean batch size from the RunReports. Besides 64x64 (the model's size), one point at a
-larger size, where the model's compute outweighs the per-call costs; and, in-process without
-OmniRT, how the pipeline's own time grows with the batch at both sizes, which is what decides
-whether batching can pay on a CPU.
+applies to a 1-slot worker: a call takes the compatible jobs already queued). For each point
+(size, concurrency), off then on: untimed warm-up calls, then `calls` calls of
+`AsyncClient.generate` (a closed loop, distinct seeds). Throughput, p50 and the mean batch
+size from the RunReports. Besides 64x64 (the model's size), one point at a larger size, where
+the model's compute outweighs the per-call costs; and, in-process without OmniRT, how the
+pipeline's own time grows with the batch at both sizes, which is what decides whether
+batching can pay on a CPU.
 """
 
 from __future__ import annotations

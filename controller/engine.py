@@ -30,6 +30,7 @@ from omnirt.types import (
     Task,
     WorkerInfo,
 )
+from omnirt.v1 import types_pb2
 
 from . import tracing
 from .catalog import Catalog
@@ -107,6 +108,14 @@ def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResu
             a = dataclasses.replace(a, data=b"", uri=f"omnirt://jobs/{job_id}/artifacts/{a.index}")
         artifacts.append(a)
     return dataclasses.replace(result, artifacts=artifacts)
+
+
+def _same_artifacts(message: types_pb2.GenerateResult, view: GenerateResult) -> bool:
+    """True when the client's view left every artifact of the worker's message as it was."""
+    return len(message.artifacts) == len(view.artifacts) and all(
+        m.uri == a.uri and m.size_bytes == a.size_bytes
+        for m, a in zip(message.artifacts, view.artifacts, strict=True)
+    )
 
 
 def waiting_reason(spec: ModelSpec, serving: int) -> str:
@@ -331,6 +340,7 @@ class Engine:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
+        message: types_pb2.GenerateResult | None = None,
     ) -> None:
         handle.last_seen = time.monotonic()
         if handle.release(job_id, assignment_id):
@@ -353,6 +363,12 @@ class Engine:
         result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
         record.result = result
         record.job.result = self._client_view(record, result)
+        if message is not None and _same_artifacts(message, record.job.result):
+            # What the client sees is what the worker sent: the store keeps that message instead
+            # of converting the result back (with the controller's job id and trace id).
+            message.job_id = job_id
+            message.report.trace_id = result.report.trace_id
+            record.result_message = message
         self._finish(record, JobState.SUCCEEDED)
 
     def worker_lost(self, handle: WorkerHandle, reason: str) -> None:

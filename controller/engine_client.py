@@ -81,7 +81,12 @@ class EngineClient(Protocol):
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-    ) -> None: ...
+        message: types_pb2.GenerateResult | None = None,
+    ) -> None:
+        """A job's outcome; `message` is the result as the worker sent it (an engine may keep it
+        instead of converting `result` back)."""
+        ...
+
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None: ...
 
 
@@ -167,8 +172,9 @@ class MemoryEngineClient:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
+        message: types_pb2.GenerateResult | None = None,
     ) -> None:
-        self.engine.worker_result(handle, assignment_id, job_id, result, error)
+        self.engine.worker_result(handle, assignment_id, job_id, result, error, message)
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
         self.engine.worker_lost(handle, reason)

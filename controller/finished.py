@@ -53,11 +53,19 @@ def freeze(record: JobRecord) -> FinishedJob:
         fingerprint=record.fingerprint,
         finished_at_monotonic=record.finished_at_monotonic,
         spec=record.plan.spec,
-        job=c.job_to_proto(job).SerializeToString(),
+        job=_job_bytes(record),
         full_result=c.result_to_proto(full).SerializeToString() if full is not None and cut else b"",
         request=c.request_to_proto(record.plan.request).SerializeToString(),
         events=tuple(_event_bytes(e) for e in record.events),
     )
+
+
+def _job_bytes(record: JobRecord) -> bytes:
+    if record.result_message is None or record.job.result is None:
+        return c.job_to_proto(record.job).SerializeToString()
+    msg = c.job_to_proto(record.job, with_result=False)
+    msg.result.CopyFrom(record.result_message)
+    return msg.SerializeToString()
 
 
 def _event_bytes(event: JobEvent) -> bytes:

@@ -150,4 +150,5 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             error = c.error_from_proto(r.error) if outcome == "error" else None
             if result is None and error is None:
                 error = JobError("INTERNAL", "worker sent a result without an outcome")
-            await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error)
+            sent = r.result if result is not None else None
+            await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error, sent)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from omnirt.types import GenerateResult, Job, JobEvent, JobState
+from omnirt.v1 import types_pb2
 
 from .validation import Plan
 
@@ -27,6 +28,8 @@ class JobRecord:
     events: list[JobEvent] = field(default_factory=list)
     # The result with every artifact's bytes; `job.result` is the same minus oversized bytes.
     result: GenerateResult | None = None
+    # The client's view of the result as the worker sent it, when it is that (kept for freezing).
+    result_message: types_pb2.GenerateResult | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
     # Kept across requeues, so a retried job keeps its place (and its aging).
     first_enqueued_at: float = field(default_factory=time.monotonic)

@@ -435,6 +435,7 @@ class RedisEngine:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
+        message: types_pb2.GenerateResult | None = None,  # unused: Redis stores its own conversion
     ) -> None:
         handle.last_seen = time.monotonic()
         if handle.release(job_id, assignment_id):

@@ -11,6 +11,7 @@ from omnirt import _convert as c
 from omnirt.controller.engine import Engine
 from omnirt.controller.finished import FinishedJob
 from omnirt.controller.jobs import JobRecord
+from omnirt.controller.tracing import IdOnlyTracer, JobTracing, trace_id_of
 from omnirt.types import (
     Artifact,
     EventKind,
@@ -195,3 +196,34 @@ def test_the_job_message_of_a_finished_job_is_its_conversion_made_once() -> None
         assert engine.store.job_message(job) == message, "evicted meanwhile: converted as it is"
 
     asyncio.run(scenario())
+
+
+def test_a_result_kept_as_the_worker_sent_it_is_what_clients_read() -> None:
+    engine = make_engine(inline_limit_bytes=1024)
+    engine.tracing = JobTracing(IdOnlyTracer())  # jobs get trace ids
+    connect(engine, "w1", slots=2)
+    handle = engine.workers.get("w1")
+    jobs = {}
+    for name, sizes in (("small", (100,)), ("cut", (100, 2000))):
+        record, _ = engine.submit(request(prompt=name))
+        engine.dispatch()
+        outcome = result(record.job.id, *sizes)
+        for artifact in outcome.artifacts:
+            artifact.size_bytes = len(artifact.data)  # as a worker sends them
+        sent = c.result_to_proto(outcome)
+        sent.job_id = ""  # the worker's message, as the controller then completes it
+        sent.report.warnings.append("only in the message")  # marks where the answer came from
+        sent.report.trace_id = "f" * 32  # the worker's idea of the trace
+        engine.worker_result(handle, record.assignment_id, record.job.id, outcome, None, sent)
+        jobs[name] = record
+
+    small = engine.store.job_message(jobs["small"].job)
+    assert "only in the message" in small.result.report.warnings, "kept as sent"
+    assert small.result.job_id == jobs["small"].job.id
+    assert small.result.report.trace_id == trace_id_of(jobs["small"].job.id) != "f" * 32
+    assert engine.get(jobs["small"].job.id).result.artifacts[0].data == PNG[:100]  # type: ignore[union-attr]
+    # An artifact cut from the client's view: the message is not what clients see, so it is not kept.
+    cut = engine.store.job_message(jobs["cut"].job)
+    assert "only in the message" not in cut.result.report.warnings
+    assert cut.result.artifacts[1].uri and not cut.result.artifacts[1].data
+    assert engine.artifact(jobs["cut"].job.id, 1)[0] == PNG[:2000]
