@@ -77,7 +77,7 @@ class WorkerHandle:
     _models: dict[str, int] = field(default_factory=dict)
     _job_models: dict[str, str] = field(default_factory=dict)
 
-    def start(self, job_id: str, assignment_id: str, model: str = "") -> None:
+    def start(self, job_id: str, assignment_id: str, model: str) -> None:
         self.running[job_id] = assignment_id
         self._calls[assignment_id] = self._calls.get(assignment_id, 0) + 1
         self._job_models[job_id] = model
