@@ -90,7 +90,7 @@ def encode_mp4(frames: Any, fps: float) -> bytes:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height = width + pad_w, height + pad_h
         stream.pix_fmt = "yuv420p"
-        options = {"crf": MP4_CRF, "preset": "medium"}
+        options: dict[str, object] = {"crf": MP4_CRF, "preset": "medium"}
         if x264_asm():
             options["x264-params"] = f"asm={x264_asm()}"
         stream.options = options
