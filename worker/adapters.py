@@ -75,6 +75,8 @@ def resolve(
     adapters: Sequence[t.Adapter], runtime: Mapping[str, Any], model_dir: str | Path
 ) -> list[ResolvedAdapter]:
     """Check a request's adapters; JobFailure(INVALID_ARGUMENT, field `adapters[i]`) on the first bad one."""
+    if not adapters:
+        return []
     catalog = runtime.get("adapters") or {}
     folders = allowed_dirs(runtime, model_dir)
     resolved: list[ResolvedAdapter] = []

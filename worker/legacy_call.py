@@ -110,8 +110,29 @@ def _fresh_scheduler(base: Any, name: str) -> tuple[Any, list[str]]:
     template = templates.get(cls)
     if template is None:
         template = templates[cls] = cls.from_config(base.config)
-    # A copy of a pristine one: the same object as from_config gives, in a fifth of the time.
-    return copy.deepcopy(template), warnings
+    return _scheduler_copy(template), warnings
+
+
+def _scheduler_copy(template: Any) -> Any:
+    """A copy of a pristine scheduler that shares nothing a call changes, in a sixth of deepcopy's time.
+
+    Its tensors and arrays are cloned and its lists, dicts and sets deep-copied (DPM-Solver keeps
+    its model outputs in a list it fills in place); the frozen config and scalars are shared.
+    """
+    import numpy as np
+    import torch
+    from diffusers.configuration_utils import FrozenDict
+
+    scheduler = copy.copy(template)
+    state = scheduler.__dict__
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            state[name] = value.clone()
+        elif isinstance(value, np.ndarray):
+            state[name] = value.copy()
+        elif isinstance(value, list | dict | set) and not isinstance(value, FrozenDict):
+            state[name] = copy.deepcopy(value)
+    return scheduler
 
 
 def _prompt_kwargs(group: list[ItemPlan]) -> dict[str, Any]:

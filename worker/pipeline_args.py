@@ -7,9 +7,11 @@ which extras and media inputs it takes). Every refusal is a `JobFailure` naming 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import secrets
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,9 +133,18 @@ def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
     )
 
 
-def call_parameters(pipeline: Any) -> set[str]:
-    """Names the pipeline's `__call__` accepts."""
-    return set(inspect.signature(pipeline.__call__).parameters)
+def call_parameters(pipeline: Any) -> frozenset[str]:
+    """Names the pipeline's `__call__` accepts (read once per `__call__` function)."""
+    call = pipeline.__call__
+    function = getattr(call, "__func__", None)
+    if function is None:  # not a plain method: read it each time
+        return frozenset(inspect.signature(call).parameters)
+    return _parameters(function)
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(function: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters) - {"self"}
 
 
 def _plain_number(value: Any) -> Any:
@@ -143,7 +154,7 @@ def _plain_number(value: Any) -> Any:
     return value
 
 
-def pipeline_kwargs(plan: ItemPlan, accepted: set[str]) -> None:
+def pipeline_kwargs(plan: ItemPlan, accepted: Set[str]) -> None:
     """Fill `plan.specific` with the request's extras, media inputs and strength the pipeline takes."""
     req = plan.item.request
     specific: dict[str, Any] = {}

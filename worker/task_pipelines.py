@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Set
 from typing import Any
 
 from omnirt import types as t
@@ -83,7 +84,7 @@ def pipeline_for_task(pipeline: Any, task: t.Task, spec: t.ModelSpec) -> Any:
         return per_task[task]
 
 
-def adapt_kwargs(kwargs: dict[str, Any], accepted: set[str]) -> dict[str, Any]:
+def adapt_kwargs(kwargs: dict[str, Any], accepted: Set[str]) -> dict[str, Any]:
     """Fit generic call arguments to the pipeline's signature.
 
     Video pipelines count outputs with `num_videos_per_prompt`; pipelines without `width` /
