@@ -103,9 +103,10 @@ def _fresh_scheduler(base: Any, name: str) -> tuple[Any, list[str]]:
     """A new scheduler from the pipeline's config: of class `name` when given, else the same class."""
     cls = scheduler_class(name) if name else type(base)
     warnings = []
-    compatibles = {c.__name__ for c in getattr(base, "compatibles", [])}
-    if name and compatibles and cls.__name__ not in compatibles | {type(base).__name__}:
-        warnings.append(f"scheduler {cls.__name__} is not listed as compatible with this pipeline")
+    if cls is not type(base):  # `compatibles` imports each class it names: only when it matters
+        compatibles = {c.__name__ for c in getattr(base, "compatibles", [])}
+        if compatibles and cls.__name__ not in compatibles:
+            warnings.append(f"scheduler {cls.__name__} is not listed as compatible with this pipeline")
     templates = _SCHEDULER_TEMPLATES.setdefault(base, {})
     template = templates.get(cls)
     if template is None:
@@ -418,7 +419,12 @@ class _AssignmentRun:
         # A shallow copy with its own scheduler: schedulers keep per-call state, and several
         # slots may run the same cached pipeline at once. The weights stay shared.
         view = copy.copy(pipeline)
-        view.scheduler, warnings = _fresh_scheduler(pipeline.scheduler, first.scheduler)
+        scheduler, warnings = _fresh_scheduler(pipeline.scheduler, first.scheduler)
+        if type(scheduler) is type(pipeline.scheduler):
+            # The config already names this class: skip diffusers' __setattr__ rewriting it.
+            object.__setattr__(view, "scheduler", scheduler)
+        else:
+            view.scheduler = scheduler
         call_options, notes = runtime_options.call_vae(view, options.call())
         warnings += notes
         accepted = call_parameters(view)

@@ -149,9 +149,15 @@ def test_scheduler_is_swapped_by_class_name(executor: LegacyCallExecutor) -> Non
         executor, make_assignment(job_ids=("job-s",), scheduler="DPMSolverMultistepScheduler")
     )
     assert outcomes[0].result.report.config_resolved["scheduler"] == "DPMSolverMultistepScheduler"
+    assert not outcomes[0].result.report.warnings  # listed as compatible with the pipeline's own
     # The cached pipeline keeps its own scheduler for the next request.
     outcomes, _ = run_assignment(executor, make_assignment(job_ids=("job-s2",)))
     assert outcomes[0].result.report.config_resolved["scheduler"] == "EulerDiscreteScheduler"
+    # One the pipeline's scheduler does not list still runs, with a warning in the report.
+    outcomes, _ = run_assignment(executor, make_assignment(job_ids=("job-s3",), scheduler="LCMScheduler"))
+    report = outcomes[0].result.report
+    assert report.config_resolved["scheduler"] == "LCMScheduler"
+    assert report.warnings == ["scheduler LCMScheduler is not listed as compatible with this pipeline"]
 
 
 def test_unknown_scheduler_is_invalid_argument(executor: LegacyCallExecutor) -> None:
