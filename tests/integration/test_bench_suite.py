@@ -60,6 +60,9 @@ def test_quick_overhead_writes_json_table_and_docs(tmp_path: Path, model_dir: Pa
     assert case["direct_p50_ms"] > 0 and case["omnirt_p50_ms"] > 0
     # The floor next to it: a null-model job through the same stack, and the export stage.
     assert 0 < case["null_round_trip_p50_ms"] < case["omnirt_p50_ms"]
+    # ... and after a pause as long as the direct call, with a bare gRPC echo beside it.
+    assert 0 < case["null_after_pause_p50_ms"] < case["omnirt_p50_ms"]
+    assert min(case["echo_round_trip_p50_ms"], case["echo_after_pause_p50_ms"]) > 0
     assert 0 < case["worker_export_p50_ms"] < case["worker_execution_p50_ms"]
     assert case["ratio"] == pytest.approx(case["omnirt_p50_ms"] / case["direct_p50_ms"], rel=0.01)
     # Both sides did the same work: the served image is the direct call's, pixel for pixel.
@@ -72,6 +75,7 @@ def test_quick_overhead_writes_json_table_and_docs(tmp_path: Path, model_dir: Pa
     assert "## `overhead`" in page and "These numbers come from a `--quick` run" in page
     assert f"direct {fmt_ms(case['direct_p50_ms'])}" in page  # the summary row, from the JSON
     assert f"the null round trip alone is {fmt_ms(case['null_round_trip_p50_ms'])}" in page
+    assert f"| {fmt_ms(case['null_after_pause_p50_ms'])} | {fmt_ms(case['echo_round_trip_p50_ms'])} |" in page
 
     # The page is a function of the JSON alone: rewriting it from the file gives the same text.
     again = tmp_path / "again.md"
