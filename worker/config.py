@@ -56,6 +56,13 @@ class WorkerConfig:
         default=5.0, metadata={"help": "longest wait between reconnect attempts, in seconds"}
     )
     torch_threads: int = field(default=0, metadata={"help": "torch CPU threads; 0 = torch's default"})
+    progress_interval_ms: int = field(
+        default=250,
+        metadata={
+            "help": "a run's progress and stage events go to the controller at least this often, "
+            "in batches (0 = each at once; each delivery takes the GIL from the pipeline thread)"
+        },
+    )
     model_cache_bytes: int = field(
         default=0,
         metadata={"help": "memory budget of loaded models (parameters + buffers), bytes; 0 = unlimited"},
@@ -90,5 +97,7 @@ class WorkerConfig:
             raise ValueError("drain_timeout_s must be >= 0 and reconnect_max_s > 0")
         if self.torch_threads < 0:
             raise ValueError(f"torch_threads must be >= 0, not {self.torch_threads}")
+        if self.progress_interval_ms < 0:
+            raise ValueError(f"progress_interval_ms must be >= 0, not {self.progress_interval_ms}")
         if self.model_cache_bytes < 0:
             raise ValueError(f"model_cache_bytes must be >= 0, not {self.model_cache_bytes}")

@@ -204,7 +204,7 @@ class LegacyCallExecutor(Executor):
             return await null_model.run_null(
                 assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend
             )
-        events = ThreadEvents(asyncio.get_running_loop(), emit)
+        events = ThreadEvents(asyncio.get_running_loop(), emit, self.config.progress_interval_ms / 1000)
         return await events.run(self.run_sync, assignment, events, flags)
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:

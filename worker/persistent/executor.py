@@ -166,7 +166,7 @@ class PersistentWorkerExecutor(Executor):
         await asyncio.to_thread(self.preload_sync, spec)
 
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
-        events = ThreadEvents(asyncio.get_running_loop(), emit)
+        events = ThreadEvents(asyncio.get_running_loop(), emit, self.config.progress_interval_ms / 1000)
         return await events.run(self.run_sync, assignment, events, flags)
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:

@@ -23,3 +23,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def executor(model_dir: Path) -> LegacyCallExecutor:
     """One warm-capable legacy_call executor for the session (its cache outlives a test)."""
     return LegacyCallExecutor(WorkerConfig(model_dir=str(model_dir), worker_id="w-test", torch_threads=1))
+
+
+@pytest.fixture(scope="session")
+def live_executor(model_dir: Path, executor: LegacyCallExecutor) -> LegacyCallExecutor:
+    """The same pipelines (one cache), with every event handed to the loop at once
+    (`--progress-interval-ms 0`): for tests that act on a step while the call still runs."""
+    config = WorkerConfig(
+        model_dir=str(model_dir), worker_id="w-live", torch_threads=1, progress_interval_ms=0
+    )
+    return LegacyCallExecutor(config, cache=executor.cache)

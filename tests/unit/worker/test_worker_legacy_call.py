@@ -183,7 +183,7 @@ def test_bad_source_is_failed_precondition_and_the_worker_goes_on(
     assert "broken" not in executor.loaded_models()
 
 
-def test_cancel_stops_at_the_next_step(executor: LegacyCallExecutor) -> None:
+def test_cancel_stops_at_the_next_step(live_executor: LegacyCallExecutor) -> None:
     raised: list[datetime] = []
 
     def cancel_at_step_2(event: t.JobEvent, flags: CancelFlags) -> None:
@@ -192,13 +192,13 @@ def test_cancel_stops_at_the_next_step(executor: LegacyCallExecutor) -> None:
             raised.append(datetime.now(UTC))
 
     outcomes, events = run_assignment(
-        executor, make_assignment(job_ids=("job-c",), steps=50), on_event=cancel_at_step_2
+        live_executor, make_assignment(job_ids=("job-c",), steps=50), on_event=cancel_at_step_2
     )
     assert outcomes[0].error.code == "CANCELLED"
     assert outcomes[0].result is None
-    # The flag is raised on the loop when step 2's event arrives there (events after the first
-    # come in bunches, up to 0.1 s late, so the pipeline may be further on by then); from that
-    # moment the call ends at the next step end: the step running then is the last one.
+    # The flag is raised on the loop when step 2's event arrives there (the pipeline may be
+    # further on by then); from that moment the call ends at the next step end: the step
+    # running then is the last one.
     steps = [e for e in events if e.kind is t.EventKind.PROGRESS]
     assert 2 <= len(steps) < 50
     assert len([e for e in steps if e.time > raised[0]]) <= 1
@@ -230,12 +230,14 @@ def test_deadline_during_the_run_stops_it(executor: LegacyCallExecutor) -> None:
     assert time.monotonic() - started < 5
 
 
-def test_one_cancelled_job_does_not_stop_its_batch(executor: LegacyCallExecutor) -> None:
+def test_one_cancelled_job_does_not_stop_its_batch(live_executor: LegacyCallExecutor) -> None:
     def cancel_first(event: t.JobEvent, flags: CancelFlags) -> None:
         if event.kind is t.EventKind.PROGRESS and event.job_id == "job-p" and event.progress.step == 1:
             flags.request("job-p", "CANCELLED")
 
-    outcomes, _ = run_assignment(executor, make_assignment(job_ids=("job-p", "job-q")), on_event=cancel_first)
+    outcomes, _ = run_assignment(
+        live_executor, make_assignment(job_ids=("job-p", "job-q")), on_event=cancel_first
+    )
     assert outcomes[0].error.code == "CANCELLED"
     assert outcomes[1].error is None and outcomes[1].result.artifacts
 

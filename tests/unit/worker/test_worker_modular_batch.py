@@ -33,7 +33,10 @@ MAX_BATCH_DIFF = 3
 
 @pytest.fixture(scope="module")
 def modular(model_dir: Path) -> ModularExecutor:
-    config = WorkerConfig(mode="modular", model_dir=str(model_dir), worker_id="w-mod-b", torch_threads=1)
+    # Events handed to the loop at once: the cancel tests act on a step while the pass runs.
+    config = WorkerConfig(
+        mode="modular", model_dir=str(model_dir), worker_id="w-mod-b", torch_threads=1, progress_interval_ms=0
+    )
     return ModularExecutor(config)
 
 
@@ -150,8 +153,8 @@ def test_a_job_cancelled_inside_a_batch_is_dropped_and_the_others_finish_unchang
     jobs = [{"prompt": f"cancel batch {i}", "seed": 20 + i} for i in range(3)]
     reference = results(run_assignment(modular, batch(*jobs, steps=16))[0])
 
-    # A job's first progress event reaches the loop at once (later ones come in bunches, up to
-    # 0.1 s late), so the flag is up while 15 steps are still to go.
+    # Step 1's event reaches the loop at once (progress_interval_ms=0), so the flag is up while
+    # up to 15 steps are still to go.
     def cancel_job_1_at_step_1(event: t.JobEvent, flags: CancelFlags) -> None:
         if event.job_id == "job-1" and event.progress and event.progress.step == 1:
             flags.request("job-1")

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 import pytest
 
 from omnirt import types as t
-from omnirt.worker.thread_events import ThreadEvents
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.thread_events import INTERVAL_S, ThreadEvents
 
 
 def stage(job_id: str, name: str) -> t.JobEvent:
@@ -61,30 +62,55 @@ def test_every_event_arrives_in_order_on_the_loop_before_the_run_returns() -> No
     assert sink.thread_ids == {loop_thread}  # the daemon's sink is only ever called on the loop
 
 
-def test_the_first_progress_of_each_job_arrives_at_once_later_ones_together() -> None:
-    """With a long interval, the thread wakes the loop only for each job's first step."""
+def test_a_run_shorter_than_the_interval_never_wakes_the_loop_before_it_ends() -> None:
+    """Its events (first progress included: it no longer wakes the loop) come with its end."""
     sink = Sink()
-    seen_while_running: list[list[str]] = []
+    seen_while_running: list[int] = []
 
     def pipeline(events: ThreadEvents) -> None:
-        events(stage("a", "denoise"))  # not urgent: the run just started
-        events(progress("a", 1))  # urgent: time to first progress
-        wait_until(lambda: len(sink.events) == 2)
-        events(progress("a", 2))
-        events(progress("b", 1))  # urgent: b's first step
-        wait_until(lambda: len(sink.events) == 4)
-        for step in range(3, 50):
+        events(stage("a", "denoise"))
+        for step in range(1, 50):
             events(progress("a", step))
+        events(progress("b", 1))
         time.sleep(0.2)
-        seen_while_running.append([f"{e.job_id}{e.progress.step if e.progress else ''}" for e in sink.events])
+        seen_while_running.append(len(sink.events))
 
     async def main() -> None:
         events = ThreadEvents(asyncio.get_running_loop(), sink, interval=30.0)
         await events.run(pipeline, events)
 
     asyncio.run(main())
-    assert seen_while_running == [["a", "a1", "a2", "b1"]]  # steps 3.. waited for the end of the call
-    assert len(sink.events) == 4 + 47
+    assert seen_while_running == [0]
+    assert [f"{e.job_id}{e.progress.step if e.progress else ''}" for e in sink.events[:3]] == [
+        "a",
+        "a1",
+        "a2",
+    ]
+    assert len(sink.events) == 1 + 49 + 1
+
+
+def test_interval_zero_hands_each_event_over_at_once() -> None:
+    sink = Sink()
+    arrived: list[bool] = []
+
+    def pipeline(events: ThreadEvents) -> None:
+        for step in range(1, 4):
+            events(progress("a", step))
+            arrived.append(wait_until(lambda: len(sink.events) == step, timeout=5))  # noqa: B023
+
+    async def main() -> None:
+        events = ThreadEvents(asyncio.get_running_loop(), sink, interval=0)
+        await events.run(pipeline, events)
+
+    asyncio.run(main())
+    assert arrived == [True] * 3
+
+
+def test_the_default_interval_is_a_quarter_second() -> None:
+    assert INTERVAL_S == 0.25
+    assert WorkerConfig().progress_interval_ms == 250
+    with pytest.raises(ValueError, match="progress_interval_ms"):
+        WorkerConfig(progress_interval_ms=-1)
 
 
 def test_slow_steps_arrive_one_by_one_while_the_call_runs() -> None:
