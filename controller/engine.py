@@ -531,7 +531,8 @@ class Engine:
         while True:
             timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
+                    await self._wake.wait()
             self._wake.clear()
             self._window_due = 0.0
             try:

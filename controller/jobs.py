@@ -71,8 +71,12 @@ class JobRecord:
             if self._changed is None:
                 self._changed = asyncio.Event()
             changed = self._changed
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns normally when the
+            # caller is cancelled in the loop turn the event is set, so a client that went away
+            # (its call cancelled) would go on being served, and its job never abandoned.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await changed.wait()
         return self.events[sequence:]
 
     async def wait_final(self) -> None:

@@ -204,7 +204,8 @@ class RedisEngine:
                 if state is None or state.terminal:
                     return (await self._load(job_id)).job
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), WAIT_S)
+                    async with asyncio.timeout(WAIT_S):  # not wait_for: see jobs.py
+                        await changed.wait()
                 changed.clear()
         finally:
             self._unwait(job_id, changed)
@@ -256,7 +257,8 @@ class RedisEngine:
                 if events:
                     continue
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), WAIT_S)
+                    async with asyncio.timeout(WAIT_S):  # not wait_for: see jobs.py
+                        await changed.wait()
                 changed.clear()
         finally:
             self._unwait(job_id, changed)

@@ -162,7 +162,8 @@ class RedisUpkeep:
         while True:
             timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else POLL_S
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.engine.wake.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
+                    await self.engine.wake.wait()
             self.engine.wake.clear()
             self._window_due = 0.0
             try:

@@ -223,7 +223,8 @@ class WorkerDaemon:
         if not self._outbox.durable_pending():
             return
         try:
-            await asyncio.wait_for(self._outbox.wait_idle(), DRAIN_GRACE_S)
+            async with asyncio.timeout(DRAIN_GRACE_S):  # not wait_for, which can swallow a cancel
+                await self._outbox.wait_idle()
         except TimeoutError:
             log.warning("drain: %d result(s) could not be sent", self._outbox.durable_pending())
 
@@ -232,9 +233,11 @@ class WorkerDaemon:
         if call is not None:
             # Half-close, then let the controller end the stream so buffered results arrive.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(call.done_writing(), 5.0)
+                async with asyncio.timeout(5.0):
+                    await call.done_writing()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(connection), 5.0)
+                async with asyncio.timeout(5.0):
+                    await asyncio.shield(connection)
         connection.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await connection
@@ -276,7 +279,8 @@ class WorkerDaemon:
             call = gateway_pb2_grpc.WorkerGatewayServiceStub(channel).Connect()
             try:
                 await call.write(self._hello())
-                first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+                async with asyncio.timeout(WELCOME_TIMEOUT_S):
+                    first = await call.read()
                 if first is STREAM_END:
                     raise ConnectionError("the controller closed the stream before Welcome")
                 welcome = protocol.controller_message(first)

@@ -1,0 +1,54 @@
+"""A client that goes away stops being served: a cancelled wait or watch on the Redis engine ends,
+even when a progress wake-up comes in the same loop turn (a real `redis-server`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from omnirt.controller.catalog import Catalog
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.redis_engine import RedisEngine
+from omnirt.types import GenerateRequest
+from tests.daemons import RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_server(log_dir: Path) -> Iterator[RedisServer]:
+    server = RedisServer(log_dir).start()
+    yield server
+    server.stop()
+
+
+async def cancelled_at_a_wake_up(engine: RedisEngine, job_id: str, waiting: asyncio.Future[object]) -> bool:
+    """Cancel `waiting` in the loop turn a progress event wakes it; True when it really ended."""
+    await asyncio.sleep(0.1)  # parked on its wake-up event
+    engine.notify(job_id)  # a progress event of the running job...
+    waiting.cancel()  # ...and the client's call cancelled in the same turn
+    done, _ = await asyncio.wait({waiting}, timeout=5)
+    return bool(done) and waiting.cancelled()
+
+
+def test_a_cancelled_wait_or_watch_ends_even_when_woken_in_the_same_turn(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        config = ControllerConfig(store=redis_server.url, artifact_dir=str(tmp_path))
+        engine = RedisEngine(config, Catalog.load())
+        job, _ = await engine.submit(GenerateRequest(model="tiny-sd", prompt="nobody waits"))
+        for _ in range(5):  # asyncio.wait_for swallowed this cancellation every time (Python 3.11)
+            waiting = asyncio.ensure_future(engine.wait(job.id))
+            assert await cancelled_at_a_wake_up(engine, job.id, waiting), "Generate went on waiting"
+
+            async def watch() -> None:
+                async for _ in engine.watch(job.id):
+                    pass
+
+            watching = asyncio.ensure_future(watch())
+            assert await cancelled_at_a_wake_up(engine, job.id, watching), "WatchJob went on watching"
+        assert not engine.waiters, "every waiter unregistered"
+
+    asyncio.run(scenario())
