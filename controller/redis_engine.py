@@ -45,7 +45,7 @@ from .config import ControllerConfig
 from .engine import _fingerprint, batch_key, batch_limit, client_view, new_job, waiting_reason
 from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics
-from .redis_store import RedisJobStore, StoredJob, batch_key_id
+from .redis_store import RedisJobStore, StoredJob, batch_key_id, raise_lost_cancel
 from .redis_upkeep import RedisUpkeep
 from .tracing import JobTracing
 from .validation import Plan, validate
@@ -201,6 +201,7 @@ class RedisEngine:
                 # Only the state on each wake-up (progress events wake us too), the job once final.
                 with self._guard():
                     state = await self.store.state(job_id)
+                raise_lost_cancel()  # the client went away during that call
                 if state is None or state.terminal:
                     return (await self._load(job_id)).job
                 with contextlib.suppress(TimeoutError):
@@ -249,6 +250,7 @@ class RedisEngine:
                     # once it is final every event is in the stream.
                     state = await self.store.state(job_id)
                     events = await self.store.events(job_id, seq, EVENT_PAGE)
+                raise_lost_cancel()  # the watcher went away during those calls
                 for event in events:
                     seq = event.sequence
                     yield event

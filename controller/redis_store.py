@@ -6,6 +6,7 @@ What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
@@ -91,6 +92,20 @@ class Claimed:
     traceparent: str = ""  # of the job's span on the controller that accepted it
 
 
+def raise_lost_cancel() -> None:
+    """Raise CancelledError in a task that was cancelled but goes on running.
+
+    redis-py sends a command under asyncio.wait_for when a socket timeout is set, and on Python
+    3.11 wait_for returns normally when the cancellation lands just as the send ends: the
+    cancellation is lost, and the task goes on (a Generate whose client left kept waiting for
+    its job, which then ran to the end; a stopping controller's upkeep loop went on). The task
+    still counts the request (`Task.cancelling()`), so loops around Redis calls check it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class RedisJobStore:
     """Typed access to the keys of `redis_scripts` over one `redis.asyncio` client."""
 
@@ -108,6 +123,8 @@ class RedisJobStore:
         # Any: redis-py's reply types are unions of every decode mode; the replies here are bytes.
         # A restarted Redis leaves every pooled connection dead: a command that meets one is
         # retried once on a fresh connection (the scripts tolerate running twice; see SUBMIT).
+        # socket_timeout makes redis-py send each command under asyncio.wait_for: see
+        # `raise_lost_cancel` for what that means on Python 3.11.
         self.redis: Any = aioredis.Redis.from_url(
             url,
             socket_connect_timeout=2,

@@ -18,7 +18,7 @@ from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec
 
 from .engine import batch_limit
 from .jobs import JobRecord, utcnow
-from .redis_store import Claimed
+from .redis_store import Claimed, raise_lost_cancel
 from .validation import Plan
 from .workers import Assignment, AssignmentItem
 
@@ -160,6 +160,7 @@ class RedisUpkeep:
 
     async def _dispatch_loop(self) -> None:
         while True:
+            raise_lost_cancel()  # stopping: a cancel a Redis call swallowed (see redis_store)
             timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else POLL_S
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
@@ -179,6 +180,7 @@ class RedisUpkeep:
     async def _reaper_loop(self) -> None:
         last_renew = 0.0
         while True:
+            raise_lost_cancel()
             await asyncio.sleep(TICK_S)
             try:
                 self._reap_workers()
@@ -257,6 +259,7 @@ class RedisUpkeep:
         """Once a second: readiness, this controller's workers into Redis, the cluster's gauges."""
         last_sweep = 0.0
         while True:
+            raise_lost_cancel()
             try:
                 await self.engine.store.ping()
                 if not self.engine.store_ok:
@@ -295,6 +298,7 @@ class RedisUpkeep:
     async def _listen(self) -> None:
         """Notifications from every controller: queued jobs, new events, stops and drains."""
         while True:
+            raise_lost_cancel()
             pubsub = self.engine.store.redis.pubsub()
             try:
                 await pubsub.subscribe(self.engine.store.channel)
@@ -303,6 +307,7 @@ class RedisUpkeep:
                 for job_id in list(self.engine.waiters):
                     self.engine.notify(job_id)
                 async for message in pubsub.listen():
+                    raise_lost_cancel()
                     if message.get("type") == "message":
                         self._on_message(message["data"].decode())
             except redis.exceptions.RedisError:
