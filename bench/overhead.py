@@ -79,6 +79,13 @@ def _pixels(image: Any) -> Any:
     return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
+def _timed(call: Any) -> float:
+    """Seconds one call takes."""
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
 def _measure_size(
     pipeline: Any, client: omnirt.Client, echo: Any, size: int, settings: Settings
 ) -> dict[str, Any]:
@@ -137,22 +144,15 @@ def _measure_size(
         t0 = time.perf_counter()
         result = through_omnirt()
         omnirt_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        null_round_trip()
-        null_s.append(time.perf_counter() - t0)
-        # The same after every process idled as long as the model call takes: how a request
-        # finds the client, controller and worker when it comes back from the model's compute.
-        time.sleep(direct_s[-1])
-        t0 = time.perf_counter()
-        null_round_trip()
-        null_paused_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        echo_round_trip()
-        echo_s.append(time.perf_counter() - t0)
-        time.sleep(direct_s[-1])
-        t0 = time.perf_counter()
-        echo_round_trip()
-        echo_paused_s.append(time.perf_counter() - t0)
+        # Each floor call right away, then after every process idled as long as the model call
+        # takes: how a request finds the client, controller and worker after the model's compute.
+        for call, right_away, after_pause in (
+            (null_round_trip, null_s, null_paused_s),
+            (echo_round_trip, echo_s, echo_paused_s),
+        ):
+            right_away.append(_timed(call))
+            time.sleep(direct_s[-1])
+            after_pause.append(_timed(call))
         execution_ms.append(result.report.execution_ms)
         export_ms.append(result.report.timing("export") or 0.0)
         queue_wait_ms.append(result.report.queue_wait_ms)
