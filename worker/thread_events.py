@@ -52,19 +52,16 @@ class ThreadEvents:
         self._closed = False  # the run is over: events that still come go to the loop one by one
 
     def __call__(self, event: t.JobEvent) -> None:
-        """The sink the pipeline thread calls: keep `event`; wake the loop if it is urgent."""
+        """The sink the pipeline thread calls: keep `event`; wake the loop once `interval` passed."""
         with self._lock:
             self._waiting.append(event)
-            urgent = self._closed or self._urgent(event)
+            urgent = self._closed or time.monotonic() - self._last_taken >= self._interval
             if self._wake_pending or not urgent:
                 return
             self._wake_pending = True
         # The loop is gone when the worker stops mid-run: the event has nowhere to go then.
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self.take)
-
-    def _urgent(self, event: t.JobEvent) -> bool:
-        return time.monotonic() - self._last_taken >= self._interval
 
     def take(self) -> None:
         """On the loop: emit every waiting event, in order."""
