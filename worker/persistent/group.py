@@ -235,7 +235,7 @@ class ResidentGroup:
     def _lost(self, launch: Launch | None, why: str) -> None:
         """The running group is broken: kill what is left; the supervisor restarts it."""
         with self._cond:
-            if launch is None or launch is not self._launch or self._state is not State.READY:
+            if launch is not self._launch or launch is None or self._state is not State.READY:
                 return
             self._launch = None
             self._enter_restart(why)
