@@ -34,6 +34,7 @@ from omnirt.worker import (
     backends,
     model_cache,
     null_model,
+    output_export,
     quantization,
     runtime_options,
     step_cache,
@@ -395,13 +396,16 @@ class _AssignmentRun:
             log.exception("pipeline call failed")
             self.fail(job_ids, t.JobError("INTERNAL", f"{type(exc).__name__}: {exc}"))
             return
+        done = []
         for plan, plan_images in zip(group, images, strict=True):
             reason = self.stop.reason(plan.job_id)
             if reason:  # stopped while the rest of its batch went on
                 self.fail([plan.job_id], stop_error(reason, "while running"))
-                continue
+            else:
+                done.append((plan, plan_images))
+        for plan, artifacts in output_export.export_outputs(done, self.recorder):
             try:
-                self.outcomes[plan.job_id] = self._result(plan, plan_images, cached, call_info)
+                self.outcomes[plan.job_id] = self._result(plan, artifacts, cached, call_info)
             except Exception as exc:
                 log.exception("export failed")
                 self.fail(
@@ -469,26 +473,17 @@ class _AssignmentRun:
     # ---- results -------------------------------------------------------------------------
 
     def _result(
-        self, plan: ItemPlan, images: list[Any], cached: CachedPipeline, info: dict[str, Any]
+        self,
+        plan: ItemPlan,
+        artifacts: list[t.Artifact] | Exception,
+        cached: CachedPipeline,
+        info: dict[str, Any],
     ) -> ItemOutcome:
+        """The job's result from its exported artifacts (raises the exception its export raised)."""
+        if isinstance(artifacts, Exception):
+            raise artifacts
         job_id = plan.job_id
         req = plan.item.request
-        export_start = time.perf_counter()
-        self.recorder.stage_started([job_id], "export")
-        artifacts = [
-            task_pipelines.output_artifact(
-                image,
-                task=plan.task,
-                index=i,
-                seed=plan.seeds[i],
-                job_id=job_id,
-                fmt=plan.output_format,
-                quality=req.quality,
-                fps=plan.fps,
-            )
-            for i, image in enumerate(images)
-        ]
-        self.recorder.stage_finished([job_id], "export", export_start)
         pipeline_class = info.get("pipeline_class") or type(cached.pipeline).__name__
         first = artifacts[0]
         config = resolved_config(

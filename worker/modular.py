@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker import adapters, null_model, runtime_options, task_pipelines
+from omnirt.worker import adapters, null_model, output_export, runtime_options, task_pipelines
 from omnirt.worker import modular_stages as stages
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import CancelFlags, EventSink, JobFailure, StopRun, stop_error
@@ -165,17 +165,22 @@ class _ModularRun(_AssignmentRun):
             log.exception("modular run failed")
             self.fail(job_ids, t.JobError("INTERNAL", f"{type(exc).__name__}: {exc}"))
             return
+        finished = []
         for plan, images in zip(kept, done.images, strict=True):
-            self._finish(cached, plan, images, done)
+            reason = self.stop.reason(plan.job_id)
+            if reason:  # stopped while the rest of its batch went on: its images are dropped
+                self.fail([plan.job_id], stop_error(reason, "while running"))
+            else:
+                finished.append((plan, images))
+        for plan, artifacts in output_export.export_outputs(finished, self.recorder):
+            self._finish(cached, plan, artifacts, done)
 
-    def _finish(self, cached: CachedPipeline, plan: ItemPlan, images: list[Any], done: _Pass) -> None:
+    def _finish(
+        self, cached: CachedPipeline, plan: ItemPlan, artifacts: list[t.Artifact] | Exception, done: _Pass
+    ) -> None:
         job_id = plan.job_id
-        reason = self.stop.reason(job_id)
-        if reason:  # stopped while the rest of its batch went on: its images are dropped
-            self.fail([job_id], stop_error(reason, "while running"))
-            return
         try:
-            outcome = self._result(plan, images, cached, done.info)
+            outcome = self._result(plan, artifacts, cached, done.info)
         except Exception as exc:
             log.exception("export failed")
             self.fail([job_id], t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}"))

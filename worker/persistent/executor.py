@@ -33,7 +33,7 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
-from omnirt.worker import backends, export, tiny_models
+from omnirt.worker import backends, output_export, tiny_models
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import CancelFlags, EventSink, Executor, JobFailure, StopCheck, stop_error
 from omnirt.worker.persistent.group import Aborted, Lease, ResidentGroup
@@ -327,13 +327,16 @@ class _PersistentRun:
         if last_step:
             self.recorder.stage_finished(ids, "decode", last_step[0], returned)
         per_job = reply["images"] if batched else [reply["images"]]
+        finished = []
         for plan, images in zip(plans, per_job, strict=True):
             reason = self.stop.reason(plan.job_id)
             if reason:  # stopped while the rest of its batch went on: its images are dropped
                 self.fail(plan.job_id, stop_error(reason, "while running"))
-                continue
+            else:
+                finished.append((plan, images))
+        for plan, artifacts in output_export.export_outputs(finished, self.recorder):
             try:
-                self.outcomes[plan.job_id] = self._result(plan, images, reply, lease, placement, group)
+                self.outcomes[plan.job_id] = self._result(plan, artifacts, reply, lease, placement, group)
             except Exception as exc:
                 log.exception("export failed")
                 self.fail(plan.job_id, t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}"))
@@ -341,23 +344,16 @@ class _PersistentRun:
     def _result(
         self,
         plan: ItemPlan,
-        images: list[Any],
+        artifacts: list[t.Artifact] | Exception,
         reply: dict[str, Any],
         lease: Any,
         placement: backends.Placement,
         group: ResidentGroup,
     ) -> ItemOutcome:
+        if isinstance(artifacts, Exception):
+            raise artifacts
         job_id = plan.job_id
         req = plan.item.request
-        started = time.perf_counter()
-        self.recorder.stage_started([job_id], "export")
-        artifacts = [
-            export.image_artifact(
-                image, index=i, seed=plan.seeds[i], job_id=job_id, fmt=plan.output_format, quality=req.quality
-            )
-            for i, image in enumerate(images)
-        ]
-        self.recorder.stage_finished([job_id], "export", started)
         record = lease.record
         pipeline_class = record.pipeline_class or group.spec.pipeline_class
         config = resolved_config(
