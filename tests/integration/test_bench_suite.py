@@ -86,6 +86,31 @@ def test_quick_overhead_writes_json_table_and_docs(tmp_path: Path, model_dir: Pa
     assert again.read_text() == page
 
 
+def test_quick_export_times_the_workers_png_next_to_pillows_default(tmp_path: Path) -> None:
+    out, docs = tmp_path / "suite.json", tmp_path / "BENCHMARKS.md"
+    done = run_module("bench.suite", "--quick", "--only", "export", "--json", str(out), "--docs", str(docs))
+    assert done.returncode == 0, done.stderr[-4000:]
+    entry = json.loads(out.read_text())["scenarios"]["export"]
+    assert entry["status"] == "ok", entry
+    (case,) = entry["cases"]
+    assert case["size"] == "256x256"
+    assert min(case["pillow_default_p50_ms"], case["pillow_level1_p50_ms"], case["omnirt_p50_ms"]) > 0
+    assert case["time_ratio"] == pytest.approx(
+        case["omnirt_p50_ms"] / case["pillow_default_p50_ms"], rel=0.01
+    )
+    assert case["bytes_ratio"] == pytest.approx(
+        case["omnirt_bytes"] / case["pillow_default_bytes"], abs=0.001
+    )
+    batch = entry["batch"]
+    assert batch["images"] == 4 and min(batch["one_by_one_p50_ms"], batch["at_once_p50_ms"]) > 0
+    assert [r["case"] for r in entry["rows"]] == [
+        "PNG of a 256x256 photo-like image: encode p50",
+        "PNG of 4 images 256x256: the batch's export p50",
+    ]
+    page = docs.read_text()
+    assert "## `export`" in page and f"{fmt_ms(case['omnirt_p50_ms'])}, " in page
+
+
 def test_peers_without_ray_is_skipped_and_says_how_to_install(tmp_path: Path, model_dir: Path) -> None:
     out = tmp_path / "peers.json"
     done = run_module(
