@@ -8,7 +8,7 @@ cancellation and deadlines go through `callback_on_step_end`.
 Stage timings: `load` is the model cache load (absent when warm); `denoise` runs from the
 call's start (text encoding included) to the last step callback; `decode` from the last step
 callback to the call's return (the pipeline decodes internally); `export` is the encoding of
-one job's artifacts.
+the call's outputs (`output_export`: a batch's encode at once, and its jobs' results leave together).
 
 Models of the `null` family (no compute, for control-plane tests and benchmarks) are run by
 `omnirt.worker.null_model` instead, on the event loop, without the model cache.
