@@ -87,6 +87,11 @@ def fmt_ms(value_ms: float) -> str:
     return f"{value_ms:,.1f} ms" if value_ms >= 10 else f"{value_ms:.2f} ms"
 
 
+def fmt_counts(counts: dict[Any, int]) -> str:
+    """`{size: count}` (keys ints, or strings after a JSON round trip) as "1: 171, 2: 494", by size."""
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
+
+
 def settings_dict(settings: Any) -> dict[str, Any]:
     """A settings dataclass as JSON-able values (tuples become lists)."""
     out: dict[str, Any] = {}

@@ -119,7 +119,7 @@ def control_plane_md(result: dict[str, Any]) -> str:
             f"(**x{m['throughput_ratio']:.2f}** of the relay's {m['echo_per_s']:,.1f}/s); HTTP gateway "
             f"**{m['omnirt_http_per_s']:,.1f} calls/s**, p50 {sc.fmt_ms(m['omnirt_http_p50_ms'])} "
             f"(x{m['http_throughput_ratio']:.2f}). Controller VmHWM {result['controller_vm_hwm_mib']} MiB. "
-            f"Jobs per pipeline call in the last round (`batch_size` -> calls): {batch}.",
+            f"Jobs per pipeline call in the last round (`batch_size` -> calls): {sc.fmt_counts(batch)}.",
             "What the numbers mean: **calls/s** is successful calls over the round's wall time (a closed "
             "loop: the most the system does with that many callers, not a latency at a given rate); "
             "**p50/p99** the latency of one call as the client sees it, at saturation mostly waiting in the "
@@ -201,7 +201,7 @@ def dispatch_md(result: dict[str, Any]) -> str:
         [
             "**queue drain** (from connecting to the last assignment)",
             f"**{p1['drain_s']} s ({sc.fmt_rate(p1['drain_jobs_per_s'])})**, "
-            f"assignment sizes {p1['assignment_sizes']}",
+            f"assignment sizes {sc.fmt_counts(p1['assignment_sizes'])}",
         ],
         [
             "Submit with the workers idle (burst)",
@@ -216,7 +216,7 @@ def dispatch_md(result: dict[str, Any]) -> str:
         [
             "burst drain (first Submit -> last assignment)",
             f"{p2['drain_s']} s ({sc.fmt_rate(p2['drain_jobs_per_s'])}); "
-            f"assignment sizes {p2['assignment_sizes']}",
+            f"assignment sizes {sc.fmt_counts(p2['assignment_sizes'])}",
         ],
         [
             "controller CPU (cores): submit / drain / burst",

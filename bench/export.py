@@ -183,8 +183,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"A batch of {batch['images']} such images of {batch['size']}, encoded one after the other "
             f"versus at once on the worker's export threads (`omnirt.worker.output_export`, as a batched "
             f"call's results are): **{sc.fmt_ms(batch['one_by_one_p50_ms'])}** one by one, "
-            f"**{sc.fmt_ms(batch['at_once_p50_ms'])}** at once (ratio {batch['ratio']}; at most "
-            "1 / CPUs).",
+            f"**{sc.fmt_ms(batch['at_once_p50_ms'])}** at once (ratio {batch['ratio']}; it cannot go "
+            "below 1 / the number of CPUs).",
             "Why it matters: the export is on every image request's path after the model's last step. "
             "On a GPU an SD-1.5-sized call at 512x512 takes about a second or less, and Pillow's default "
             "PNG settings alone would add several percent to it. After PNG's row filters a photo-like "

@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m bench.suite: error: {exc}", file=sys.stderr)
         return 2
     full_run = not args.quick and not args.only
-    results = run_suite(args, argv)
+    # The page is made from what the JSON holds (dict keys become strings there), so that
+    # `python -m bench.report` rewrites it from the file word for word.
+    results = json.loads(json.dumps(run_suite(args, argv)))
     print()
     print(report.summary_text(results))
     json_path = args.json or (DEFAULT_JSON if full_run else None)
