@@ -167,9 +167,9 @@ class _ModularRun(_AssignmentRun):
             return
         finished = []
         for plan, images in zip(kept, done.images, strict=True):
-            reason = self.stop.reason(plan.job_id)
-            if reason:  # stopped while the rest of its batch went on: its images are dropped
-                self.fail([plan.job_id], stop_error(reason, "while running"))
+            stopped = self.stop.reason(plan.job_id)
+            if stopped:  # stopped while the rest of its batch went on: its images are dropped
+                self.fail([plan.job_id], stop_error(stopped, "while running"))
             else:
                 finished.append((plan, images))
         for plan, artifacts in output_export.export_outputs(finished, self.recorder):
