@@ -30,11 +30,18 @@ _threads: ThreadPoolExecutor | None = None
 _threads_lock = threading.Lock()
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity mask on Linux, e.g. a pinned container)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def _export_threads() -> ThreadPoolExecutor:
     global _threads
     with _threads_lock:
         if _threads is None:
-            _threads = ThreadPoolExecutor(os.cpu_count() or 4, thread_name_prefix="omnirt-export")
+            _threads = ThreadPoolExecutor(_cpus(), thread_name_prefix="omnirt-export")
         return _threads
 
 
