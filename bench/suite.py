@@ -6,11 +6,12 @@
                                                # table, writes only what --json/--docs ask for
     python -m bench.suite --only overhead,batching --json out.json
 
-Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, export. Each starts its own
-daemons on loopback and stops them. A scenario that cannot run here (Ray Serve not installed
-for `peers`) is reported as skipped; one that fails is reported as failed with its daemons'
-log tails, the others still run. Exit status: 0 when no scenario failed, 1 otherwise, 2 for
-bad arguments. Missed targets are results, not failures: the table says met / missed.
+Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, export. Each starts its
+own daemons on loopback and stops them (export needs none). A scenario that cannot run here (Ray
+Serve not installed for `peers`) is reported as skipped; one that fails is reported as failed
+with its daemons' log tails, the others still run. Exit status: 0 when no scenario failed, 1
+otherwise, 2 for bad arguments. Missed targets are results, not failures: the table says met /
+missed.
 """
 
 from __future__ import annotations
