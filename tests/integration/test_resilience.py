@@ -12,6 +12,9 @@ import omnirt
 from omnirt.types import EventKind, JobState
 from tests.daemons import Controller, Worker, wait_for
 
+# Workers whose tests act on a job mid-run once its first PROGRESS arrives.
+PROMPT_EVENTS = ("--progress-interval-ms", "0")
+
 
 @pytest.fixture
 def own_controller(log_dir: Path) -> Controller:
@@ -60,13 +63,15 @@ def test_the_worker_reconnects_after_a_controller_restart(log_dir: Path, model_d
 
 
 def test_sigterm_drains_the_worker(own_controller: Controller, log_dir: Path, model_dir: Path) -> None:
-    worker = Worker(log_dir, own_controller.address, "w-drain", model_dir).start()
+    # Events at once: its first PROGRESS comes after step 1, not with the run's first 0.25 s
+    # (by then a short job on a fast CPU is nearly done, and would end before the drain shows).
+    worker = Worker(log_dir, own_controller.address, "w-drain", model_dir, *PROMPT_EVENTS).start()
     own_controller.wait_worker("w-drain")
     with omnirt.Client(own_controller.address) as client:
         client.generate(
             model="tiny-sd", prompt="load first", seed=1, timeout=120
         )  # warm: the next run is all steps
-        job = client.submit(model="tiny-sd", prompt="a long one", seed=3, num_inference_steps=60)
+        job = client.submit(model="tiny-sd", prompt="a long one", seed=3, num_inference_steps=100)
         events = client.watch(job.id, timeout=120)
         for event in events:
             if event.kind is EventKind.PROGRESS:
@@ -90,7 +95,7 @@ def test_a_silent_worker_loses_its_lease_and_its_job_finishes_elsewhere(
     own_controller: Controller, log_dir: Path, model_dir: Path
 ) -> None:
     """SIGSTOP freezes a worker with its stream open: no heartbeats, so the lease (3 s) expires."""
-    frozen = Worker(log_dir, own_controller.address, "w-frozen", model_dir).start()
+    frozen = Worker(log_dir, own_controller.address, "w-frozen", model_dir, *PROMPT_EVENTS).start()
     spare: Worker | None = None
     try:
         own_controller.wait_worker("w-frozen")

@@ -131,10 +131,11 @@ class Cluster:
         return "\n".join(f"--- {d.name}\n{d.log()[-3000:]}" for d in parts)
 
 
-WARM = ("w-warm", ["--models", "tiny-sd", "--slots", "1"])
+# Events at once (not every 0.25 s): tests act on a job mid-run once its first PROGRESS arrives.
+WARM = ("w-warm", ["--models", "tiny-sd", "--slots", "1", "--progress-interval-ms", "0"])
 ONLY_B = ("w-b", ["--models", "tiny-sd-b", "--slots", "2"])
 # Sorts before w-warm: with equal load the router's last tie-break (the id) would pick it.
-COLD = ("w-cold", ["--models", "tiny-sd", "--slots", "1"])
+COLD = ("w-cold", ["--models", "tiny-sd", "--slots", "1", "--progress-interval-ms", "0"])
 
 
 @pytest.fixture(scope="module")
@@ -474,7 +475,8 @@ def test_unknown_ids_are_not_found_and_create_nothing(client: omnirt.Client) -> 
 def test_drain_worker_finishes_its_job_takes_nothing_new_and_exits(
     client: omnirt.Client, controller: Controller, log_dir: Path, model_dir: Path
 ) -> None:
-    drained = Worker(log_dir, controller.address, "w-drain", model_dir, "--models", "tiny-sd-d").start()
+    args = ("--models", "tiny-sd-d", "--progress-interval-ms", "0")
+    drained = Worker(log_dir, controller.address, "w-drain", model_dir, *args).start()
     try:
         controller.wait_worker("w-drain")
         job = client.submit(model="tiny-sd-d", prompt="finish me", num_inference_steps=60)
@@ -573,7 +575,7 @@ def test_a_job_goes_to_the_worker_that_has_its_model_loaded(cluster: Cluster) ->
 def test_a_job_whose_worker_is_killed_completes_on_another_once(cluster: Cluster) -> None:
     client = cluster.client
     cluster.start(WARM, COLD)
-    job = client.submit(model="tiny-sd", prompt="survives a kill", num_inference_steps=60)
+    job = client.submit(model="tiny-sd", prompt="survives a kill", num_inference_steps=100)
     running = wait_event(client, job.id, lambda e: e.kind is EventKind.STATE and e.state is JobState.RUNNING)
     wait_event(client, job.id, progress_at_least(1))
     victim = running.worker_id
