@@ -109,7 +109,11 @@ def versions() -> dict[str, str]:
 
 
 def quiet_libraries() -> None:
-    """No progress bars or warnings from diffusers/transformers in this process (the daemons keep theirs)."""
+    """No progress bars or warnings from diffusers/transformers in this process (the daemons keep
+    theirs), nor the import-time noise the worker filters too (torchao's CUDA kernels on a CPU)."""
+    from omnirt.worker import quantization
+
+    quantization.quiet_import_logs()  # before diffusers imports torchao
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
