@@ -148,9 +148,12 @@ def _parameters(function: Any) -> frozenset[str]:
 
 
 def _plain_number(value: Any) -> Any:
-    # google.protobuf.Struct carries every number as a double; integral ones go back to int.
+    # google.protobuf.Struct carries every number as a double; integral ones go back to int,
+    # also inside lists (token indices, a [height, width] pair).
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, list):
+        return [_plain_number(v) for v in value]
     return value
 
 
