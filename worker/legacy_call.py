@@ -32,6 +32,7 @@ from omnirt import types as t
 from omnirt.worker import (
     adapters,
     backends,
+    inference_mode,
     model_cache,
     null_model,
     output_export,
@@ -442,7 +443,12 @@ class _AssignmentRun:
         if "callback_on_step_end" in accepted:
             kwargs["callback_on_step_end"] = monitor
 
-        with step_cache.enabled(view, options) as usage:
+        # Reported when it is not the default: set by the catalog or request, or off for this pipeline.
+        setting = options.values.get(inference_mode.NAME)
+        in_inference_mode = inference_mode.use_inference_mode(view, setting)
+        if setting is not None or not in_inference_mode:
+            call_options[inference_mode.NAME] = in_inference_mode
+        with inference_mode.call_context(in_inference_mode), step_cache.enabled(view, options) as usage:
             monitor.start()
             output = view(**kwargs)
             monitor.finish()

@@ -63,7 +63,7 @@ class PromptCache:
             return len(self._entries)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def encode(view: Any, key: PromptKey, device: str) -> Embeds:
     """Run the text encoder (with whatever adapters are active on it): one row of embeddings."""
     prompt, negative, guided, _ = key
@@ -108,7 +108,7 @@ def default_strength(task: t.Task) -> float:
     return 1.0 if task is t.Task.INPAINT else 0.8
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def prepare(
     view: Any,
     task: t.Task,
@@ -208,7 +208,7 @@ StepCallback = Callable[[int, int], None]
 """Called after each step with (step, total); raises to stop the loop."""
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def denoise(
     view: Any, prepared: Prepared, embeds: torch.Tensor, guidance_scale: float, on_step: StepCallback
 ) -> torch.Tensor:
@@ -259,7 +259,7 @@ def _keep_unmasked(
     return (1 - mask) * proper + mask * latents
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode(view: Any, latents: torch.Tensor, generators: list[torch.Generator]) -> list[Any]:
     """Latents to PIL images through the VAE, post-processed like the pipeline's PIL output."""
     image = view.vae.decode(

@@ -5,8 +5,8 @@ catalog table and re-checks requests with the same code, so both agree on names 
 
 Each option has a phase. *Load* options (`torch_compile`, `cpu_offload`, `layerwise_casting`,
 `quantization`) change the loaded weights or modules: another value is another model cache
-entry. *Call* options (`enable_vae_slicing`, `enable_vae_tiling`, `step_cache`) are set for one
-pipeline call and undone after it, on the already loaded pipeline.
+entry. *Call* options (`enable_vae_slicing`, `enable_vae_tiling`, `step_cache`, `inference_mode`) are set
+for one pipeline call and undone after it, on the already loaded pipeline.
 
 Values are normalized (`true` -> `"inductor"` for `torch_compile`, a string shorthand -> a
 table for `step_cache` and `quantization`), so equal settings compare equal (batching keys,
@@ -206,6 +206,7 @@ OPTIONS: dict[str, Option] = {
         Option("enable_vae_slicing", CALL, _bool),
         Option("enable_vae_tiling", CALL, _bool),
         Option("step_cache", CALL, _step_cache),
+        Option("inference_mode", CALL, _bool),
         Option("torch_compile", LOAD, _torch_compile),
         Option("cpu_offload", LOAD, _cpu_offload),
         Option("layerwise_casting", LOAD, _layerwise_casting),

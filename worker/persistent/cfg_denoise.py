@@ -88,7 +88,7 @@ class Prepared:
     step_kwargs: dict[str, Any]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def prepare(pipe: Any, job: TextJob, device: str) -> Prepared:
     """Text encoding, timesteps and initial noise, exactly as the pipeline does them."""
     scale = pipe.vae_scale_factor
@@ -128,7 +128,7 @@ def _predict(pipe: Any, latents: torch.Tensor, t: Any, embeds: torch.Tensor) -> 
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def denoise(pipe: Any, job: TextJob, prep: Prepared, group: Group, on_step: StepHook) -> torch.Tensor | None:
     """The denoising loop; returns the final latents, or None when `on_step` stopped it."""
     scheduler, latents, g = prep.scheduler, prep.latents, job.guidance_scale
@@ -156,7 +156,7 @@ def denoise(pipe: Any, job: TextJob, prep: Prepared, group: Group, on_step: Step
     return latents
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode(pipe: Any, latents: torch.Tensor, generators: list[torch.Generator]) -> list[Any]:
     """Latents to HxWx3 uint8 numpy images, rounded like the pipeline's PIL output."""
     image = pipe.vae.decode(

@@ -71,7 +71,7 @@ def check_batch(pipe: Any, jobs: list[TextJob]) -> None:
         raise JobRejected("num_inference_steps must be at least 1", "num_inference_steps")
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def prepare(pipe: Any, jobs: list[TextJob], share: list[Output], device: str) -> Prepared:
     """This rank's prompt embeddings, noise, scheduler and timesteps."""
     from diffusers.utils.torch_utils import randn_tensor
@@ -110,7 +110,7 @@ def prepare(pipe: Any, jobs: list[TextJob], share: list[Output], device: str) ->
     return Prepared(share, scheduler, scheduler.timesteps, latents, embeds, generators, step_kwargs, guided)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def denoise(pipe: Any, guidance_scale: float, prep: Prepared, on_step: StepHook) -> torch.Tensor | None:
     """The loop on this rank's share; None when `on_step` (a collective) said stop."""
     scheduler, latents = prep.scheduler, prep.latents

@@ -44,6 +44,7 @@ def test_options_are_normalized_into_the_resolved_request(catalog: Catalog) -> N
     [
         ({"vae_tiling": True}, "extra.runtime.vae_tiling", "unknown runtime option"),
         ({"enable_vae_tiling": "yes"}, "extra.runtime.enable_vae_tiling", "true or false"),
+        ({"inference_mode": "off"}, "extra.runtime.inference_mode", "true or false"),
         ({"cpu_offload": "sometimes"}, "extra.runtime.cpu_offload", "'model' or 'sequential'"),
         ({"layerwise_casting": "int3"}, "extra.runtime.layerwise_casting", "storage dtype"),
         (

@@ -1,0 +1,116 @@
+"""Pipeline calls run under torch.inference_mode, except for pipelines that take gradients
+(diffusers' attend-and-excite, here over tiny-sd's weights); `runtime.inference_mode` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import numpy as np
+import pytest
+import torch
+from options_testing import pixels, report
+from worker_testing import run_assignment
+
+from omnirt.v1 import models_pb2, types_pb2
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.inference_mode import takes_gradients
+from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
+from omnirt.worker.v1 import gateway_pb2
+
+ATTEND_AND_EXCITE = "StableDiffusionAttendAndExcitePipeline"
+# Attend-and-excite needs the token positions to strengthen, and attention maps of tiny-sd's
+# size (its cross-attention runs on 4x4 latents at 64x64).
+EXCITE_EXTRA = {"token_indices": [2, 5], "attn_res": [4, 4], "max_iter_to_alter": 2}
+
+
+@pytest.fixture
+def grad_executor(model_dir: Path) -> LegacyCallExecutor:
+    return LegacyCallExecutor(WorkerConfig(model_dir=str(model_dir), worker_id="w-grad", torch_threads=1))
+
+
+def run(
+    executor: LegacyCallExecutor,
+    pipeline_class: str = "StableDiffusionPipeline",
+    *,
+    runtime: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    job_id: str = "job-1",
+) -> ItemOutcome:
+    spec = models_pb2.ModelSpec(
+        id="tiny-sd",
+        source="builtin:tiny-sd",
+        pipeline_class=pipeline_class,
+        execution_mode="legacy_call",
+        tasks=[types_pb2.TASK_TEXT2IMAGE],
+    )
+    if runtime:
+        spec.runtime.update(runtime)
+    msg = gateway_pb2.Assignment(assignment_id="as-" + job_id, model=spec)
+    request = types_pb2.GenerateRequest(
+        task=types_pb2.TASK_TEXT2IMAGE,
+        model="tiny-sd",
+        prompt="a cat and a dog",
+        width=64,
+        height=64,
+        num_inference_steps=2,
+        seed=5,
+    )
+    if extra:
+        request.extra.update(extra)
+    msg.items.add(job_id=job_id, attempt=1, request=request)
+    [outcome], _ = run_assignment(executor, assignment_from_proto(msg))
+    return outcome
+
+
+def record_unet_modes(executor: LegacyCallExecutor, pipeline_class: str) -> list[bool]:
+    """Whether each forward of the cached `pipeline_class` pipeline's UNet ran in inference mode."""
+    [cached] = [e for e in executor.cache._entries.values() if type(e.pipeline).__name__ == pipeline_class]
+    modes: list[bool] = []
+    cached.pipeline.unet.register_forward_pre_hook(
+        lambda module, args: modes.append(torch.is_inference_mode_enabled())
+    )
+    return modes
+
+
+def test_only_the_pipelines_that_take_gradients_are_detected() -> None:
+    assert takes_gradients(getattr(diffusers, ATTEND_AND_EXCITE))
+    assert takes_gradients(diffusers.StableDiffusionPix2PixZeroPipeline)
+    assert not takes_gradients(diffusers.StableDiffusionPipeline)
+    assert not takes_gradients(diffusers.StableDiffusionImg2ImgPipeline)
+    assert not takes_gradients(diffusers.WanPipeline)
+
+
+def test_a_plain_pipeline_runs_in_inference_mode_with_the_same_pixels(
+    grad_executor: LegacyCallExecutor,
+) -> None:
+    first = run(grad_executor)
+    modes = record_unet_modes(grad_executor, "StableDiffusionPipeline")
+    second = run(grad_executor, job_id="job-2")
+    assert modes and all(modes)
+    assert "runtime_options" not in report(second).config_resolved  # the default is not reported
+    # Off (the request's option): the pipeline's own no_grad, and not one pixel differs.
+    modes.clear()
+    off = run(grad_executor, runtime={"inference_mode": False}, job_id="job-3")
+    assert modes and not any(modes)
+    assert report(off).config_resolved["runtime_options"] == {"inference_mode": False}
+    assert np.array_equal(pixels(off), pixels(second)) and np.array_equal(pixels(first), pixels(second))
+
+
+def test_a_pipeline_that_takes_gradients_runs_outside_inference_mode(
+    grad_executor: LegacyCallExecutor,
+) -> None:
+    excited = run(grad_executor, ATTEND_AND_EXCITE, extra=EXCITE_EXTRA)
+    assert report(excited).config_resolved["runtime_options"] == {"inference_mode": False}
+    assert pixels(excited).shape == (64, 64, 3)
+    modes = record_unet_modes(grad_executor, ATTEND_AND_EXCITE)
+    again = run(grad_executor, ATTEND_AND_EXCITE, extra=EXCITE_EXTRA, job_id="job-2")
+    assert modes and not any(modes)
+    assert np.array_equal(pixels(again), pixels(excited))
+    # Forced on, its gradient step has nothing to work with: the call fails (that is why it is off).
+    forced = run(
+        grad_executor, ATTEND_AND_EXCITE, runtime={"inference_mode": True}, extra=EXCITE_EXTRA, job_id="job-3"
+    )
+    assert forced.error is not None
