@@ -340,6 +340,9 @@ def markdown(result: dict[str, Any]) -> str:
             sc.md_table(header, sd_rows, right=2),
             "Both sides take two hops: OmniRT client -> controller -> worker, Ray client -> HTTP proxy "
             "actor -> replica actor, each a separate process. "
+            "Ray's replica calls the pipeline as diffusers does, OmniRT's worker inside "
+            "`torch.inference_mode()` (the same pixels, a little less time per call, see the overhead "
+            "scenario). "
             "Both sides encode a PNG per image; OmniRT also hashes it (sha256) and, through HTTP, returns "
             'JSON with base64 and the full RunReport, where Ray returns the raw PNG or `{"ok": true}`. '
             "The load generator, OmniRT's daemons and Ray's processes (GCS, raylet, proxy, controller, "

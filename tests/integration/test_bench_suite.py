@@ -67,8 +67,13 @@ def test_quick_overhead_writes_json_table_and_docs(tmp_path: Path, model_dir: Pa
     assert case["ratio"] == pytest.approx(case["omnirt_p50_ms"] / case["direct_p50_ms"], rel=0.01)
     # Both sides did the same work: the served image is the direct call's, pixel for pixel.
     assert case["same_pixels_max_diff"] == 0
-    (row,) = entry["rows"]
+    # The pure serving overhead too: over the direct call in inference mode, as the worker runs it.
+    assert case["direct_inference_mode_p50_ms"] > 0
+    direct_im = case["direct_inference_mode_p50_ms"]
+    assert case["ratio_to_inference_mode"] == pytest.approx(case["omnirt_p50_ms"] / direct_im, rel=0.01)
+    row, alone = entry["rows"]
     assert row["target"] == "<= 1.05" and row["verdict"] == ("met" if case["ratio"] <= 1.05 else "missed")
+    assert alone["ratio"] == case["ratio_to_inference_mode"] and not alone["target"]
 
     assert "overhead  tiny-sd 64x64, 4 steps, c1: p50 latency" in done.stdout  # the printed table
     page = docs.read_text()
