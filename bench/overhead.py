@@ -249,7 +249,7 @@ def run(settings: Settings, ctx: sc.Context) -> dict[str, Any]:
             rows.append(
                 sc.Row(
                     NAME,
-                    "the same, vs the direct call in torch.inference_mode (as the worker runs it)",
+                    f"tiny-sd {case['size']}, c1: the same vs direct in inference mode",
                     sc.fmt_ms(case["omnirt_p50_ms"]),
                     f"direct {sc.fmt_ms(case['direct_inference_mode_p50_ms'])}",
                     case["ratio_to_inference_mode"],
