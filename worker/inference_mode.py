@@ -3,8 +3,8 @@
 diffusers wraps a pipeline's `__call__` in `torch.no_grad()`: no graph is built, but every op
 still updates version counters and view tracking for autograd. `torch.inference_mode()` skips
 that bookkeeping (as TorchServe's handlers and ComfyUI's executor do). The kernels are the
-same, so the pixels are too; the saving is per op, so it shows most on small models: tiny-sd
-64x64, 4 steps, one CPU thread: 26.4 -> 25.2 ms (-4.9 %); 256x256: 130.0 -> 128.6 ms (-1.1 %).
+same, so the pixels are too; the saving is per op, so it shows most on small models: a tiny-sd
+64x64 4-step job's execution in the worker, one CPU thread, 30.2 -> 28.8 ms (docs/worker.md).
 
 A few pipelines take gradients while they sample (diffusers' attend-and-excite, pix2pix-zero
 and DiffEdit call `torch.enable_grad()` inside `__call__`). Inside inference mode
