@@ -526,7 +526,8 @@ def test_jobs_run_only_on_workers_that_serve_their_model_within_slots(cluster: C
                     assert w.id in serving[model_of[job_id]], (job_id, model_of[job_id], w.id)
         time.sleep(0.02)
     finished = [client.get_job(j.id) for j in jobs]
-    assert all(j.state is JobState.SUCCEEDED for j in finished), [(j.id, j.state, j.error) for j in finished]
+    failed = [(j.id, j.model, j.state.value, j.error) for j in finished if j.state is not JobState.SUCCEEDED]
+    assert not failed, failed
     # Reconstruct the pipeline calls (a batch of compatible jobs is one call and takes one slot).
     calls: dict[tuple[str, str], list[datetime]] = {}
     for job in finished:
