@@ -18,8 +18,9 @@ overrides the guess, for a custom pipeline that takes gradients some other way.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 NAME = "inference_mode"
@@ -27,24 +28,32 @@ GRADIENT_MARKERS = ("enable_grad(", ".backward(", "autograd.grad(")
 # Base classes of every pipeline: their code is not the pipeline's own.
 _LIBRARY_BASES = frozenset({"DiffusionPipeline", "ModularPipeline", "ConfigMixin", "object"})
 _TAKES_GRADIENTS: dict[type, bool] = {}  # by pipeline class: its code is read once
+_LOCK = threading.Lock()
 
 
 def takes_gradients(cls: type) -> bool:
     """Whether `cls` (a pipeline class) or one of its own base classes computes gradients."""
     known = _TAKES_GRADIENTS.get(cls)
     if known is None:
-        known = _TAKES_GRADIENTS[cls] = _reads_gradients(cls)
+        with _LOCK:  # the slots' first calls of a class come at once: read its code once
+            known = _TAKES_GRADIENTS.get(cls)
+            if known is None:
+                known = _TAKES_GRADIENTS[cls] = _reads_gradients(cls)
     return known
 
 
 def _reads_gradients(cls: type) -> bool:
-    for klass in cls.__mro__:
-        if klass.__name__ in _LIBRARY_BASES:
-            continue
-        module = sys.modules.get(klass.__module__)
+    # The files are read directly, not through `inspect.getsource`: its line cache is shared by
+    # the whole process (tracebacks, warnings) and not safe to use from several threads.
+    sources = {
+        getattr(sys.modules.get(k.__module__), "__file__", None)
+        for k in cls.__mro__
+        if k.__name__ not in _LIBRARY_BASES
+    }
+    for path in sorted(p for p in sources if isinstance(p, str) and p.endswith(".py")):
         try:
-            source = inspect.getsource(module) if module is not None else ""
-        except (OSError, TypeError):  # no source (compiled, or made at runtime): assume none
+            source = Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:  # no source at hand: assume none
             continue
         if any(marker in source for marker in GRADIENT_MARKERS):
             return True

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import linecache
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +85,31 @@ def test_only_the_pipelines_that_take_gradients_are_detected() -> None:
     assert not takes_gradients(diffusers.StableDiffusionPipeline)
     assert not takes_gradients(diffusers.StableDiffusionImg2ImgPipeline)
     assert not takes_gradients(diffusers.WanPipeline)
+
+
+def test_a_custom_pipelines_own_code_is_read_at_once_by_many_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's pipeline module, detected by reading its file (not inspect's line cache, which
+    tracebacks share and which is not thread-safe), by the slots' first calls all at once."""
+    base = "import diffusers\nimport torch\n\n\nclass {name}(diffusers.StableDiffusionPipeline):\n"
+    (tmp_path / "guided_pipe.py").write_text(
+        base.format(name="GuidedPipeline") + "    def guide(self, x):\n        with torch.enable_grad():\n"
+        "            return x.requires_grad_()\n"
+    )
+    (tmp_path / "plain_pipe.py").write_text(base.format(name="PlainPipeline") + "    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    guided = importlib.import_module("guided_pipe").GuidedPipeline
+    plain = importlib.import_module("plain_pipe").PlainPipeline
+
+    def unusable(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the line cache is not used")
+
+    monkeypatch.setattr(linecache, "getlines", unusable)
+    monkeypatch.setattr(inspect, "getsource", unusable)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(takes_gradients, [guided, plain] * 8))
+    assert answers == [True, False] * 8
 
 
 def test_a_plain_pipeline_runs_in_inference_mode_with_the_same_pixels(
