@@ -253,6 +253,10 @@ class _ModularRun(_AssignmentRun):
         warnings += notes
         if STEP_CACHE in call:
             warnings.append(f"{STEP_CACHE} is not applied in the modular mode (a transformer-model option)")
+        if first.job_id in self.options and self.options[first.job_id].values.get("inference_mode") is False:
+            warnings.append(
+                "inference_mode = false is not applied in the modular mode (its stages take no gradients)"
+            )
         device = self.placement.device
         args = {**first.common, **first.specific}
         guidance = float(args.get("guidance_scale", 7.5))

@@ -237,3 +237,12 @@ def test_vae_slicing_from_the_catalog_applies_to_the_decode(modular: ModularExec
         # One image at a time through the VAE instead of two: the same pixels within rounding.
         diff = np.abs(pixels(ours.artifacts[0].data) - pixels(theirs.artifacts[0].data))
         assert diff.max() <= MAX_BATCH_DIFF
+
+
+def test_inference_mode_off_in_the_catalog_is_named_as_not_applied(modular: ModularExecutor) -> None:
+    jobs = [{"prompt": "stages in inference mode", "seed": 3}]
+    [plain] = results(run_assignment(modular, batch(*jobs))[0])
+    [asked] = results(run_assignment(modular, batch(*jobs, runtime={"inference_mode": False}))[0])
+    assert "inference_mode = false is not applied in the modular mode" in " ".join(report(asked).warnings)
+    assert not report(plain).warnings
+    assert asked.artifacts[0].data == plain.artifacts[0].data
