@@ -27,18 +27,22 @@ def run_job(
     steps: int = 2,
     seed: int = 11,
     adapters: list[str] | None = None,
+    pipeline_class: str = "",
+    prompt: str = "a fox",
+    extra: dict[str, Any] | None = None,
     **fields: Any,
 ) -> ItemOutcome:
     """One job for builtin `model` (tiny-sd: text2image 64x64; tiny-wan: text2video, 5 frames).
 
-    `runtime` is the catalog entry's table, `request_runtime` the request's `extra.runtime`.
+    `runtime` is the catalog entry's table, `request_runtime` the request's `extra.runtime`;
+    `pipeline_class` another diffusers class over the same weights, `extra` pipeline arguments.
     """
     video = model.startswith("tiny-wan")
     task = types_pb2.TASK_TEXT2VIDEO if video else types_pb2.TASK_TEXT2IMAGE
     spec = models_pb2.ModelSpec(
         id=model,
         source=f"builtin:{model}",
-        pipeline_class="WanPipeline" if video else "StableDiffusionPipeline",
+        pipeline_class=pipeline_class or ("WanPipeline" if video else "StableDiffusionPipeline"),
         execution_mode="legacy_call",
         tasks=[task],
     )
@@ -48,7 +52,7 @@ def run_job(
     request = types_pb2.GenerateRequest(
         task=task,
         model=model,
-        prompt="a fox",
+        prompt=prompt,
         width=64,
         height=64,
         num_inference_steps=steps,
@@ -57,6 +61,8 @@ def run_job(
     )
     if video and not request.num_frames:
         request.num_frames = 5
+    if extra:
+        request.extra.update(extra)
     if request_runtime is not None:
         request.extra.update({"runtime": request_runtime})
     for name in adapters or []:

@@ -14,15 +14,12 @@ import diffusers
 import numpy as np
 import pytest
 import torch
-from options_testing import pixels, report
-from worker_testing import run_assignment
+from options_testing import pixels, report, run_job
 
-from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.inference_mode import takes_gradients
 from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
-from omnirt.worker.v1 import gateway_pb2
+from omnirt.worker.protocol import ItemOutcome
 
 ATTEND_AND_EXCITE = "StableDiffusionAttendAndExcitePipeline"
 # Attend-and-excite needs the token positions to strengthen, and attention maps of tiny-sd's
@@ -37,36 +34,21 @@ def grad_executor(model_dir: Path) -> LegacyCallExecutor:
 
 def run(
     executor: LegacyCallExecutor,
-    pipeline_class: str = "StableDiffusionPipeline",
+    pipeline_class: str = "",
     *,
     runtime: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
     job_id: str = "job-1",
 ) -> ItemOutcome:
-    spec = models_pb2.ModelSpec(
-        id="tiny-sd",
-        source="builtin:tiny-sd",
+    return run_job(
+        executor,
         pipeline_class=pipeline_class,
-        execution_mode="legacy_call",
-        tasks=[types_pb2.TASK_TEXT2IMAGE],
-    )
-    if runtime:
-        spec.runtime.update(runtime)
-    msg = gateway_pb2.Assignment(assignment_id="as-" + job_id, model=spec)
-    request = types_pb2.GenerateRequest(
-        task=types_pb2.TASK_TEXT2IMAGE,
-        model="tiny-sd",
+        runtime=runtime,
+        extra=extra,
+        job_id=job_id,
         prompt="a cat and a dog",
-        width=64,
-        height=64,
-        num_inference_steps=2,
         seed=5,
     )
-    if extra:
-        request.extra.update(extra)
-    msg.items.add(job_id=job_id, attempt=1, request=request)
-    [outcome], _ = run_assignment(executor, assignment_from_proto(msg))
-    return outcome
 
 
 def record_unet_modes(executor: LegacyCallExecutor, pipeline_class: str) -> list[bool]:
