@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker import adapters, null_model, output_export, runtime_options, task_pipelines
+from omnirt.worker import adapters, inference_mode, null_model, output_export, runtime_options, task_pipelines
 from omnirt.worker import modular_stages as stages
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import CancelFlags, EventSink, JobFailure, StopRun, stop_error
@@ -253,7 +253,10 @@ class _ModularRun(_AssignmentRun):
         warnings += notes
         if STEP_CACHE in call:
             warnings.append(f"{STEP_CACHE} is not applied in the modular mode (a transformer-model option)")
-        if first.job_id in self.options and self.options[first.job_id].values.get("inference_mode") is False:
+        if (
+            first.job_id in self.options
+            and self.options[first.job_id].values.get(inference_mode.NAME) is False
+        ):
             warnings.append(
                 "inference_mode = false is not applied in the modular mode (its stages take no gradients)"
             )
