@@ -51,10 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(tracing.JobTraceFilter())  # trace_id on every line that names a job
     tracing.setup("omnirt-controller")
+    from .server import ListenError  # after parsing: --help stays quick
+
     try:
         asyncio.run(serve(config))
     except CatalogError as exc:
         print(f"omnirt-controller: bad catalog: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:
+        print(f"omnirt-controller: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"omnirt-controller: {exc}", file=sys.stderr)

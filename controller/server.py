@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 from typing import TYPE_CHECKING
 
 import grpc
@@ -44,6 +46,36 @@ SERVICE_NAMES = (
 
 HEALTH_POLL_S = 0.25
 LIVENESS_SERVICE = "omnirt.liveness"
+
+
+class ListenError(Exception):
+    """A listen address (gRPC or HTTP) cannot be bound; the message is one line for the user."""
+
+
+def listen_error(address: str, exc: OSError) -> ListenError:
+    reason = "address in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc)).lower()
+    return ListenError(f"cannot listen on {address}: {reason}")
+
+
+def check_bindable(address: str) -> None:
+    """Raise ListenError when `address` is taken.
+
+    grpc's own bind failure is a RuntimeError that names no cause, after a line of its C core
+    on stderr; a plain socket finds out first and says why."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return  # port 0 always binds; a malformed address is left to grpc's own error
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc and aiohttp bind
+            try:
+                sock.bind(sockaddr)
+            except OSError as exc:
+                raise listen_error(address, exc) from None
 
 
 def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineClient:
@@ -87,9 +119,13 @@ class ControllerServer:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
-        self.port = self.server.add_insecure_port(config.listen)
+        check_bindable(config.listen)
+        try:
+            self.port = self.server.add_insecure_port(config.listen)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {config.listen}")
+            raise ListenError(f"cannot listen on {config.listen}")
         # The HTTP gateway calls the same servicers, so HTTP and gRPC share every code path.
         self.http: HttpGateway | None = None
         if config.http:
@@ -101,7 +137,12 @@ class ControllerServer:
         await self.engine.start()
         await self.server.start()
         if self.http is not None:
-            await self.http.start()
+            try:
+                await self.http.start()
+            except OSError as exc:
+                # Stopped here, not left to the garbage collector after the loop has closed.
+                await self.stop(0)
+                raise listen_error(self.config.http, exc) from None
         await self._set_health(self.engine.ready())
         # For liveness probes: SERVING until shutdown, also while the job store is unreachable.
         await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
 import sys
@@ -21,6 +22,10 @@ from omnirt.worker.daemon import WorkerDaemon
 from omnirt.worker.log import setup_logging
 
 log = logging.getLogger("omnirt.worker")
+
+
+class ListenError(Exception):
+    """The metrics address cannot be bound; the message is one line for the user."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +53,11 @@ async def serve(config: WorkerConfig) -> int:
     """Run the daemon until drained, draining on SIGTERM/SIGINT."""
     daemon = WorkerDaemon(config)
     if config.metrics:
-        daemon.telemetry.serve(config.metrics)
+        try:
+            daemon.telemetry.serve(config.metrics)
+        except OSError as exc:
+            reason = "address in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc)).lower()
+            raise ListenError(f"cannot listen on {config.metrics}: {reason}") from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_drain, sig.name)
@@ -66,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     telemetry.setup_tracing("omnirt-worker")
     try:
         return asyncio.run(serve(config))
+    except ListenError as exc:
+        print(f"omnirt-worker: {exc}", file=sys.stderr)
+        return 2
     except (BackendError, ValueError, OSError) as exc:
         # Startup failures (no such backend, unknown mode) end the process with a clear line.
         log.error("worker cannot start: %s", exc)
