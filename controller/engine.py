@@ -37,7 +37,7 @@ from .catalog import Catalog
 from .config import ControllerConfig
 from .job_store import JobStore
 from .jobs import JobRecord, utcnow
-from .metrics import EngineMetrics
+from .metrics import EngineMetrics, Gauges
 from .queue import JobQueue
 from .tracing import JobTracing
 from .validation import Plan, validate
@@ -288,17 +288,17 @@ class Engine:
     def list_workers(self) -> list[WorkerInfo]:
         return [w.snapshot() for w in self.workers.all()]
 
-    def gauge_snapshot(self) -> tuple[dict[int, int], dict[str, int], list[WorkerInfo]]:
-        """Queued jobs by priority, running jobs by model, and the workers (the metrics' gauges)."""
-        queued: dict[int, int] = {}
-        running: dict[str, int] = {}
+    def gauge_snapshot(self) -> Gauges:
+        """Queued jobs by model and priority, running jobs by model, and the workers (the gauges)."""
+        gauges = Gauges(workers=self.list_workers())
         for record in self._live.values():
             job = record.job
             if job.state is JobState.QUEUED:
-                queued[job.priority] = queued.get(job.priority, 0) + 1
+                gauges.queued_by_model[job.model] = gauges.queued_by_model.get(job.model, 0) + 1
+                gauges.queued_by_priority[job.priority] = gauges.queued_by_priority.get(job.priority, 0) + 1
             elif job.state is JobState.RUNNING:
-                running[job.model] = running.get(job.model, 0) + 1
-        return queued, running, self.list_workers()
+                gauges.running_by_model[job.model] = gauges.running_by_model.get(job.model, 0) + 1
+        return gauges
 
     def drain_worker(self, worker_id: str) -> WorkerInfo:
         handle = self.workers.get(worker_id)

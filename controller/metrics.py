@@ -2,7 +2,8 @@
 
 Counters and histograms move when the engine accepts, dispatches, hears from and finishes a
 job; gauges (queue depth, running jobs, workers, slots) are read from the engine's state at
-scrape time, so they can never drift from what `ListJobs` and `ListWorkers` show. Each engine
+scrape time, so they can never drift from what `ListJobs` and `ListWorkers` show (the Redis
+engine's queue and running counts are the cluster's, refreshed on its once-a-second upkeep tick). Each engine
 has its own registry (several engines in one process, as in unit tests, never collide).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import (
@@ -34,13 +36,23 @@ if TYPE_CHECKING:
     from .jobs import JobRecord
 
 
+@dataclass(frozen=True)
+class Gauges:
+    """What the gauges show, read from an engine at scrape time."""
+
+    queued_by_model: dict[str, int] = field(default_factory=dict)
+    queued_by_priority: dict[int, int] = field(default_factory=dict)
+    running_by_model: dict[str, int] = field(default_factory=dict)
+    workers: list[WorkerInfo] = field(default_factory=list)  # this controller's own
+
+
 class Observed(Protocol):
     """What the metrics read from an engine (the in-memory one or the Redis one)."""
 
     catalog: Catalog
 
-    def gauge_snapshot(self) -> tuple[dict[int, int], dict[str, int], list[WorkerInfo]]:
-        """Queued jobs by priority, running jobs by model, and the workers."""
+    def gauge_snapshot(self) -> Gauges:
+        """Queued jobs by model and by priority, running jobs by model, and the workers."""
         ...
 
 
@@ -83,16 +95,26 @@ class _StateCollector(Collector):
         self._priorities: set[int] = {0}  # priorities once seen report 0, not vanish
 
     def collect(self) -> Iterator[Metric]:
-        queued, running_by_model, workers = self.engine.gauge_snapshot()
-        self._priorities.update(queued)
-        depth = GaugeMetricFamily("omnirt_queue_depth", "Jobs waiting for a worker", labels=["priority"])
-        for priority in sorted(self._priorities):
-            depth.add_metric([str(priority)], queued.get(priority, 0))
+        gauges = self.engine.gauge_snapshot()
+        # Every catalog model has a series from the start, at 0 when idle: an autoscaler or an
+        # alert reads "no series" as "no data", not as an empty queue.
+        models = sorted({s.id for s in self.engine.catalog} | gauges.queued_by_model.keys())
+        depth = GaugeMetricFamily("omnirt_queue_depth", "Jobs waiting for a worker", labels=["model"])
+        for model in models:
+            depth.add_metric([model], gauges.queued_by_model.get(model, 0))
         yield depth
+        self._priorities.update(gauges.queued_by_priority)
+        by_priority = GaugeMetricFamily(
+            "omnirt_queue_depth_by_priority", "Jobs waiting for a worker, by priority", labels=["priority"]
+        )
+        for priority in sorted(self._priorities):
+            by_priority.add_metric([str(priority)], gauges.queued_by_priority.get(priority, 0))
+        yield by_priority
         running = GaugeMetricFamily("omnirt_jobs_running", "Jobs running on a worker now", labels=["model"])
-        for model, count in sorted(running_by_model.items()):
-            running.add_metric([model], count)
+        for model in sorted(set(models) | gauges.running_by_model.keys()):
+            running.add_metric([model], gauges.running_by_model.get(model, 0))
         yield running
+        workers = gauges.workers
         by_state = Tally(w.state for w in workers)
         gauge = GaugeMetricFamily("omnirt_workers", "Connected workers by state", labels=["state"])
         for state in WorkerState:

@@ -44,7 +44,7 @@ from .catalog import Catalog
 from .config import ControllerConfig
 from .engine import _fingerprint, batch_key, batch_limit, client_view, new_job, waiting_reason
 from .jobs import JobRecord, utcnow
-from .metrics import EngineMetrics
+from .metrics import EngineMetrics, Gauges
 from .redis_store import RedisJobStore, StoredJob, batch_key_id, raise_lost_cancel
 from .redis_upkeep import RedisUpkeep
 from .tracing import JobTracing
@@ -91,7 +91,7 @@ class RedisEngine:
         self.store_ok = True
         # Worker results that could not be stored yet (Redis away): retried every tick.
         self.pending: list[Callable[[], Awaitable[None]]] = []
-        self.depth: tuple[dict[int, int], dict[str, int]] = ({}, {})
+        self.depth = Gauges()  # the cluster's queue and running jobs, read on each upkeep tick
         self.cluster: list[WorkerInfo] = []
         self.upkeep = RedisUpkeep(self)
 
@@ -395,8 +395,8 @@ class RedisEngine:
                 return info
         return self.workers.get(worker_id).snapshot()  # raises WorkerNotFound
 
-    def gauge_snapshot(self) -> tuple[dict[int, int], dict[str, int], list[WorkerInfo]]:
-        return self.depth[0], self.depth[1], [w.snapshot() for w in self.workers.all()]
+    def gauge_snapshot(self) -> Gauges:
+        return dataclasses.replace(self.depth, workers=[w.snapshot() for w in self.workers.all()])
 
     # ---- worker side ----------------------------------------------------------------------
 

@@ -453,13 +453,16 @@ class RedisJobStore:
 
     # ---- gauges and the cluster's workers ----------------------------------------------
 
-    async def depth(self) -> tuple[dict[int, int], dict[str, int]]:
-        """Queued jobs by priority and running jobs by model, over the whole cluster."""
+    async def depth(self, models: Sequence[str]) -> tuple[dict[str, int], dict[int, int], dict[str, int]]:
+        """Queued jobs by model (of `models`) and by priority, running jobs by model: the cluster's."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.p + "qdepth")
             pipe.hgetall(self.p + "runmodels")
-            queued, running = await pipe.execute()
+            for model in models:
+                pipe.zcard(self.p + "queue:m:" + model)
+            queued, running, *per_model = await pipe.execute()
         return (
+            {model: int(n) for model, n in zip(models, per_model, strict=True)},
             {int(k): int(v) for k, v in queued.items() if int(v) > 0},
             {k.decode(): int(v) for k, v in running.items() if int(v) > 0},
         )

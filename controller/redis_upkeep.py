@@ -18,6 +18,7 @@ from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec
 
 from .engine import batch_limit
 from .jobs import JobRecord, utcnow
+from .metrics import Gauges
 from .redis_store import Claimed, raise_lost_cancel
 from .validation import Plan
 from .workers import Assignment, AssignmentItem
@@ -271,7 +272,8 @@ class RedisUpkeep:
                 expiry = _now_ms() + self.engine.config.lease_timeout_ms
                 await self.engine.store.put_workers([w.snapshot() for w in self.engine.workers.all()], expiry)
                 self.engine.cluster = await self.engine.store.workers(_now_ms())
-                self.engine.depth = await self.engine.store.depth()
+                depth = await self.engine.store.depth([spec.id for spec in self.engine.catalog])
+                self.engine.depth = Gauges(*depth)
                 await self._sweep_records()
                 if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
                     last_sweep = time.monotonic()

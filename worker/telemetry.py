@@ -129,7 +129,9 @@ class WorkerTelemetry:
         self.batch = Histogram(
             "omnirt_worker_batch_size", "Jobs per assignment", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
-        Gauge("omnirt_worker_slots", "Assignments this worker runs at once", registry=r).set(slots)
+        # Not `omnirt_worker_slots`: the controller exports that name per worker, and one name on
+        # both daemons would count every slot twice in a sum() over all scraped targets.
+        Gauge("omnirt_worker_own_slots", "Assignments this worker runs at once", registry=r).set(slots)
         Gauge("omnirt_worker_busy_jobs", "Jobs running now", registry=r).set_function(lambda: float(busy()))
         Gauge("omnirt_worker_memory_bytes", "Resident memory of the worker process", registry=r).set_function(
             lambda: float(current_rss_bytes())

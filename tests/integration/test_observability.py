@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from omnirt.v1 import generation_pb2_grpc, types_pb2
-from tests.daemons import Controller, Worker, free_port
+from tests.daemons import Controller, RedisServer, Worker, free_port, wait_for
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -160,6 +160,11 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
 
 
+def has(samples: Samples, name: str, **labels: str) -> bool:
+    """True when a sample of `name` with exactly `labels` is exported (a 0 counts)."""
+    return (name, frozenset(labels.items())) in samples
+
+
 def promtool_check(text: str) -> None:
     if shutil.which("promtool") is None:
         return  # parsed above by prometheus_client; promtool adds the naming lint where installed
@@ -172,6 +177,10 @@ def promtool_check(text: str) -> None:
 def test_controller_metrics_move_with_real_traffic(http: httpx.Client, controller: Controller) -> None:
     url = controller.http + "/metrics"  # type: ignore[attr-defined]
     _, before = scrape(url)
+    for model in ("null", "tiny-sd", "unserved-sd", "broken-sd"):  # idle: a 0 per catalog model
+        assert has(before, "omnirt_jobs_running", model=model), model
+        assert has(before, "omnirt_queue_depth", model=model), model
+    assert value(before, "omnirt_jobs_running") == 0 and value(before, "omnirt_queue_depth") == 0
     assert (
         http.post("/v1/generate", json={"model": "null", "prompt": "x", "num_inference_steps": 3}).status_code
         == 200
@@ -201,10 +210,12 @@ def test_controller_metrics_move_with_real_traffic(http: httpx.Client, controlle
     assert delta("omnirt_batch_size_count", model="null") == 1
     assert delta("omnirt_http_requests_total", route="/v1/generate", status="200") == 1
     assert delta("omnirt_http_requests_total", route="/v1/generate", status="400") == 2
-    assert (
-        value(mid, "omnirt_queue_depth", priority="5") == 1
-        and value(after, "omnirt_queue_depth", priority="5") == 0
-    )
+    assert value(mid, "omnirt_queue_depth", model="unserved-sd") == 1
+    assert value(mid, "omnirt_queue_depth") == 1, "the total is the sum over models"
+    assert has(after, "omnirt_queue_depth", model="unserved-sd")
+    assert value(after, "omnirt_queue_depth", model="unserved-sd") == 0
+    assert value(mid, "omnirt_queue_depth_by_priority", priority="5") == 1
+    assert value(after, "omnirt_queue_depth_by_priority", priority="5") == 0
     assert value(after, "omnirt_workers", state="ready") == 1
     assert value(after, "omnirt_worker_slots", worker="w-obs") == 2
     assert value(after, "process_resident_memory_bytes") > 0
@@ -225,7 +236,9 @@ def test_worker_metrics_show_runs_loads_and_memory(http: httpx.Client, worker: W
     assert value(after, "omnirt_worker_model_load_seconds_count", model="tiny-sd") == 1, "one cold start"
     assert value(after, "omnirt_worker_model_load_seconds_sum", model="tiny-sd") > 0
     assert value(after, "omnirt_worker_stage_duration_seconds_count", model="tiny-sd", stage="denoise") >= 1
-    assert value(after, "omnirt_worker_memory_bytes") > 0 and value(after, "omnirt_worker_slots") == 2
+    assert value(after, "omnirt_worker_memory_bytes") > 0 and value(after, "omnirt_worker_own_slots") == 2
+    # The controller exports `omnirt_worker_slots` per worker; the same name here would double a sum().
+    assert not [name for name, _ in after if name == "omnirt_worker_slots"]
     assert value(after, "omnirt_worker_peak_memory_bytes", model="tiny-sd") > 0
     assert value(after, "omnirt_worker_loaded_models") == 1
     promtool_check(text)
@@ -293,3 +306,44 @@ def test_every_log_line_about_a_job_has_its_trace_id(
         assert about_jobs and all(line.get("trace_id") for line in about_jobs), daemon.name
         ours = [line for line in about_jobs if job_id in line["job_id"]]
         assert ours and {line["trace_id"] for line in ours} == {trace_id}, daemon.name
+
+
+def test_redis_controllers_each_report_the_clusters_queue_per_model(
+    log_dir: Path, user_catalog: Path
+) -> None:
+    redis_server = RedisServer(log_dir).start()
+    ports = [free_port(), free_port()]
+    controllers = [
+        Controller(
+            log_dir, "--catalog", str(user_catalog), "--store", redis_server.url, "--http", f"127.0.0.1:{p}"
+        )
+        for p in ports
+    ]
+    try:
+        for daemon in controllers:
+            daemon.start()
+        first, second = (f"http://127.0.0.1:{p}" for p in ports)
+        for model in ("null", "unserved-sd"):
+            assert has(scrape(second + "/metrics")[1], "omnirt_jobs_running", model=model), model
+        job = httpx.post(first + "/v1/jobs", json={"model": "unserved-sd", "prompt": "x"}, timeout=10).json()
+        # The other controller holds no record of the job, yet reports the queue Redis holds
+        # (read on its upkeep tick, once a second).
+        wait_for(
+            lambda: value(scrape(second + "/metrics")[1], "omnirt_queue_depth", model="unserved-sd") == 1,
+            10,
+            "the second controller to see the job queued",
+        )
+        _, got = scrape(second + "/metrics")
+        assert value(got, "omnirt_queue_depth", model="null") == 0 and has(
+            got, "omnirt_queue_depth", model="null"
+        )
+        httpx.delete(f"{first}/v1/jobs/{job['job']['id']}", timeout=10)
+        wait_for(
+            lambda: value(scrape(second + "/metrics")[1], "omnirt_queue_depth", model="unserved-sd") == 0,
+            10,
+            "the second controller to see the queue empty",
+        )
+    finally:
+        for daemon in controllers:
+            daemon.stop()
+        redis_server.stop()

@@ -94,7 +94,10 @@ def test_a_batch_carries_each_jobs_trace_and_a_lost_worker_requeues() -> None:
     assert len(batch.items) == 2
     for record in (first, second):
         assert batch.trace_context[f"traceparent.{record.job.id}"].split("-")[1] == trace_id_of(record.job.id)
-    assert samples(engine)[("omnirt_queue_depth", frozenset({("priority", "7")}))] == 1
+    got = samples(engine)
+    assert got[("omnirt_queue_depth", frozenset({("model", "tiny-sd")}))] == 1
+    assert got[("omnirt_queue_depth_by_priority", frozenset({("priority", "7")}))] == 1
+    assert got[("omnirt_jobs_running", frozenset({("model", "tiny-sd")}))] == 2
     engine.worker_lost(engine.workers.get("w1"), "gone")
     queues = [s for s in exporter.get_finished_spans() if s.name == "queue"]
     executes = [s for s in exporter.get_finished_spans() if s.name == "execute"]
@@ -128,3 +131,26 @@ def test_a_rejected_request_is_counted_with_its_code() -> None:
         ]
         == 1
     )
+
+
+def test_an_idle_controller_exports_a_zero_per_catalog_model() -> None:
+    engine, _ = traced_engine()
+    connect(engine, "w1", slots=3)
+    got = samples(engine)
+    models = [spec.id for spec in engine.catalog]
+    assert "tiny-sd" in models and "null" in models
+    for model in models:
+        # Present at 0, not missing: `rate()`, alerts and autoscalers need a series to read.
+        assert got[("omnirt_queue_depth", frozenset({("model", model)}))] == 0, model
+        assert got[("omnirt_jobs_running", frozenset({("model", model)}))] == 0, model
+    assert got[("omnirt_queue_depth_by_priority", frozenset({("priority", "0")}))] == 0
+    assert not [key for key in got if key[0] == "omnirt_queue_depth" and dict(key[1]).keys() != {"model"}]
+    engine.submit(request(seed=1, priority=3))
+    engine.submit(request(model="null", seed=2))
+    engine.submit(request(model="null", seed=3))
+    depth = {
+        dict(labels)["model"]: v
+        for (name, labels), v in samples(engine).items()
+        if name == "omnirt_queue_depth"
+    }
+    assert depth["tiny-sd"] == 1 and depth["null"] == 2 and sum(depth.values()) == 3  # the total is a sum()
