@@ -14,6 +14,8 @@ from typing import Any
 from omnirt.errors import InvalidRequest, ModelNotFound
 from omnirt.types import ModelDefaults, ModelLimits, ModelSpec, Preset, Task
 
+from .request_bounds import MAX_MODEL_NAME_CHARS, check_length, echo
+
 EXECUTION_MODES = ("legacy_call", "modular", "subprocess", "persistent_worker")
 
 
@@ -101,6 +103,8 @@ class Catalog:
         """The spec for an id or alias; ModelNotFound with close matches otherwise."""
         if not name:
             raise InvalidRequest("model: required", field="model")
+        # Before the lookup and the close matches (difflib is quadratic in the name's length).
+        check_length("model", name, MAX_MODEL_NAME_CHARS)
         spec = self._by_id.get(name) or self._by_id.get(self._alias.get(name, ""))
         if spec is None:
             known = list(self._by_id) + list(self._alias)
@@ -110,5 +114,5 @@ class Catalog:
                 if close
                 else f"; known models: {', '.join(sorted(self._by_id))}"
             )
-            raise ModelNotFound(f"model {name!r} not found{hint}", field="model")
+            raise ModelNotFound(f"model {echo(name)} not found{hint}", field="model")
         return spec

@@ -39,6 +39,7 @@ from .job_store import JobStore
 from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics, Gauges
 from .queue import JobQueue
+from .request_bounds import check_id, echo
 from .tracing import JobTracing
 from .validation import Plan, validate
 from .workers import (
@@ -189,7 +190,7 @@ class Engine:
             if existing is not None:
                 if existing.fingerprint != fingerprint:
                     raise InvalidRequest(
-                        f"idempotency_key: {request.idempotency_key!r} was used for a different request "
+                        f"idempotency_key: {echo(request.idempotency_key)} was used for a different request "
                         f"(job {existing.job.id})",
                         field="idempotency_key",
                     )
@@ -217,6 +218,7 @@ class Engine:
 
     def get(self, job_id: str) -> Job:
         """The job as clients see it (with queue position and waiting reason when queued)."""
+        check_id("job_id", job_id)
         record = self.store.get(job_id)
         job = record.job
         if job.state is JobState.QUEUED:
@@ -231,6 +233,7 @@ class Engine:
 
     async def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]:
         """The job's events after `after_sequence`, live, until its final state event."""
+        check_id("job_id", job_id)
         record = self.store.get(job_id)
         seq = after_sequence
         while True:
@@ -243,6 +246,7 @@ class Engine:
 
     def cancel(self, job_id: str) -> tuple[Job, bool]:
         """Cancel a queued or running job; a finished job is left as it is (returns False)."""
+        check_id("job_id", job_id)
         record = self.store.get(job_id)
         job = record.job
         if job.state.terminal:
@@ -269,6 +273,7 @@ class Engine:
 
     def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]:
         """The full bytes of one artifact of a succeeded job."""
+        check_id("job_id", job_id)
         record = self.store.get(job_id)
         if record.result is None:
             raise FailedPrecondition(f"job {job_id} has no result (state {record.job.state.value})")
@@ -301,6 +306,7 @@ class Engine:
         return gauges
 
     def drain_worker(self, worker_id: str) -> WorkerInfo:
+        check_id("worker_id", worker_id)
         handle = self.workers.get(worker_id)
         handle.drain()
         return handle.snapshot()

@@ -47,6 +47,7 @@ from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics, Gauges
 from .redis_store import RedisJobStore, StoredJob, batch_key_id, raise_lost_cancel
 from .redis_upkeep import RedisUpkeep
+from .request_bounds import check_id, echo
 from .tracing import JobTracing
 from .validation import Plan, validate
 from .workers import (
@@ -158,7 +159,7 @@ class RedisEngine:
                     stored = await self.store.load(existing)
                     if stored.fingerprint != fingerprint:
                         raise InvalidRequest(
-                            f"idempotency_key: {request.idempotency_key!r} was used for a different "
+                            f"idempotency_key: {echo(request.idempotency_key)} was used for a different "
                             f"request (job {existing})",
                             field="idempotency_key",
                         )
@@ -174,6 +175,7 @@ class RedisEngine:
         return job, False
 
     async def _load(self, job_id: str) -> StoredJob:
+        check_id("job_id", job_id)  # every lookup of a client's job id comes here
         with self._guard():
             return await self.store.load(job_id)
 
@@ -383,6 +385,7 @@ class RedisEngine:
         return sorted(local + [w for w in self.cluster if w.id not in ids], key=lambda w: w.id)
 
     async def drain_worker(self, worker_id: str) -> WorkerInfo:
+        check_id("worker_id", worker_id)
         with contextlib.suppress(OmniRTError):
             handle = self.workers.get(worker_id)
             handle.drain()

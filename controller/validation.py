@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnirt.errors import InvalidRequest
 from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Task
 from omnirt.worker import runtime_schema
 
+from . import request_bounds as bounds
 from .catalog import Catalog
+from .request_bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
 
 MAX_PRIORITY = 100
 MAX_SEED = 2**63 - 1 - 1024  # room for seed + output index
+# Float fields travel as float32; beyond these they are mistakes, not settings.
+MAX_FPS = 1000.0
+MAX_GUIDANCE_SCALE = 1000.0
+MAX_QUALITY = 100  # output.quality is 1-100 (0 = the encoder's default)
 TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
 # Tasks that take `strength` (how far to move from the input image).
 STRENGTH_TASKS = {Task.IMAGE2IMAGE, Task.INPAINT}
@@ -63,8 +69,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def _bad(name: str, reason: str) -> InvalidRequest:
-    return InvalidRequest(f"{name}: {reason}", field=name)
+_bad = bad
 
 
 def _positive(req: GenerateRequest, name: str, limit: int, multiple: int = 1) -> None:
@@ -77,6 +82,25 @@ def _positive(req: GenerateRequest, name: str, limit: int, multiple: int = 1) ->
         raise _bad(name, f"must be a multiple of {multiple} (got {value})")
     if limit and value > limit:
         raise _bad(name, f"at most {limit} for this model (got {value})")
+    if value > INT32_MAX:  # the field is an int32 on the wire
+        raise _bad(name, f"at most {INT32_MAX} (got {value})")
+
+
+def _finite(req: GenerateRequest, name: str, low: float, high: float) -> None:
+    """`low <= value <= high` for a float field (NaN and infinities fail: they compare false)."""
+    value = getattr(req, name)
+    if value is not None and not (math.isfinite(value) and low <= value <= high):
+        raise _bad(name, f"must be between {low:g} and {high:g} (got {value})")
+
+
+def _check_times(req: GenerateRequest, now_ms: int) -> None:
+    """Deadline and timeout: the job's deadline (now + timeout) must stay a sane int64."""
+    if req.deadline_ms < 0 or (req.deadline_ms and req.deadline_ms <= now_ms):
+        raise _bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
+    if req.deadline_ms > now_ms + MAX_TIMEOUT_MS:
+        raise _bad("deadline_ms", f"at most {MAX_TIMEOUT_MS} ms ahead (got {req.deadline_ms}, now {now_ms})")
+    if not 0 <= req.timeout_ms <= MAX_TIMEOUT_MS:
+        raise _bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
 
 
 def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
@@ -86,7 +110,7 @@ def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
         preset = next((p for p in spec.presets if p.name == req.preset), None)
         if preset is None:
             names = ", ".join(p.name for p in spec.presets) or "none"
-            raise _bad("preset", f"unknown preset {req.preset!r} for {spec.id} (known: {names})")
+            raise _bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")
         overrides = preset.overrides
     for name in PRESET_FIELDS:
         if getattr(req, name) not in (None, ""):
@@ -132,6 +156,9 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     req = dataclasses.replace(request)
     spec = catalog.resolve(req.model)
     req.model = spec.id
+    # Sizes first: nothing below walks or quotes an unbounded value.
+    bounds.check_request(req, spec.limits)
+    _check_times(req, int(time.time() * 1000) if now_ms is None else now_ms)
     if req.task is None:
         req.task = spec.tasks[0]
     if req.task not in spec.tasks:
@@ -141,11 +168,6 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
         raise _bad("prompt", f"required for {req.task.value}")
     if not 0 <= req.priority <= MAX_PRIORITY:
         raise _bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})")
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    if req.deadline_ms < 0 or (req.deadline_ms and req.deadline_ms <= now_ms):
-        raise _bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
-    if req.timeout_ms < 0:
-        raise _bad("timeout_ms", f"must not be negative (got {req.timeout_ms})")
     _check_inputs(req, req.task)
     _check_runtime(req, spec)
     _apply_defaults(req, spec)
@@ -155,12 +177,21 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     _positive(req, "num_inference_steps", lim.max_inference_steps)
     _positive(req, "num_outputs", lim.max_num_outputs)
     _positive(req, "num_frames", lim.max_num_frames)
+    _positive(req, "duration_ms", 0)
     if req.guidance_scale is not None and req.guidance_scale < 0:
         raise _bad("guidance_scale", f"must not be negative (got {req.guidance_scale})")
+    _finite(req, "guidance_scale", 0, MAX_GUIDANCE_SCALE)
     if req.strength is not None and not 0 < req.strength <= 1:
         raise _bad("strength", f"must be in (0, 1] (got {req.strength})")
     if req.fps is not None and req.fps <= 0:
         raise _bad("fps", f"must be positive (got {req.fps})")
+    _finite(req, "fps", 0, MAX_FPS)
+    if not 0 <= req.quality <= MAX_QUALITY:
+        raise _bad("output.quality", f"must be between 0 and {MAX_QUALITY} (got {req.quality})")
+    if not 0 <= req.inline_limit_bytes <= bounds.INT64_MAX:
+        raise _bad(
+            "output.inline_limit_bytes", f"must be between 0 and 2**63-1 (got {req.inline_limit_bytes})"
+        )
     if req.seed is None:
         req.seed = random.randint(0, 2**31 - 1)
     elif not 0 <= req.seed <= MAX_SEED:
@@ -168,7 +199,7 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     kind = OUTPUT_KIND[req.task]
     req.output_format = (req.output_format or FORMATS[kind][0]).lower()
     if req.output_format not in FORMATS[kind]:
-        raise _bad("output.format", f"{req.output_format!r} is not one of {', '.join(FORMATS[kind])}")
+        raise _bad("output.format", f"{echo(req.output_format)} is not one of {', '.join(FORMATS[kind])}")
     return Plan(spec=spec, request=req, config=resolved_config(req, spec))
 
 

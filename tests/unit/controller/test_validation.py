@@ -7,9 +7,11 @@ import time
 import pytest
 
 from omnirt.controller.catalog import Catalog, CatalogError, load_file
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.engine import Engine
 from omnirt.controller.validation import validate
-from omnirt.errors import InvalidRequest, ModelNotFound
-from omnirt.types import GenerateRequest, MediaInput, MediaRole, Task
+from omnirt.errors import InvalidRequest, JobNotFound, ModelNotFound
+from omnirt.types import Adapter, GenerateRequest, MediaInput, MediaRole, ModelSpec, Task
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +131,182 @@ def test_bad_catalog_files_name_the_problem(tmp_path, text: str, words: str) -> 
     with pytest.raises(CatalogError) as info:
         load_file(path)
     assert words in str(info.value)
+
+
+# ---- bounds: nothing accepted may be unencodable later, no error echoes unbounded text ----------
+
+INT64_MAX = 2**63 - 1
+# The most an error message may be: its field, a reason and a bounded quote of the input.
+MESSAGE_CHARS = 300
+
+
+def free_catalog() -> Catalog:
+    """A model with no limits of its own: the controller's bounds are all that applies."""
+    return Catalog([ModelSpec(id="free", tasks=[Task.TEXT2IMAGE], source="builtin:null")])
+
+
+def invalid(request: GenerateRequest, catalog: Catalog, field: str) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        validate(request, catalog)
+    error = info.value
+    assert error.field == field, error
+    assert error.message.startswith(field), error
+    assert len(error.message) <= MESSAGE_CHARS, error.message[:500]
+    return error
+
+
+def nested_dicts(keys: str) -> dict[str, object]:
+    value: object = 1
+    for key in reversed(keys):
+        value = {key: value}
+    return value  # type: ignore[return-value]
+
+
+def nested_lists(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"timeout_ms": INT64_MAX}, "timeout_ms"),
+        ({"deadline_ms": INT64_MAX}, "deadline_ms"),
+        ({"width": 2**40}, "width"),
+        ({"height": 2**31}, "height"),
+        ({"num_inference_steps": 2**31}, "num_inference_steps"),
+        ({"num_outputs": 2**31}, "num_outputs"),
+        ({"fps": float("nan")}, "fps"),
+        ({"fps": float("inf")}, "fps"),
+        ({"guidance_scale": float("nan")}, "guidance_scale"),
+        ({"guidance_scale": float("inf")}, "guidance_scale"),
+        ({"strength": float("nan")}, "strength"),
+        ({"seed": 2**64}, "seed"),
+        ({"quality": 101}, "output.quality"),
+        ({"inline_limit_bytes": -1}, "output.inline_limit_bytes"),
+        ({"inline_limit_bytes": 2**64}, "output.inline_limit_bytes"),
+        ({"duration_ms": -1}, "duration_ms"),
+        ({"duration_ms": 2**31}, "duration_ms"),
+        ({"adapters": [Adapter("a", float("nan"))]}, "adapters[0].scale"),
+    ],
+)
+def test_numbers_out_of_range_are_named(changes: dict[str, object], field: str) -> None:
+    invalid(req(model="free", **changes), free_catalog(), field)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"a": nested_lists(48)}, "extra.a" + "[0]" * 15),
+        (nested_dicts("abcdefghijklmnopq"), "extra.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p"),
+        ({"x": float("inf")}, "extra.x"),
+        ({"x": float("-inf")}, "extra.x"),
+        ({"a": {"b": [1.0, float("nan")]}}, "extra.a.b[1]"),
+        ({"blob": "x" * 300_000}, "extra"),
+        ({"k" * 300: 1}, "extra"),
+        ({"big": 10**400}, "extra.big"),
+        ({"clip_skip": -1}, "extra.clip_skip"),
+        ({"clip_skip": 1.5}, "extra.clip_skip"),
+        ({"clip_skip": True}, "extra.clip_skip"),
+        ({"clip_skip": "2"}, "extra.clip_skip"),
+        ({"clip_skip": 10_000}, "extra.clip_skip"),
+        ({"guidance_rescale": 1.5}, "extra.guidance_rescale"),
+        ({"guidance_rescale": -0.1}, "extra.guidance_rescale"),
+        ({"guidance_rescale": "0.5"}, "extra.guidance_rescale"),
+    ],
+)
+def test_bad_extras_are_named_with_their_path(catalog: Catalog, extra: dict[str, object], field: str) -> None:
+    invalid(req(extra=extra), catalog, field)
+
+
+def test_extras_within_bounds_are_accepted(catalog: Catalog) -> None:
+    extra = {"clip_skip": 2.0, "guidance_rescale": 0.7, "a": nested_lists(10), "s": "x" * 1000}
+    assert validate(req(extra=extra), catalog).request.extra == extra
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"prompt": "x" * 50 * 1024 * 1024}, "prompt"),
+        ({"prompt": "x" * 10_001}, "prompt"),
+        ({"negative_prompt": "x" * 10_001}, "negative_prompt"),
+        ({"scheduler": "S" * 300}, "scheduler"),
+        ({"preset": "p" * 100_000}, "preset"),
+        ({"output_format": "f" * 100_000}, "output.format"),
+        ({"idempotency_key": "k" * 100_000}, "idempotency_key"),
+        ({"labels": {f"k{i}": "v" for i in range(100)}}, "labels"),
+        ({"labels": {"k" * 300: "v"}}, "labels"),
+        ({"labels": {"k": "v" * 100_000}}, "labels.k"),
+        ({"adapters": [Adapter("a" * 300)]}, "adapters[0].name"),
+        ({"adapters": [Adapter("loras/" + "a" * 300)]}, "adapters[0].name"),
+        ({"adapters": [Adapter("loras/../../etc")]}, "adapters[0].name"),
+        ({"adapters": [Adapter("lora\x00")]}, "adapters[0].name"),
+        ({"adapters": [Adapter(f"l{i}") for i in range(100)]}, "adapters"),
+        ({"inputs": [MediaInput(role=MediaRole.IMAGE, uri="file:///" + "u" * 100_000)]}, "inputs[0].uri"),
+        (
+            {"inputs": [MediaInput(role=MediaRole.IMAGE, data=b"x", mime_type="m" * 100_000)]},
+            "inputs[0].mime_type",
+        ),
+        ({"inputs": [MediaInput(role=MediaRole.IMAGE, data=b"x" * (20 << 20))] * 2}, "inputs"),
+    ],
+)
+def test_strings_and_collections_are_bounded(
+    catalog: Catalog, changes: dict[str, object], field: str
+) -> None:
+    invalid(req(**changes), catalog, field)
+
+
+def test_a_catalog_sets_its_own_prompt_and_input_limits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        '[[models]]\nid = "long"\ntasks = ["text2image", "image2image"]\nsource = "builtin:null"\n'
+        "[models.limits]\nmax_prompt_chars = 100_000\nmax_input_bytes = 1000\n"
+    )
+    catalog = Catalog.load([path])
+    assert validate(req(model="long", prompt="x" * 50_000), catalog).request.prompt == "x" * 50_000
+    image = MediaInput(role=MediaRole.IMAGE, data=b"x" * 1001)
+    invalid(req(model="long", task=Task.IMAGE2IMAGE, inputs=[image]), catalog, "inputs")
+    assert catalog.resolve("tiny-sd").limits.max_prompt_chars == 10_000  # the default
+
+
+def test_adapter_paths_in_bounds_are_accepted(catalog: Catalog) -> None:
+    adapters = [Adapter("fox"), Adapter("loras/fox", 0.5), Adapter("/models/loras/fox.safetensors")]
+    assert validate(req(adapters=adapters), catalog).request.adapters == adapters
+
+
+def test_a_huge_model_name_is_refused_without_echoing_it(catalog: Catalog) -> None:
+    error = invalid(req(model="m" * 100_000), catalog, "model")
+    assert "m" * 100 not in error.message
+
+
+def test_an_unknown_model_is_quoted_bounded(catalog: Catalog) -> None:
+    with pytest.raises(ModelNotFound) as info:
+        validate(req(model="tiny-sd" + "x" * 200), catalog)
+    assert len(info.value.message) <= MESSAGE_CHARS and "x" * 100 not in info.value.message
+
+
+def test_job_and_worker_ids_are_bounded_before_any_lookup(catalog: Catalog) -> None:
+    engine = Engine(ControllerConfig(), catalog)
+    for call, field in [
+        (lambda: engine.get("j" * 100_000), "job_id"),
+        (lambda: engine.cancel("j" * 100_000), "job_id"),
+        (lambda: engine.artifact("j" * 100_000, 0), "job_id"),
+        (lambda: engine.drain_worker("w" * 100_000), "worker_id"),
+    ]:
+        with pytest.raises(InvalidRequest) as info:
+            call()
+        assert info.value.field == field and len(info.value.message) <= MESSAGE_CHARS
+    with pytest.raises(JobNotFound) as missing:
+        engine.get("job-" + "0" * 100)
+    assert len(missing.value.message) <= MESSAGE_CHARS
+
+
+def test_a_reused_idempotency_key_is_quoted_bounded(catalog: Catalog) -> None:
+    engine = Engine(ControllerConfig(), catalog)
+    key = "k" * 256
+    engine.submit(req(idempotency_key=key))
+    with pytest.raises(InvalidRequest) as info:
+        engine.submit(req(idempotency_key=key, prompt="another"))
+    assert info.value.field == "idempotency_key" and len(info.value.message) <= MESSAGE_CHARS
