@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from omnirt import types as t
 from omnirt.worker.executor import JobFailure
+from omnirt.worker.model_cache import LOAD_LOCK
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 DEFAULT_MAX_LOADED = 8
@@ -305,7 +306,8 @@ def _ensure_loaded(
     if path.is_file():
         location, kwargs["weight_name"] = str(path.parent), path.name
     try:
-        with warnings.catch_warnings():
+        # LoRA layers are new modules: built under the model cache's process-wide load lock.
+        with LOAD_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # peft warns about several adapters on one model: intended
             pipeline.load_lora_weights(location, **kwargs)
     except Exception as exc:

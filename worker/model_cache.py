@@ -3,7 +3,9 @@
 Entries are keyed by (source, pipeline class, device, dtype, device map, load-time runtime
 options: compile, offload, layerwise casting, quantization): a second request for the same
 key reuses the pipeline (no load, `cold_start` false). Loads of one key are serialized, so
-two concurrent first requests load once; loads of different keys may overlap.
+two concurrent first requests load once; loads of different keys also run one after another,
+under the process-wide `LOAD_LOCK` (below: building modules is not thread-safe). A load whose
+modules come out with tensors on the meta device fails (ModelLoadError) and is not cached.
 
 Every source goes through the same loading code: `builtin:NAME` is first built into
 `model_dir/NAME` (see `tiny_models`) and then loaded from that path like any local model or
@@ -26,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +46,19 @@ DEFAULT_PIPELINE_CLASS = "DiffusionPipeline"
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+
+# Building torch modules is not thread-safe while a model loads: diffusers' `low_cpu_mem_usage`
+# path (accelerate's `init_empty_weights`) replaces `torch.nn.Module.register_parameter` for the
+# whole process, and `no_init_weights` the `torch.nn.init` functions, for as long as a model is
+# built. A second thread building modules meanwhile (another model's load, a LoRA adapter's
+# layers, a builtin model's builder) got meta tensors ("Cannot copy out of meta tensor", models
+# smaller than they should be), and two overlapping patches can restore each other's wrapper, which
+# leaves the process patched for good. So every module build of this process holds this one lock:
+# loads of different models run one after another. The cost: cold loads no longer overlap, two
+# at once take the sum of their times (tiny-sd 66 ms + tiny-wan 40 ms alone; both from two
+# threads at once 109 ms, where a perfect overlap on 2 cores could at best have been 66 ms).
+# Pipeline calls never take it.
+LOAD_LOCK = threading.Lock()
 
 
 class ModelLoadError(Exception):
@@ -174,6 +190,31 @@ def cache_warnings(cached: CachedPipeline) -> list[str]:
         names = ", ".join(cached.evicted)
         warnings.insert(0, f"evicted model(s) {names} from the model cache to fit its memory budget")
     return warnings
+
+
+def meta_components(pipeline: Any) -> list[str]:
+    """Names of `pipeline`'s torch modules with a parameter or buffer on the meta device (no data)."""
+    import torch
+
+    return [
+        name
+        for name, component in getattr(pipeline, "components", {}).items()
+        if isinstance(component, torch.nn.Module)
+        and any(x.device.type == "meta" for x in (*component.parameters(), *component.buffers()))
+    ]
+
+
+# An absolute path in an exception's text (`/srv/models/x/unet/config.json`); its last part is kept.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~])~?/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
+
+
+def public_text(text: str, known: dict[str, str] | None = None) -> str:
+    """`text` for a client: `known` paths replaced by their public names, other absolute paths by
+    `.../LASTPART`, so an error never shows the worker's folders (the worker logs them)."""
+    for path, name in sorted((known or {}).items(), key=lambda item: -len(item[0])):
+        if path and os.path.isabs(os.path.expanduser(path)):
+            text = text.replace(path, name)
+    return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), text)
 
 
 def _short_reason(exc: BaseException) -> str:
@@ -321,6 +362,7 @@ class ModelCache:
             return CachedPipeline(entry.pipeline, key, cold=False, load_ms=0.0)
 
     def _load(self, spec: t.ModelSpec, key: CacheKey, placement: Placement) -> Any:
+        location = key.source
         try:
             import diffusers
             from diffusers.utils import logging as diffusers_logging
@@ -329,7 +371,6 @@ class ModelCache:
             cls = getattr(diffusers, key.pipeline_class, None)
             if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
                 raise ModelLoadError(spec.id, key.source, f"unknown pipeline class {key.pipeline_class!r}")
-            location = self._resolve_source(key.source)
             kwargs: dict[str, Any] = {_dtype_argument(): placement.torch_dtype()}
             if importlib.util.find_spec("accelerate") is None:
                 # Without accelerate diffusers falls back to this anyway, with a warning per load.
@@ -342,15 +383,25 @@ class ModelCache:
             options = runtime_options.load_options(spec.runtime)
             if options.quantization:
                 quantization.quiet_import_logs()
-            kwargs.update(runtime_options.load_kwargs(options, location))
-            pipeline = cls.from_pretrained(location, **kwargs)
+            with LOAD_LOCK:
+                location = self._resolve_source(key.source)
+                kwargs.update(runtime_options.load_kwargs(options, location))
+                pipeline = cls.from_pretrained(location, **kwargs)
+            # Before `apply`: sequential CPU offload moves weights to the meta device on purpose.
+            on_meta = meta_components(pipeline)
+            if on_meta:
+                names = ", ".join(on_meta)
+                raise ModelLoadError(spec.id, key.source, f"component(s) {names} came out on the meta device")
             runtime_options.apply(pipeline, options, placement)  # places it too
             pipeline.set_progress_bar_config(disable=True)
             return pipeline
         except ModelLoadError:
             raise
         except Exception as exc:
-            raise ModelLoadError(spec.id, key.source, _short_reason(exc)) from exc
+            # The client sees the reason without the worker's folders; the log keeps them.
+            log.warning("loading model %s from %s (%s) failed: %s", spec.id, key.source, location, exc)
+            reason = public_text(_short_reason(exc), {location: key.source, str(self.model_dir): "MODEL_DIR"})
+            raise ModelLoadError(spec.id, key.source, reason) from exc
 
     def _resolve_source(self, source: str) -> str:
         name = tiny_models.builtin_name(source)
