@@ -568,6 +568,8 @@ def worker_to_proto(w: t.WorkerInfo) -> cluster_pb2.WorkerInfo:
         version=w.version,
         labels=w.labels,
         running_job_ids=w.running_job_ids,
+        unknown_models=w.unknown_models,
+        instance_id=w.instance_id,
     )
     ts_to_proto(w.connected_at, msg.connected_at)
     ts_to_proto(w.last_heartbeat_at, msg.last_heartbeat_at)
@@ -591,4 +593,6 @@ def worker_from_proto(m: cluster_pb2.WorkerInfo) -> t.WorkerInfo:
         last_heartbeat_at=ts_from_proto(m, "last_heartbeat_at"),
         labels=dict(m.labels),
         running_job_ids=list(m.running_job_ids),
+        unknown_models=list(m.unknown_models),
+        instance_id=m.instance_id,
     )

@@ -378,6 +378,10 @@ class WorkerInfo:
     last_heartbeat_at: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
     running_job_ids: list[str] = field(default_factory=list)
+    # Names in the worker's `--models` that the catalog lacks: it serves none of them.
+    unknown_models: list[str] = field(default_factory=list)
+    # Chosen once per worker process (a restarted worker has a new one).
+    instance_id: str = ""
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches")
+    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,8 @@ class Hello(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     execution_mode: str
     backend: str
@@ -41,19 +43,31 @@ class Hello(_message.Message):
     labels: _containers.ScalarMap[str, str]
     token: str
     accepts_batches: bool
-    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
+    instance_id: str
+    reports_running: bool
+    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ...) -> None: ...
+
+class RunningJob(_message.Message):
+    __slots__ = ("assignment_id", "job_id")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    job_id: str
+    def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining")
+    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining", "running")
     BUSY_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LOADED_MODELS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
     busy_slots: int
     loaded_models: _containers.RepeatedScalarFieldContainer[str]
     memory_bytes: int
     draining: bool
-    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ...) -> None: ...
+    running: _containers.RepeatedCompositeFieldContainer[RunningJob]
+    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ...) -> None: ...
 
 class AssignmentItem(_message.Message):
     __slots__ = ("job_id", "request", "attempt", "queue_wait_ms")
@@ -111,16 +125,18 @@ class AssignmentResult(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.GenerateResult, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.JobError, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("worker_id", "heartbeat_interval_ms", "lease_timeout_ms", "accepts_batches")
+    __slots__ = ("worker_id", "heartbeat_interval_ms", "lease_timeout_ms", "accepts_batches", "warnings")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     heartbeat_interval_ms: int
     lease_timeout_ms: int
     accepts_batches: bool
-    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., accepts_batches: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CancelAssignment(_message.Message):
     __slots__ = ("assignment_id", "job_id", "reason")
