@@ -86,27 +86,31 @@ def struct_from_dict(data: dict[str, Any] | None) -> struct_pb2.Struct:
     return msg
 
 
-def _from_value(value: struct_pb2.Value) -> Any:
+def _from_value(value: struct_pb2.Value, finite: bool) -> Any:
     kind = value.WhichOneof("kind")
     if kind == "string_value":
         return value.string_value
     if kind == "number_value":
         number = value.number_value
-        if math.isinf(number) or math.isnan(number):
+        if finite and (math.isinf(number) or math.isnan(number)):
             return json_format.MessageToDict(value)  # raises, with protobuf's message
         return number
     if kind == "bool_value":
         return value.bool_value
     if kind == "struct_value":
-        return {k: _from_value(v) for k, v in value.struct_value.fields.items()}
+        return {k: _from_value(v, finite) for k, v in value.struct_value.fields.items()}
     if kind == "list_value":
-        return [_from_value(v) for v in value.list_value.values]
+        return [_from_value(v, finite) for v in value.list_value.values]
     return None
 
 
-def dict_from_struct(msg: struct_pb2.Struct) -> dict[str, Any]:
-    """The Struct as plain data, as `json_format.MessageToDict` gives it (numbers are floats)."""
-    return {k: _from_value(v) for k, v in msg.fields.items()}
+def dict_from_struct(msg: struct_pb2.Struct, *, finite: bool = True) -> dict[str, Any]:
+    """The Struct as plain data, as `json_format.MessageToDict` gives it (numbers are floats).
+
+    `finite=False` keeps NaN and infinities instead of raising (a request's `extra`: the
+    controller's validation refuses them naming the field, not a ValueError naming nothing).
+    """
+    return {k: _from_value(v, finite) for k, v in msg.fields.items()}
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -210,7 +214,7 @@ def request_from_proto(msg: types_pb2.GenerateRequest) -> t.GenerateRequest:
         timeout_ms=msg.timeout_ms,
         idempotency_key=msg.idempotency_key,
         labels=dict(msg.labels),
-        extra=dict_from_struct(msg.extra),
+        extra=dict_from_struct(msg.extra, finite=False),
         output_format=msg.output.format,
         inline_limit_bytes=msg.output.inline_limit_bytes,
         quality=msg.output.quality,
