@@ -9,8 +9,9 @@ import socket
 from typing import TYPE_CHECKING
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from omnirt.v1 import (
     cluster_pb2,
@@ -44,6 +45,8 @@ SERVICE_NAMES = (
 )
 
 
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
 HEALTH_POLL_S = 0.25
 LIVENESS_SERVICE = "omnirt.liveness"
 
@@ -76,6 +79,38 @@ def check_bindable(address: str) -> None:
                 sock.bind(sockaddr)
             except OSError as exc:
                 raise listen_error(address, exc) from None
+
+
+def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
+    """Serve `servicer` (grpcio-reflection's v1alpha one) as grpc.reflection.v1 too.
+
+    grpcurl and newer clients ask for v1; grpcio-reflection ships v1alpha only. The two protos
+    differ in the package name alone, so the same messages answer v1 on the wire, and a copy of
+    the v1alpha file under the v1 name lets reflection describe the v1 service as well."""
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindServiceByName(REFLECTION_V1)
+    except KeyError:
+        file = descriptor_pb2.FileDescriptorProto()
+        reflection_pb2.DESCRIPTOR.CopyToProto(file)
+        file.name = "grpc/reflection/v1/reflection.proto"
+        file.package = "grpc.reflection.v1"
+        for msg in file.message_type:
+            for fld in msg.field:
+                if fld.type_name:
+                    fld.type_name = fld.type_name.replace(".v1alpha.", ".v1.")
+        for method in file.service[0].method:
+            method.input_type = method.input_type.replace(".v1alpha.", ".v1.")
+            method.output_type = method.output_type.replace(".v1alpha.", ".v1.")
+        pool.Add(file)
+    info = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,  # type: ignore[attr-defined]
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": info}),)
+    )
 
 
 def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineClient:
@@ -116,9 +151,10 @@ class ControllerServer:
         gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(WorkerGateway(self.engine), self.server)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
+        reflector = reflection.aio.ReflectionServicer(names)  # type: ignore[attr-defined]
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, self.server)
+        add_reflection_v1(reflector, self.server)
         check_bindable(config.listen)
         try:
             self.port = self.server.add_insecure_port(config.listen)
