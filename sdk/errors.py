@@ -2,7 +2,9 @@
 
 The controller raises these in its domain code and one server interceptor turns them into
 a status code, a readable message and trailing metadata (`omnirt-error-field`,
-`omnirt-error-subject`, `retry-after-ms`); the SDK turns the status back into the same class.
+`omnirt-error-subject`, `retry-after-ms`, and the standard `google.rpc.Status` details in
+`grpc-status-details-bin`); the SDK turns the status back into the same class. It reads its
+own trailers first and the standard details for what they leave out (another server's errors).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import grpc
 FIELD_KEY = "omnirt-error-field"
 SUBJECT_KEY = "omnirt-error-subject"
 RETRY_AFTER_KEY = "retry-after-ms"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
 class OmniRTError(Exception):
@@ -160,20 +163,55 @@ def error_for(
     return err
 
 
+def _from_status_details(data: bytes) -> dict[str, str]:
+    """Field, subject and retry hint (as trailer values) from a serialized google.rpc.Status."""
+    try:  # googleapis-common-protos comes with grpcio-status; the base install may lack it
+        from google.rpc import error_details_pb2, status_pb2
+    except ImportError:
+        return {}
+    found: dict[str, str] = {}
+    try:
+        status = status_pb2.Status.FromString(data)
+    except Exception:  # a broken trailer must not hide the error itself
+        return found
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            for key, name in ((FIELD_KEY, "field"), (SUBJECT_KEY, "subject")):
+                if info.metadata.get(name):
+                    found.setdefault(key, info.metadata[name])
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            if bad.field_violations:
+                found[FIELD_KEY] = bad.field_violations[0].field
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            found[RETRY_AFTER_KEY] = str(retry.retry_delay.ToMilliseconds())
+    return found
+
+
 def from_rpc_error(exc: grpc.RpcError) -> OmniRTError:
     """Map a failed call (sync or aio) to its typed error."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     message = (exc.details() if hasattr(exc, "details") else None) or str(code)
     meta: dict[str, str] = {}
+    details: dict[str, str] = {}
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for item in trailing or ():
         key, value = cast(Any, item)  # a _Metadatum (a named pair) or a plain pair
-        meta[key] = value if isinstance(value, str) else value.decode()
+        if key == STATUS_DETAILS_KEY:
+            details = _from_status_details(value)
+        elif not key.endswith("-bin"):  # binary values are not text
+            meta[key] = value if isinstance(value, str) else value.decode(errors="replace")
+    meta = {**details, **meta}
     retry = meta.get(RETRY_AFTER_KEY)
     return error_for(
         code,
         message,
         field=meta.get(FIELD_KEY, ""),
         subject=meta.get(SUBJECT_KEY, ""),
-        retry_after_s=int(retry) / 1000 if retry else None,
+        retry_after_s=int(retry) / 1000 if retry and retry.isdigit() else None,
     )

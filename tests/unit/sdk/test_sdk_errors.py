@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
+import grpc
 import pytest
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2, status_pb2
 from sdk_fake_server import FakeController
 
 from omnirt import AsyncClient, Client, errors
@@ -92,3 +96,67 @@ def test_asyncio_errors_are_mapped(fake: FakeController) -> None:
                 await client.list_workers()
 
     asyncio.run(scenario())
+
+
+class _DetailsOnly(errors.OmniRTError):
+    """An error as another server sends it: the standard google.rpc.Status details (binary,
+    not UTF-8), none of OmniRT's own trailers."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, *details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        status = status_pb2.Status(code=code.value[0], message=message)
+        for detail in details:
+            status.details.add().Pack(detail)
+        self.details_bin = status.SerializeToString()
+
+    def trailing_metadata(self) -> Any:
+        return (("grpc-status-details-bin", self.details_bin),)
+
+
+def test_status_details_alone_give_field_subject_and_retry_hint(fake: FakeController) -> None:
+    delay = duration_pb2.Duration(seconds=2, nanos=500_000_000)
+    violation = error_details_pb2.BadRequest.FieldViolation(field="width", description="multiple of 8")
+    fake.fail["Submit"] = _DetailsOnly(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "width: bad",
+        error_details_pb2.BadRequest(field_violations=[violation]),
+    )
+    fake.fail["GetJob"] = _DetailsOnly(
+        grpc.StatusCode.NOT_FOUND,
+        "no job 'x'",
+        error_details_pb2.ErrorInfo(reason="JOB_NOT_FOUND", domain="omnirt.dev", metadata={"subject": "job"}),
+    )
+    fake.fail["Generate"] = _DetailsOnly(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "queue is full", error_details_pb2.RetryInfo(retry_delay=delay)
+    )
+    with Client(fake.address) as client:
+        with pytest.raises(errors.InvalidRequest) as invalid:
+            client.submit(model="tiny-sd", prompt="x")
+        assert invalid.value.field == "width"
+        with pytest.raises(errors.JobNotFound):
+            client.get_job("x")
+        with pytest.raises(errors.QueueFull) as full:
+            client.generate(model="tiny-sd", prompt="x")
+        assert full.value.retry_after_s == 2.5
+
+
+def test_own_trailers_win_over_status_details_in_binary(fake: FakeController) -> None:
+    err = errors.InvalidRequest("width: bad", field="width")
+    # A description over 127 bytes: its length prefix is not UTF-8, as in most real details.
+    violation = error_details_pb2.BadRequest.FieldViolation(field="height", description="x" * 200)
+    details = _DetailsOnly(err.code, err.message, error_details_pb2.BadRequest(field_violations=[violation]))
+    both = (*err.trailing_metadata(), *details.trailing_metadata())
+    err.trailing_metadata = lambda: both  # type: ignore[method-assign]
+    fake.fail["Submit"] = err
+
+    async def scenario() -> None:
+        async with AsyncClient(fake.address) as client:
+            with pytest.raises(errors.InvalidRequest) as info:
+                await client.submit(model="tiny-sd", prompt="x")
+            assert info.value.field == "width"
+
+    asyncio.run(scenario())
+    with Client(fake.address) as client, pytest.raises(errors.InvalidRequest) as info:
+        client.submit(model="tiny-sd", prompt="x")
+    assert info.value.field == "width"
