@@ -14,7 +14,7 @@ from typing import Any
 from omnirt.errors import InvalidRequest, ModelNotFound
 from omnirt.types import ModelDefaults, ModelLimits, ModelSpec, Preset, Task
 
-from .request_bounds import MAX_MODEL_NAME_CHARS, check_length, echo
+from .request_bounds import INT32_MAX, INT64_MAX, MAX_MODEL_NAME_CHARS, check_length, echo
 
 EXECUTION_MODES = ("legacy_call", "modular", "subprocess", "persistent_worker")
 
@@ -53,6 +53,11 @@ def spec_from_dict(entry: dict[str, Any], where: str) -> ModelSpec:
     ]
     defaults = _table(ModelDefaults, entry.pop("defaults", {}), f"{where} [defaults]")
     limits = _table(ModelLimits, entry.pop("limits", {}), f"{where} [limits]")
+    for f in fields(ModelLimits):
+        value, most = getattr(limits, f.name), INT64_MAX if f.name == "max_input_bytes" else INT32_MAX
+        # Every limit travels in ModelSpec messages (DescribeModel, each Assignment).
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most):
+            raise CatalogError(f"{where} [limits]: {f.name} must be a whole number from 0 to {most}")
     spec = _table(ModelSpec, entry, where)
     spec.tasks, spec.presets, spec.defaults, spec.limits = tasks, presets, defaults, limits
     return spec

@@ -509,6 +509,8 @@ def model_to_proto(s: t.ModelSpec) -> models_pb2.ModelSpec:
             max_inference_steps=lim.max_inference_steps,
             max_num_outputs=lim.max_num_outputs,
             max_batch_size=lim.max_batch_size,
+            max_prompt_chars=lim.max_prompt_chars,
+            max_input_bytes=lim.max_input_bytes,
         ),
         supports_batching=s.supports_batching,
         presets=[
@@ -548,6 +550,8 @@ def model_from_proto(m: models_pb2.ModelSpec) -> t.ModelSpec:
             max_inference_steps=lim.max_inference_steps,
             max_num_outputs=lim.max_num_outputs,
             max_batch_size=lim.max_batch_size,
+            max_prompt_chars=lim.max_prompt_chars,
+            max_input_bytes=lim.max_input_bytes,
         ),
         supports_batching=m.supports_batching,
         presets=[t.Preset(p.name, p.description, dict_from_struct(p.overrides)) for p in m.presets],

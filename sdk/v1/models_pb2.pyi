@@ -29,20 +29,24 @@ class ModelDefaults(_message.Message):
     def __init__(self, width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., scheduler: _Optional[str] = ..., strength: _Optional[float] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
-    __slots__ = ("max_width", "max_height", "max_num_frames", "max_inference_steps", "max_num_outputs", "max_batch_size")
+    __slots__ = ("max_width", "max_height", "max_num_frames", "max_inference_steps", "max_num_outputs", "max_batch_size", "max_prompt_chars", "max_input_bytes")
     MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
     MAX_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
     MAX_INFERENCE_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_width: int
     max_height: int
     max_num_frames: int
     max_inference_steps: int
     max_num_outputs: int
     max_batch_size: int
-    def __init__(self, max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_num_frames: _Optional[int] = ..., max_inference_steps: _Optional[int] = ..., max_num_outputs: _Optional[int] = ..., max_batch_size: _Optional[int] = ...) -> None: ...
+    max_prompt_chars: int
+    max_input_bytes: int
+    def __init__(self, max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_num_frames: _Optional[int] = ..., max_inference_steps: _Optional[int] = ..., max_num_outputs: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_prompt_chars: _Optional[int] = ..., max_input_bytes: _Optional[int] = ...) -> None: ...
 
 class Preset(_message.Message):
     __slots__ = ("name", "description", "overrides")

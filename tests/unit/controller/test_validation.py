@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from omnirt import _convert as c
 from omnirt.controller.catalog import Catalog, CatalogError, load_file
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.engine import Engine
@@ -123,6 +124,14 @@ def test_user_catalog_adds_and_replaces(tmp_path) -> None:  # type: ignore[no-un
         ('[[models]]\nid = "x"\ntasks = ["text2image"]\nexecution_mode = "magic"\n', "execution_mode"),
         ('[[models]]\nid = "x"\ntasks = ["text2image"]\ncolour = 1\n', "unknown keys ['colour']"),
         ("[[models]\n", "mine.toml"),
+        (
+            '[[models]]\nid = "x"\ntasks = ["text2image"]\n[models.limits]\nmax_width = 3_000_000_000\n',
+            "max_width",
+        ),
+        (
+            '[[models]]\nid = "x"\ntasks = ["text2image"]\n[models.limits]\nmax_prompt_chars = -1\n',
+            "max_prompt",
+        ),
     ],
 )
 def test_bad_catalog_files_name_the_problem(tmp_path, text: str, words: str) -> None:  # type: ignore[no-untyped-def]
@@ -269,6 +278,9 @@ def test_a_catalog_sets_its_own_prompt_and_input_limits(tmp_path) -> None:  # ty
     image = MediaInput(role=MediaRole.IMAGE, data=b"x" * 1001)
     invalid(req(model="long", task=Task.IMAGE2IMAGE, inputs=[image]), catalog, "inputs")
     assert catalog.resolve("tiny-sd").limits.max_prompt_chars == 10_000  # the default
+    # DescribeModel (and each Assignment) carries them.
+    spec = catalog.resolve("long")
+    assert c.model_from_proto(c.model_to_proto(spec)).limits == spec.limits
 
 
 def test_adapter_paths_in_bounds_are_accepted(catalog: Catalog) -> None:
