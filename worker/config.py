@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 EXECUTION_MODES = ("legacy_call", "modular", "subprocess", "persistent_worker")
 BACKENDS = ("auto", "cpu", "cuda", "ascend")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# The controller's default bound on a request's inline input bytes (`ModelLimits.max_input_bytes`).
+DEFAULT_INPUT_MAX_BYTES = 32 * 1024 * 1024
 
 
 def default_worker_id() -> str:
@@ -71,6 +73,17 @@ class WorkerConfig:
         default_factory=list,
         metadata={"help": "subprocess mode: folders searched for relative command paths (then examples/)"},
     )
+    input_roots: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "folders file:// inputs may be read from (symlinks resolved first); "
+            "empty = file:// inputs are refused"
+        },
+    )
+    input_max_bytes: int = field(
+        default=DEFAULT_INPUT_MAX_BYTES,
+        metadata={"help": "largest file:// input the worker reads, in bytes"},
+    )
     metrics: str = field(
         default="", metadata={"help": "serve Prometheus /metrics on HOST:PORT or PORT (empty = off)"}
     )
@@ -82,6 +95,8 @@ class WorkerConfig:
         object.__setattr__(self, "model_dir", os.path.abspath(os.path.expanduser(self.model_dir)))
         object.__setattr__(self, "worker_id", self.worker_id or default_worker_id())
         object.__setattr__(self, "models", list(self.models))
+        roots = [os.path.abspath(os.path.expanduser(r)) for r in self.input_roots]
+        object.__setattr__(self, "input_roots", roots)
         object.__setattr__(self, "log_level", self.log_level.upper())
         if self.preload is None:  # a resident group takes long to start: start it before any user waits
             object.__setattr__(self, "preload", self.mode == "persistent_worker")
@@ -99,5 +114,7 @@ class WorkerConfig:
             raise ValueError(f"torch_threads must be >= 0, not {self.torch_threads}")
         if self.progress_interval_ms < 0:
             raise ValueError(f"progress_interval_ms must be >= 0, not {self.progress_interval_ms}")
+        if self.input_max_bytes < 1:
+            raise ValueError(f"input_max_bytes must be at least 1, not {self.input_max_bytes}")
         if self.model_cache_bytes < 0:
             raise ValueError(f"model_cache_bytes must be >= 0, not {self.model_cache_bytes}")

@@ -33,6 +33,7 @@ from omnirt.worker import (
     adapters,
     backends,
     inference_mode,
+    media_inputs,
     model_cache,
     null_model,
     output_export,
@@ -165,6 +166,7 @@ class LegacyCallExecutor(Executor):
     def __init__(self, config: WorkerConfig, cache: ModelCache | None = None) -> None:
         self.config = config
         self.cache = cache or ModelCache(config.model_dir, config.model_cache_bytes)
+        self.inputs = media_inputs.InputPolicy.of(config)
         self._backend = ""
         self._start_lock = threading.Lock()
 
@@ -317,7 +319,7 @@ class _AssignmentRun:
                 # image2image / inpaint on a text-to-image model: a pipeline sharing its modules.
                 pipeline = task_pipelines.pipeline_for_task(cached.pipeline, plan.task, self.spec)
                 task_pipelines.check_size(pipeline, plan.common)
-                pipeline_kwargs(plan, call_parameters(pipeline))
+                pipeline_kwargs(plan, call_parameters(pipeline), self.executor.inputs)
                 request = plan.item.request
                 model_dir = self.executor.config.model_dir
                 self.adapters[plan.job_id] = adapters.resolve(request.adapters, self.spec.runtime, model_dir)

@@ -4,41 +4,126 @@ Images arrive as bytes (PNG, JPEG, WebP; anything Pillow opens) or a `file://` U
 converted to RGB and a mask to L (white = repaint), and both are resized to the request's
 width x height (Lanczos for images, nearest for masks so the mask stays crisp) when one is
 given. A mask must have the size of the image it goes with, checked before any resize.
+
+`file://` URIs are read only inside the worker's `--input-roots` (`InputPolicy`): none given,
+none is read. The path is resolved (symlinks, `..`) before the check; a path outside the roots
+and a missing one get the same answer, so a client learns nothing about the worker's files; only
+regular files are read (no `/dev/zero`, no FIFO), opened without following a last-moment link,
+and at most `--input-max-bytes` of them. Other URI schemes (http, https, s3, ...) are not
+fetched by the worker at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import logging
+import os
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from omnirt import types as t
+from omnirt.worker.config import DEFAULT_INPUT_MAX_BYTES, WorkerConfig
 from omnirt.worker.executor import JobFailure
+
+log = logging.getLogger(__name__)
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 # Decompression-bomb guard: more pixels than this is refused before decoding.
 MAX_INPUT_PIXELS = 64 * 1024 * 1024
+_CHUNK_BYTES = 1024 * 1024
 
 
-def _raw_bytes(media: t.MediaInput, where: str) -> bytes:
+@dataclass(frozen=True)
+class InputPolicy:
+    """Where `file://` inputs may be read from (real paths; none = refused) and their largest size."""
+
+    roots: tuple[Path, ...] = ()
+    max_bytes: int = DEFAULT_INPUT_MAX_BYTES
+
+    @classmethod
+    def of(cls, config: WorkerConfig) -> InputPolicy:
+        """The policy of a worker's `--input-roots` and `--input-max-bytes`."""
+        roots = tuple(Path(os.path.realpath(root)) for root in config.input_roots)
+        return cls(roots=roots, max_bytes=config.input_max_bytes)
+
+
+def read_uri(uri: str, where: str, policy: InputPolicy) -> bytes:
+    """The bytes behind input `where`'s URI; JobFailure(INVALID_ARGUMENT, field `where.uri`) if refused."""
+    field = f"{where}.uri"
+
+    def refuse(reason: str) -> JobFailure:
+        return JobFailure(INVALID_ARGUMENT, f"{field}: {reason}", field)
+
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        scheme = f"a {parsed.scheme[:16]}:// URI" if parsed.scheme else "a URI without a scheme"
+        raise refuse(f"the worker reads only inline data or file:// URIs (got {scheme})")
+    if not policy.roots:
+        raise refuse("file:// inputs are not allowed on this worker")
+    not_found = refuse("not found under the worker's input roots")
+    try:
+        real = Path(os.path.realpath(unquote(parsed.path)))
+    except (OSError, ValueError):  # a NUL byte, a loop of links
+        raise not_found from None
+    if parsed.netloc not in ("", "localhost") or not any(real.is_relative_to(r) for r in policy.roots):
+        raise not_found
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link swapped in
+        # after the check is not followed out of the roots.
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        log.info("%s: cannot open %s: %s", field, real, exc)
+        raise not_found from None
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse("not a regular file")
+        over = refuse(f"the file is over the worker's limit of {policy.max_bytes} bytes (--input-max-bytes)")
+        if info.st_size > policy.max_bytes:
+            raise over
+        chunks, total = [], 0
+        while total <= policy.max_bytes:  # the file may grow after fstat: never read past the limit
+            chunk = file.read(min(_CHUNK_BYTES, policy.max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > policy.max_bytes:
+            raise over
+    return b"".join(chunks)
+
+
+def input_bytes(media: t.MediaInput, where: str, policy: InputPolicy) -> bytes:
+    """The bytes of one input: its inline data, else what its URI names (see `read_uri`)."""
     if media.data:
         return media.data
-    if media.uri.startswith("file://"):
-        try:
-            return Path(urlparse(media.uri).path).read_bytes()
-        except OSError as exc:
-            raise JobFailure(
-                INVALID_ARGUMENT, f"cannot read {media.uri!r}: {exc.strerror or exc}", where
-            ) from exc
-    raise JobFailure(INVALID_ARGUMENT, f"cannot read input {media.uri!r}: only inline data or file://", where)
+    if not media.uri:
+        raise JobFailure(INVALID_ARGUMENT, f"{where}: the input has neither data nor a uri", where)
+    return read_uri(media.uri, where, policy)
 
 
-def decode_image(media: t.MediaInput, where: str) -> Any:
+def with_uris_read(request: t.GenerateRequest, policy: InputPolicy) -> t.GenerateRequest:
+    """`request` with every URI input replaced by its bytes (for code that reads `data` only)."""
+    if all(media.data or not media.uri for media in request.inputs):
+        return request
+    inputs = [
+        media
+        if media.data or not media.uri
+        else dataclasses.replace(media, data=read_uri(media.uri, f"inputs[{index}]", policy), uri="")
+        for index, media in enumerate(request.inputs)
+    ]
+    return dataclasses.replace(request, inputs=inputs)
+
+
+def decode_image(media: t.MediaInput, where: str, policy: InputPolicy) -> Any:
     """The decoded image of `media` (RGB, or L for a mask); JobFailure naming `where` if it is not one."""
     from PIL import Image, UnidentifiedImageError
 
-    raw = _raw_bytes(media, where)
+    raw = input_bytes(media, where, policy)
     try:
         image = Image.open(io.BytesIO(raw))
         if image.width * image.height > MAX_INPUT_PIXELS:
@@ -60,11 +145,15 @@ def decode_image(media: t.MediaInput, where: str) -> Any:
 
 
 def image_inputs(
-    inputs: list[t.MediaInput], roles: dict[t.MediaRole, str], size: tuple[int, int] | None
+    inputs: list[t.MediaInput],
+    roles: dict[t.MediaRole, str],
+    size: tuple[int, int] | None,
+    policy: InputPolicy,
 ) -> dict[str, Any]:
     """Decoded image inputs by pipeline argument (`roles`: media role -> argument name).
 
-    `size` (width, height) resizes every image and mask; None keeps the input's size. Raises
+    `size` (width, height) resizes every image and mask; None keeps the input's size; `policy`
+    says which `file://` URIs may be read. Raises
     JobFailure(INVALID_ARGUMENT) naming `inputs[i]` for an unreadable image or a mask whose
     size differs from the image's.
     """
@@ -77,7 +166,7 @@ def image_inputs(
         where = f"inputs[{index}]"
         if argument in decoded:
             raise JobFailure(INVALID_ARGUMENT, f"a second {media.role.value} input; one is allowed", where)
-        decoded[argument] = decode_image(media, where)
+        decoded[argument] = decode_image(media, where, policy)
         where_of[argument] = where
     image, mask = decoded.get("image"), decoded.get("mask_image")
     if image is not None and mask is not None and mask.size != image.size:

@@ -157,8 +157,11 @@ def _plain_number(value: Any) -> Any:
     return value
 
 
-def pipeline_kwargs(plan: ItemPlan, accepted: Set[str]) -> None:
-    """Fill `plan.specific` with the request's extras, media inputs and strength the pipeline takes."""
+def pipeline_kwargs(plan: ItemPlan, accepted: Set[str], inputs: media_inputs.InputPolicy) -> None:
+    """Fill `plan.specific` with the request's extras, media inputs and strength the pipeline takes.
+
+    `inputs` says which `file://` URIs the worker may read.
+    """
     req = plan.item.request
     specific: dict[str, Any] = {}
     for key, value in req.extra.items():
@@ -173,7 +176,7 @@ def pipeline_kwargs(plan: ItemPlan, accepted: Set[str]) -> None:
             raise JobFailure(INVALID_ARGUMENT, reason, f"inputs[{index}]")
     width, height = plan.common.get("width"), plan.common.get("height")
     size = (int(width), int(height)) if width and height else None
-    specific.update(media_inputs.image_inputs(req.inputs, MEDIA_ARGUMENTS, size))
+    specific.update(media_inputs.image_inputs(req.inputs, MEDIA_ARGUMENTS, size, inputs))
     if req.strength is not None:
         if "strength" not in accepted:
             raise JobFailure(INVALID_ARGUMENT, "the pipeline does not take 'strength'", "strength")

@@ -34,7 +34,7 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
-from omnirt.worker import backends, child_process, job_dir, launchers
+from omnirt.worker import backends, child_process, job_dir, launchers, media_inputs
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import (
     DEADLINE_EXCEEDED,
@@ -125,6 +125,7 @@ class SubprocessExecutor(Executor):
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
+        self.inputs = media_inputs.InputPolicy.of(config)
         self._backend = ""
         self._groups: set[child_process.ProcessGroup] = set()
 
@@ -224,8 +225,10 @@ class SubprocessExecutor(Executor):
     def _prepare(
         self, folder: Path, spec: t.ModelSpec, item: AssignmentItem, settings: launchers.SubprocessSettings
     ) -> Path:
-        inputs = job_dir.write_inputs(folder, item.request, settings.input_formats)
-        document = job_dir.request_document(item.job_id, spec, item.request, inputs, folder / job_dir.OUTPUTS)
+        # URIs are read here, under the worker's input roots; the job folder gets bytes only.
+        request = media_inputs.with_uris_read(item.request, self.inputs)
+        inputs = job_dir.write_inputs(folder, request, settings.input_formats)
+        document = job_dir.request_document(item.job_id, spec, request, inputs, folder / job_dir.OUTPUTS)
         return job_dir.write_request(folder, document)
 
     def _environment(
