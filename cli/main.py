@@ -1,7 +1,7 @@
 """`omnirtctl`: the command line of OmniRT, a thin layer over the SDK.
 
 `main(argv)` returns the exit status: 0 on success, 1 on an error (one `error: ...` line on
-stderr), 2 on a usage error, 130 when interrupted.
+stderr; with --json also `{"error": {...}}` on stdout), 2 on a usage error, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from omnirt import __version__
 from omnirt.errors import OmniRTError
 
 from . import bench, generate, jobs, models, validate, workers
-from .output import error_line
+from .output import error_object, print_error, print_json
 
 GROUPS = (generate, validate, bench, models, jobs, workers)
 
@@ -64,12 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     from omnirt.client import Client  # grpc loads only for a real command, not for --help
 
+    json_output = bool(getattr(args, "json", False))
     try:
         with Client(args.controller) as client:
             status: int = args.handler(args, client)
             return status
     except OmniRTError as exc:
-        print(error_line(exc), file=sys.stderr)
+        print_error(exc, json_output=json_output)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -79,10 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 1
     except OSError as exc:
-        print(
-            f"error: {exc.strerror or exc}: {exc.filename}" if exc.filename else f"error: {exc}",
-            file=sys.stderr,
-        )
+        message = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+        print(f"error: {message}", file=sys.stderr)
+        if json_output:
+            print_json(error_object("OS_ERROR", message), compact=True)
         return 1
 
 

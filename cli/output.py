@@ -24,6 +24,25 @@ def error_line(exc: OmniRTError) -> str:
     return line
 
 
+def error_object(
+    code: str, message: str, *, field: str = "", subject: str = "", retry_after_s: float | None = None
+) -> dict[str, Any]:
+    """What `--json` prints for an error: `{"error": {...}}`, with the same keys every time."""
+    error = {"code": code, "message": message, "field": field, "subject": subject}
+    return {"error": {**error, "retry_after_s": retry_after_s}}
+
+
+def print_error(exc: OmniRTError, *, json_output: bool) -> None:
+    """The error line on stderr; with --json also its object, one line on stdout (so it can end
+    a JSON Lines stream such as `jobs watch --json`)."""
+    print(error_line(exc), file=sys.stderr)
+    if json_output:
+        error = error_object(
+            exc.code.name, exc.message, field=exc.field, subject=exc.subject, retry_after_s=exc.retry_after_s
+        )
+        print_json(error, compact=True)
+
+
 def print_json(value: Any, *, compact: bool = False, file: TextIO | None = None) -> None:
     """One JSON document on stdout (compact: one line, for streams of objects)."""
     print(_json.dumps(value, indent=None if compact else 2), file=file or sys.stdout, flush=compact)
