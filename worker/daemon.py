@@ -26,6 +26,7 @@ import os
 import random
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -100,7 +101,11 @@ class WorkerDaemon:
         self._outbox = Outbox()
         self._slots = asyncio.Semaphore(config.slots)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._active: dict[str, str] = {}  # job id -> assignment id
+        # job id -> the assignment its result goes out under (the latest that offered it)
+        self._active: dict[str, str] = {}
+        # This process's own id: the controller lets a Hello with a connected worker's id in only
+        # from the same process (a stream it has not yet noticed is gone), never from another.
+        self._instance_id = uuid.uuid4().hex
         self._busy = 0
         self._draining = False
         self._closing = False
@@ -330,6 +335,8 @@ class WorkerDaemon:
             welcome.lease_timeout_ms,
             self._outbox.durable_pending(),
         )
+        for warning in welcome.warnings:
+            log.warning("controller: %s", warning)
 
     async def _read_loop(self, call: Any) -> None:
         while True:
@@ -379,6 +386,7 @@ class WorkerDaemon:
             hostname=socket.gethostname(),
             pid=os.getpid(),
             version=omnirt.__version__,
+            instance_id=self._instance_id,
         )
 
     def _queue_heartbeat(self) -> None:
@@ -389,6 +397,7 @@ class WorkerDaemon:
             loaded_models=self.executor.loaded_models(),
             memory_bytes=current_rss_bytes(),
             draining=self._draining,
+            running=self._active,
         )
         self._outbox.put(beat)
 
@@ -486,10 +495,16 @@ class WorkerDaemon:
             for job_id in assignment.job_ids:
                 self._send_result(assignment.assignment_id, ItemOutcome(job_id, error=refusal))
             return
-        duplicates = [item for item in assignment.items if item.job_id in self._active]
+        duplicates = [item.job_id for item in assignment.items if item.job_id in self._active]
         if duplicates:
-            log.warning("ignoring %d job(s) already running here", len(duplicates))
-            assignment.items = [item for item in assignment.items if item.job_id not in self._active]
+            # Offered again (a restarted controller requeued it): the run goes on, and its events
+            # and result go out under the new assignment, the one the controller now holds it by.
+            log.info(
+                "adopting %d job(s) already running here into %s", len(duplicates), assignment.assignment_id
+            )
+            for job_id in duplicates:
+                self._active[job_id] = assignment.assignment_id
+            assignment.items = [item for item in assignment.items if item.job_id not in duplicates]
         if not assignment.items:
             return
         for job_id in assignment.job_ids:
@@ -533,7 +548,7 @@ class WorkerDaemon:
                     log.info("job %s failed: %s %s", job_id, outcome.error.code, outcome.error.message)
                 else:
                     log.debug("job %s succeeded", job_id)
-                self._send_result(assignment.assignment_id, outcome)
+                self._send_result(self._active.get(job_id, assignment.assignment_id), outcome)
                 self._flags.clear(job_id)
                 self._active.pop(job_id, None)
 
@@ -541,6 +556,7 @@ class WorkerDaemon:
         # Events only matter live; while disconnected they are dropped (results are not).
         # State events stay here: the controller owns job states and ignores them.
         if self._call is not None and event.kind is not t.EventKind.STATE:
+            assignment_id = self._active.get(event.job_id, assignment_id)  # it may have been adopted
             self._outbox.put(protocol.event_message(assignment_id, event))
 
     def _send_result(self, assignment_id: str, outcome: ItemOutcome) -> None:

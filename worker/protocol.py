@@ -61,6 +61,8 @@ class Welcome:
     lease_timeout_ms: int
     # The controller reads batches: several messages may go up as one (`batch_message`).
     accepts_batches: bool = False
+    # What the controller found wrong with the Hello (e.g. a model its catalog lacks).
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -96,8 +98,10 @@ def hello_message(
     labels: dict[str, str] | None = None,
     token: str = "",
     accepts_batches: bool = True,
+    instance_id: str = "",
 ) -> gateway_pb2.ConnectRequest:
-    """The first message of every stream (this worker reads batches unless told otherwise)."""
+    """The first message of every stream (this worker reads batches unless told otherwise, and
+    its heartbeats list the jobs it holds)."""
     hello = gateway_pb2.Hello(
         worker_id=worker_id,
         execution_mode=execution_mode,
@@ -111,16 +115,30 @@ def hello_message(
         labels=labels or {},
         token=token,
         accepts_batches=accepts_batches,
+        instance_id=instance_id,
+        reports_running=True,
     )
     return gateway_pb2.ConnectRequest(hello=hello)
 
 
 def heartbeat_message(
-    *, busy_slots: int, loaded_models: list[str], memory_bytes: int, draining: bool
+    *,
+    busy_slots: int,
+    loaded_models: list[str],
+    memory_bytes: int,
+    draining: bool,
+    running: dict[str, str] | None = None,
 ) -> gateway_pb2.ConnectRequest:
-    """A lease-keeping heartbeat."""
+    """A lease-keeping heartbeat; `running` maps each job the worker holds to its assignment."""
     beat = gateway_pb2.Heartbeat(
-        busy_slots=busy_slots, loaded_models=loaded_models, memory_bytes=memory_bytes, draining=draining
+        busy_slots=busy_slots,
+        loaded_models=loaded_models,
+        memory_bytes=memory_bytes,
+        draining=draining,
+        running=[
+            gateway_pb2.RunningJob(assignment_id=assignment_id, job_id=job_id)
+            for job_id, assignment_id in (running or {}).items()
+        ],
     )
     return gateway_pb2.ConnectRequest(heartbeat=beat)
 
@@ -180,7 +198,9 @@ def controller_message(msg: gateway_pb2.ConnectResponse) -> ControllerMessage | 
     kind = msg.WhichOneof("message")
     if kind == "welcome":
         w = msg.welcome
-        return Welcome(w.worker_id, w.heartbeat_interval_ms, w.lease_timeout_ms, w.accepts_batches)
+        return Welcome(
+            w.worker_id, w.heartbeat_interval_ms, w.lease_timeout_ms, w.accepts_batches, list(w.warnings)
+        )
     if kind == "assignment":
         return assignment_from_proto(msg.assignment)
     if kind == "cancel":
