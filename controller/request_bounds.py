@@ -21,6 +21,9 @@ from omnirt.types import GenerateRequest, ModelLimits
 
 # Most characters of user text an error message quotes.
 ECHO_CHARS = 64
+# Most characters of an error's field path and of its reason (a few hundred bytes of trailers).
+MAX_FIELD_CHARS = 512
+MAX_REASON_CHARS = 256
 # Job and worker ids a request names (the controller's own job ids are 20 characters).
 MAX_ID_CHARS = 128
 # Model ids and aliases (a Hugging Face hub id "org/name" is at most 96 characters).
@@ -71,7 +74,18 @@ def echo(text: str, limit: int = ECHO_CHARS) -> str:
 
 
 def bad(name: str, reason: str) -> InvalidRequest:
-    """INVALID_ARGUMENT naming the field `name` (a field path this module built: bounded ASCII)."""
+    """INVALID_ARGUMENT naming the field `name`: both bounded, the field printable ASCII.
+
+    The field travels in trailing metadata (printable ASCII only), the message as the status
+    message (a trailer too): a path or a reason made of user text (runtime options name their
+    own keys and values) is escaped and cut here, once for every error.
+    """
+    if not (name.isascii() and name.isprintable()):
+        name = ascii(name)[1:-1]
+    if len(name) > MAX_FIELD_CHARS:
+        name = name[:MAX_FIELD_CHARS] + "..."
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[:MAX_REASON_CHARS] + "..."
     return InvalidRequest(f"{name}: {reason}", field=name)
 
 

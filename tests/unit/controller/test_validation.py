@@ -322,3 +322,19 @@ def test_a_reused_idempotency_key_is_quoted_bounded(catalog: Catalog) -> None:
     with pytest.raises(InvalidRequest) as info:
         engine.submit(req(idempotency_key=key, prompt="another"))
     assert info.value.field == "idempotency_key" and len(info.value.message) <= MESSAGE_CHARS
+
+
+@pytest.mark.parametrize(
+    ("runtime", "field"),
+    [
+        ({"step_cache": {"kind": "y" * 5000}}, "extra.runtime.step_cache.kind"),
+        ({"é" * 20: 1}, "extra.runtime." + "\\xe9" * 20),
+        ({"a\nb": 1}, "extra.runtime.a\\nb"),
+    ],
+)
+def test_runtime_option_errors_are_bounded_ascii(
+    catalog: Catalog, runtime: dict[str, object], field: str
+) -> None:
+    # A field path travels in trailing metadata (printable ASCII only); a reason in the status.
+    error = invalid(req(extra={"runtime": runtime}), catalog, field)
+    assert error.field.isascii() and error.field.isprintable()
