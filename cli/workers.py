@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
 
 
 def _models(worker: WorkerInfo) -> str:
-    # A `*` marks models the worker holds loaded (warm).
-    return ", ".join(m + ("*" if m in worker.loaded_models else "") for m in worker.models) or "-"
+    # A `*` marks models the worker holds loaded (warm), a `!` models the catalog lacks.
+    marks = {m: "*" for m in worker.loaded_models} | {m: "!" for m in worker.unknown_models}
+    return ", ".join(m + marks.get(m, "") for m in worker.models) or "-"
 
 
 def run_list(args: argparse.Namespace, client: Client) -> int:
@@ -42,7 +43,7 @@ def run_list(args: argparse.Namespace, client: Client) -> int:
         )
         for w in workers
     ]
-    header = ("ID", "STATE", "MODE", "BACKEND", "BUSY", "MODELS (*loaded)", "HOST", "HEARTBEAT")
+    header = ("ID", "STATE", "MODE", "BACKEND", "BUSY", "MODELS (*loaded, !unknown)", "HOST", "HEARTBEAT")
     print_table(header, rows, empty="no workers connected")
     return 0
 

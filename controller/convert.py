@@ -28,6 +28,7 @@ def worker_from_hello(hello: pb.Hello) -> WorkerInfo:
         pid=hello.pid,
         version=hello.version,
         labels=dict(hello.labels),
+        instance_id=hello.instance_id,
     )
 
 

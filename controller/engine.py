@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Hashable
 
-from omnirt.errors import FailedPrecondition, InvalidRequest, OmniRTError
+from omnirt.errors import AlreadyExists, FailedPrecondition, InvalidRequest, OmniRTError
 from omnirt.types import (
     EventKind,
     GenerateRequest,
@@ -49,6 +49,8 @@ from .workers import (
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
+    model_warnings,
+    same_process,
 )
 
 log = logging.getLogger("omnirt.controller")
@@ -314,19 +316,49 @@ class Engine:
     # ---- worker side ----------------------------------------------------------------------
 
     def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
+        """Register a worker (AlreadyExists when another live process holds its id)."""
         info.connected_at = info.last_heartbeat_at = utcnow()
-        handle = WorkerHandle(info=info, link=link)
-        old = self.workers.add(handle)
+        handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
+        try:
+            old = self.workers.add(handle, self.config.lease_timeout_ms / 1000)
+        except AlreadyExists as exc:
+            log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
+            raise
         if old is not None:
-            # The same worker reconnected before its old stream was noticed as gone.
             old.link.close()
-            self._lose_jobs(old, f"worker {old.id} reconnected")
+            if same_process(old.info, info):  # its own process: those jobs still run
+                handle.take_over(old)
+            else:  # another process, after the old one's lease expired
+                self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
         log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
+        for warning in handle.warnings:
+            log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
         self._wake.set()
         return handle
 
-    def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
+    def worker_heartbeat(
+        self,
+        handle: WorkerHandle,
+        loaded_models: list[str],
+        draining: bool,
+        running: set[tuple[str, str]] | None = None,
+    ) -> None:
         handle.heartbeat(loaded_models, draining)
+        if running is None:
+            return
+        for job_id, assignment_id in handle.unlisted(running):
+            # The worker does not hold it (a lost result, an assignment it never ran): the slot
+            # is free again, and the job goes back to the queue as if its worker was lost.
+            handle.release(job_id, assignment_id)
+            self._wake.set()
+            record = self._current(job_id, assignment_id)
+            log.warning(
+                "job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id}
+            )
+            if record is not None:
+                self._retry_or_fail(
+                    record, f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
+                )
 
     def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         handle.last_seen = time.monotonic()

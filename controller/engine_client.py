@@ -71,8 +71,16 @@ class EngineClient(Protocol):
     # the worker gateway
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle: ...
     async def worker_heartbeat(
-        self, handle: WorkerHandle, loaded_models: list[str], draining: bool
-    ) -> None: ...
+        self,
+        handle: WorkerHandle,
+        loaded_models: list[str],
+        draining: bool,
+        running: set[tuple[str, str]] | None = None,
+    ) -> None:
+        """A heartbeat; `running` is the (job id, assignment id) pairs the worker holds, when it
+        lists them: a job counted there that it leaves out is released and requeued."""
+        ...
+
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None: ...
     async def worker_result(
         self,
@@ -159,8 +167,14 @@ class MemoryEngineClient:
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
         return self.engine.worker_connected(info, link)
 
-    async def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
-        self.engine.worker_heartbeat(handle, loaded_models, draining)
+    async def worker_heartbeat(
+        self,
+        handle: WorkerHandle,
+        loaded_models: list[str],
+        draining: bool,
+        running: set[tuple[str, str]] | None = None,
+    ) -> None:
+        self.engine.worker_heartbeat(handle, loaded_models, draining, running)
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         self.engine.worker_event(handle, assignment_id, event)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from omnirt import _convert as c
+from omnirt.errors import AlreadyExists
 from omnirt.types import JobError
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
@@ -88,8 +89,12 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a worker_id and slots > 0")
             return
         link = StreamLink()
-        handle = await self.engine.worker_connected(worker_from_hello(hello), link)
-        reader = asyncio.create_task(self._read(request_iterator, handle, link))
+        try:
+            handle = await self.engine.worker_connected(worker_from_hello(hello), link)
+        except AlreadyExists as exc:
+            await context.abort(exc.code, exc.message, trailing_metadata=exc.trailing_metadata())
+            return
+        reader = asyncio.create_task(self._read(request_iterator, handle, link, hello.reports_running))
         config = self.engine.config
         try:
             yield pb.ConnectResponse(
@@ -98,6 +103,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                     heartbeat_interval_ms=config.heartbeat_interval_ms,
                     lease_timeout_ms=config.lease_timeout_ms,
                     accepts_batches=True,
+                    warnings=handle.warnings,
                 )
             )
             limit = BATCH_MAX_MESSAGES if hello.accepts_batches else 1
@@ -118,11 +124,15 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             await asyncio.shield(lost)
 
     async def _read(
-        self, request_iterator: AsyncIterator[pb.ConnectRequest], handle: WorkerHandle, link: StreamLink
+        self,
+        request_iterator: AsyncIterator[pb.ConnectRequest],
+        handle: WorkerHandle,
+        link: StreamLink,
+        reports_running: bool,
     ) -> None:
         try:
             async for message in request_iterator:
-                await self._handle(handle, message)
+                await self._handle(handle, message, reports_running)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception:
@@ -130,15 +140,17 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         finally:
             link.close()
 
-    async def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest) -> None:
+    async def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest, reports_running: bool) -> None:
         kind = message.WhichOneof("message")
         if kind == "batch":
             for one in message.batch.messages:
                 if one.WhichOneof("message") != "batch":  # never nested (a bad worker must not recurse)
-                    await self._handle(handle, one)
+                    await self._handle(handle, one, reports_running)
         elif kind == "heartbeat":
             hb = message.heartbeat
-            await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining)
+            # None from a worker that does not list its jobs (older): nothing is reconciled.
+            running = {(r.job_id, r.assignment_id) for r in hb.running} if reports_running else None
+            await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining, running)
         elif kind == "event":
             await self.engine.worker_event(
                 handle, message.event.assignment_id, c.event_from_proto(message.event.event)

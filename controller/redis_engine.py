@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import redis.exceptions
 
 from omnirt import _convert as c
-from omnirt.errors import FailedPrecondition, InvalidRequest, OmniRTError, Unavailable
+from omnirt.errors import AlreadyExists, FailedPrecondition, InvalidRequest, OmniRTError, Unavailable
 from omnirt.types import (
     EventKind,
     GenerateRequest,
@@ -55,6 +55,8 @@ from .workers import (
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
+    model_warnings,
+    same_process,
 )
 
 log = logging.getLogger("omnirt.controller")
@@ -404,20 +406,51 @@ class RedisEngine:
     # ---- worker side ----------------------------------------------------------------------
 
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
+        """Register a worker (AlreadyExists when another live process holds its id here)."""
         info.connected_at = info.last_heartbeat_at = utcnow()
-        handle = WorkerHandle(info=info, link=link)
-        old = self.workers.add(handle)
+        handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
+        try:
+            old = self.workers.add(handle, self.config.lease_timeout_ms / 1000)
+        except AlreadyExists as exc:
+            log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
+            raise
         if old is not None:
             old.link.close()
-            await self._lose_jobs(old, f"worker {old.id} reconnected")
+            if same_process(old.info, info):  # its own process: those jobs still run
+                handle.take_over(old)
+            else:  # another process, after the old one's lease expired
+                await self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
         log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
+        for warning in handle.warnings:
+            log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
         with contextlib.suppress(redis.exceptions.RedisError):  # else the next upkeep tick writes it
             await self.store.put_workers([handle.snapshot()], _now_ms() + self.config.lease_timeout_ms)
         self.wake.set()
         return handle
 
-    async def worker_heartbeat(self, handle: WorkerHandle, loaded_models: list[str], draining: bool) -> None:
+    async def worker_heartbeat(
+        self,
+        handle: WorkerHandle,
+        loaded_models: list[str],
+        draining: bool,
+        running: set[tuple[str, str]] | None = None,
+    ) -> None:
         handle.heartbeat(loaded_models, draining)
+        if running is None:
+            return
+        for job_id, assignment_id in handle.unlisted(running):
+            # The worker does not hold it (a lost result, an assignment it never ran): the slot
+            # is free again, and the job goes back to the queue as if its worker was lost.
+            handle.release(job_id, assignment_id)
+            self.wake.set()
+            log.warning(
+                "job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id}
+            )
+            message = f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
+            try:
+                await self.requeue(job_id, assignment_id, message)
+            except redis.exceptions.RedisError:
+                self.store_ok = False  # still in `running`: the next lease renewal requeues it
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         handle.last_seen = time.monotonic()

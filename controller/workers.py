@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from omnirt.errors import WorkerNotFound
+from omnirt.errors import AlreadyExists, OmniRTError, WorkerNotFound
 from omnirt.types import GenerateRequest, ModelSpec, WorkerInfo, WorkerState
+
+from .catalog import Catalog
 
 
 @dataclass
@@ -71,6 +73,13 @@ class WorkerHandle:
     # job id -> assignment id, for jobs the worker runs now (change it through start/release)
     running: dict[str, str] = field(default_factory=dict)
     last_seen: float = field(default_factory=time.monotonic)
+    # What the Welcome tells the worker about its Hello (models the catalog lacks, ...).
+    warnings: list[str] = field(default_factory=list)
+    # job id -> when it was started here, and when the last heartbeat came (monotonic; 0 = none):
+    # a job its worker does not list is released only when it was sent before the previous
+    # heartbeat came, so an assignment still on its way to the worker is never released.
+    _started: dict[str, float] = field(default_factory=dict)
+    _last_beat: float = 0.0
     # assignment id -> jobs of it still running: one pipeline call takes one slot
     _calls: dict[str, int] = field(default_factory=dict)
     # model id -> jobs of it running here, and job id -> its model (for the busy batch window)
@@ -82,12 +91,14 @@ class WorkerHandle:
         self._calls[assignment_id] = self._calls.get(assignment_id, 0) + 1
         self._job_models[job_id] = model
         self._models[model] = self._models.get(model, 0) + 1
+        self._started[job_id] = time.monotonic()
 
     def release(self, job_id: str, assignment_id: str) -> bool:
         """Forget a finished job; True when it was running here under that assignment."""
         if self.running.get(job_id) != assignment_id:
             return False
         del self.running[job_id]
+        self._started.pop(job_id, None)
         left = self._calls[assignment_id] - 1
         if left:
             self._calls[assignment_id] = left
@@ -118,11 +129,29 @@ class WorkerHandle:
         self.info.state = WorkerState.DRAINING
         self.link.send(Drain(reason))
 
+    def unlisted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """(job id, assignment id) of jobs counted here that a heartbeat listing `listed` (job id,
+        assignment id) leaves out, among those sent before the previous heartbeat came."""
+        previous, self._last_beat = self._last_beat, time.monotonic()
+        return [
+            (job_id, assignment_id)
+            for job_id, assignment_id in self.running.items()
+            if (job_id, assignment_id) not in listed and self._started.get(job_id, 0.0) < previous
+        ]
+
+    def take_over(self, old: WorkerHandle) -> None:
+        """Hold the jobs of the same worker process's previous stream (they still run there)."""
+        for job_id, assignment_id in old.running.items():
+            self.start(job_id, assignment_id, old._job_models.get(job_id, ""))
+            self._started[job_id] = old._started.get(job_id, 0.0)
+        old.release_all()
+
     def release_all(self) -> None:
         self.running.clear()
         self._calls.clear()
         self._models.clear()
         self._job_models.clear()
+        self._started.clear()
 
     @property
     def id(self) -> str:
@@ -156,9 +185,25 @@ class WorkerRegistry:
     def __init__(self) -> None:
         self._workers: dict[str, WorkerHandle] = {}
 
-    def add(self, handle: WorkerHandle) -> WorkerHandle | None:
-        """Register a worker; returns the handle it replaces (same id reconnecting), if any."""
+    def add(self, handle: WorkerHandle, lease_s: float = 0.0) -> WorkerHandle | None:
+        """Register a worker; returns the handle of the same id it replaces, if any.
+
+        A connected worker heard from within `lease_s` keeps its id: a Hello with it from
+        another process (another instance id) is refused with AlreadyExists. The same process
+        (it lost its stream and the old one is not noticed as gone yet) replaces it at once.
+        """
         old = self._workers.get(handle.id)
+        if (
+            old is not None
+            and not same_process(old.info, handle.info)
+            and time.monotonic() - old.last_seen <= lease_s
+        ):
+            raise AlreadyExists(
+                f"worker_id: worker {handle.id!r} is already connected (host {old.info.hostname!r}, "
+                f"pid {old.info.pid}) and alive; a second process cannot take its id: give it "
+                "another --worker-id, or stop the first",
+                field="worker_id",
+            )
         self._workers[handle.id] = handle
         return old
 
@@ -202,3 +247,37 @@ class WorkerRegistry:
 
     def serving_count(self, spec: ModelSpec) -> int:
         return len(self.candidates(spec))
+
+
+def same_process(a: WorkerInfo, b: WorkerInfo) -> bool:
+    """True when both come from one worker process (workers too old to send an instance id never are)."""
+    return bool(a.instance_id) and a.instance_id == b.instance_id
+
+
+def model_warnings(info: WorkerInfo, catalog: Catalog) -> list[str]:
+    """What is wrong with the models a worker announces; sets `info.unknown_models`.
+
+    Without a warning, a worker whose `--models` has a typo registers and serves nothing.
+    """
+    warnings = []
+    info.unknown_models = []
+    for name in info.models:
+        try:
+            spec = catalog.resolve(name)
+        except OmniRTError as exc:
+            info.unknown_models.append(name)
+            warnings.append(
+                f"--models names {name!r}, which the catalog lacks: no job of it comes here ({exc.message})"
+            )
+            continue
+        if spec.id != name:
+            warnings.append(
+                f"--models names {name!r}, an alias: list the model id {spec.id!r}, "
+                "or no job of it comes here"
+            )
+        elif spec.execution_mode and spec.execution_mode != info.execution_mode:
+            warnings.append(
+                f"model {name!r} runs in execution mode {spec.execution_mode!r}, not this worker's "
+                f"{info.execution_mode!r}: no job of it comes here"
+            )
+    return warnings
