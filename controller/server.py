@@ -61,7 +61,7 @@ def listen_error(address: str, exc: OSError) -> ListenError:
 
 
 def check_bindable(address: str) -> None:
-    """Raise ListenError when `address` is taken.
+    """Raise ListenError when the port of `address` is taken.
 
     grpc's own bind failure is a RuntimeError that names no cause, after a line of its C core
     on stderr; a plain socket finds out first and says why."""
@@ -69,7 +69,9 @@ def check_bindable(address: str) -> None:
     if not port.isdigit() or int(port) == 0:
         return  # port 0 always binds; a malformed address is left to grpc's own error
     try:
-        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except OSError:
         return
     for family, kind, proto, _, sockaddr in infos:
@@ -78,7 +80,9 @@ def check_bindable(address: str) -> None:
             try:
                 sock.bind(sockaddr)
             except OSError as exc:
-                raise listen_error(address, exc) from None
+                # Only a taken port: grpc binds what it can of the rest (no IPv6 for localhost).
+                if exc.errno == errno.EADDRINUSE:
+                    raise listen_error(address, exc) from None
 
 
 def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
