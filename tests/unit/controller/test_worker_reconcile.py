@@ -1,0 +1,85 @@
+"""The engine's view of a worker heals: heartbeats reconcile its slots, its id stays its own,
+and models the catalog lacks are named (in-process worker link, see test_engine)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from omnirt.controller.engine import Engine
+from omnirt.errors import AlreadyExists
+from omnirt.types import JobState, WorkerInfo
+from tests.unit.controller.test_engine import InProcessLink, make_engine, request
+
+
+def connect(engine: Engine, instance: str = "i1", models: tuple[str, ...] = ()) -> InProcessLink:
+    link = InProcessLink()
+    info = WorkerInfo(
+        id="w1", execution_mode="legacy_call", slots=1, instance_id=instance, models=list(models)
+    )
+    engine.worker_connected(info, link)
+    return link
+
+
+def test_a_job_its_worker_does_not_list_is_released_and_requeued_after_a_grace() -> None:
+    engine = make_engine()
+    link = connect(engine)
+    record, _ = engine.submit(request())
+    engine.dispatch()
+    handle = engine.workers.get("w1")
+    # The first heartbeat after the assignment may have left before the worker saw it.
+    engine.worker_heartbeat(handle, [], False, set())
+    assert record.job.state is JobState.RUNNING and handle.busy_slots == 1
+    engine.worker_heartbeat(handle, [], False, set())
+    assert handle.busy_slots == 0
+    assert record.job.state is JobState.QUEUED and record.job.attempts == 1
+    assert "does not hold the job" in (record.events[-1].error.message if record.events[-1].error else "")
+    assert link.assignments()  # it was sent, then taken back
+
+
+def test_a_listed_job_stays_and_a_worker_that_lists_nothing_is_not_reconciled() -> None:
+    engine = make_engine()
+    connect(engine)
+    record, _ = engine.submit(request())
+    engine.dispatch()
+    handle = engine.workers.get("w1")
+    listed = {(record.job.id, record.assignment_id)}
+    for _ in range(3):
+        engine.worker_heartbeat(handle, [], False, listed)
+        engine.worker_heartbeat(handle, [], False, None)  # an older worker: no list
+    assert record.job.state is JobState.RUNNING and handle.busy_slots == 1
+
+
+def test_a_second_process_cannot_take_a_live_workers_id_but_its_own_process_can() -> None:
+    engine = make_engine()
+    connect(engine, instance="first")
+    record, _ = engine.submit(request())
+    engine.dispatch()
+    with pytest.raises(AlreadyExists, match="worker_id: worker 'w1' is already connected"):
+        connect(engine, instance="second")
+    assert engine.workers.get("w1").info.instance_id == "first"
+    connect(engine, instance="first")  # its stream dropped: the new one keeps the job
+    handle = engine.workers.get("w1")
+    assert record.job.state is JobState.RUNNING and handle.running == {record.job.id: record.assignment_id}
+
+
+def test_a_silent_workers_id_goes_to_a_new_process_and_its_job_is_requeued() -> None:
+    engine = make_engine(lease_timeout_ms=1000)
+    connect(engine, instance="dead")
+    record, _ = engine.submit(request())
+    engine.dispatch()
+    engine.workers.get("w1").last_seen = time.monotonic() - 2  # past its lease
+    connect(engine, instance="new")
+    assert engine.workers.get("w1").info.instance_id == "new"
+    assert record.job.state is JobState.QUEUED
+    engine.dispatch()
+    assert record.job.state is JobState.RUNNING and record.job.attempts == 2
+
+
+def test_models_the_catalog_lacks_are_listed_and_warned() -> None:
+    engine = make_engine()
+    connect(engine, models=("tiny-sd", "tiny-sdd"))
+    handle = engine.workers.get("w1")
+    assert handle.snapshot().unknown_models == ["tiny-sdd"]
+    assert len(handle.warnings) == 1 and "'tiny-sdd', which the catalog lacks" in handle.warnings[0]
