@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -238,9 +237,7 @@ def _call_raising(exc: Exception) -> grpc.RpcError:
         finally:
             await server.stop(None)
 
-    thread = threading.Thread(target=asyncio.run, args=(scenario(),))
-    thread.start()
-    thread.join(30)
+    asyncio.run(scenario())
     assert result, "the call did not fail"
     return result[0]
 
