@@ -242,15 +242,17 @@ def _call_raising(exc: Exception) -> grpc.RpcError:
     return result[0]
 
 
-def test_huge_error_texts_are_truncated_not_a_lost_status() -> None:
-    err = _call_raising(errors.InvalidRequest("m" * 100_000, field="f" * 100_000))
+@pytest.mark.parametrize("char", ["m", "\U0001f98a"], ids=["ascii", "4-byte"])
+def test_huge_error_texts_are_truncated_not_a_lost_status(char: str) -> None:
+    err = _call_raising(errors.InvalidRequest(char * 100_000, field="f" * 100_000, retry_after_s=1))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     message = err.details() or ""
-    assert message.startswith("mmmm") and 100 < len(message) <= 1100
+    assert message.startswith(char * 4) and message.endswith("...") and 200 < len(message.encode()) <= 1024
     for key, value in err.trailing_metadata() or ():
-        assert len(value) <= (4096 if key.endswith("-bin") else 300), key
+        assert len(value) <= (4096 if key.endswith("-bin") else 512), key
     field = dict(err.trailing_metadata() or ())[errors.FIELD_KEY]
-    assert field.startswith("ffff")
+    assert field.startswith("ffff") and field.endswith("...")
+    assert _details(err)["BadRequest"].field_violations[0].field == field
 
 
 def test_an_unexpected_error_names_its_type_and_a_bounded_message() -> None:
