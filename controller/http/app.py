@@ -1,8 +1,9 @@
 """`HttpGateway`: the aiohttp server in the controller's event loop, over the same servicers.
 
-Routes: the transcoded public API (`transcode.ROUTES`), the OpenAI-compatible images and videos
-routes, `/metrics` (Prometheus) and `/healthz`. One middleware maps every error once (native or
-OpenAI JSON shape by path), counts requests, and keeps the server serving after bad input.
+Routes: the transcoded public API (`transcode.ROUTES`), the OpenAI-compatible models, images and
+videos routes, `/metrics` (Prometheus) and `/healthz`. One middleware maps every error once
+(native or OpenAI JSON shape by path), counts requests, and keeps the server serving after bad
+input.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from omnirt.errors import ExecutionFailed, OmniRTError
 
 from .. import tracing
 from ..metrics import CONTENT_TYPE
-from . import openai_images, openai_videos
-from .errors import error_response, from_http_exception
+from . import openai_images, openai_models, openai_videos
+from .errors import HttpError, bad_request, error_response, from_http_exception
 from .streams import send_download, send_sse, send_websocket
 from .transcode import (
     ASYNC_KEY,
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
     from ..engine_client import EngineClient
 
 log = logging.getLogger("omnirt.controller.http")
-OPENAI_PREFIXES = ("/v1/images", "/v1/videos")
+OPENAI_PREFIXES = ("/v1/images", "/v1/videos", "/v1/models")
+MAX_SEQUENCE = 2**64 - 1  # after_sequence is a uint64
 SHUTDOWN_GRACE_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -79,6 +81,7 @@ class HttpGateway:
             self.app.router.add_route(route.method, route.path, self._handler(route))
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._healthz)
+        openai_models.register(self.app, self)
         openai_images.register(self.app, self)
         openai_videos.register(self.app, self)
         self._runner: web.AppRunner | None = None
@@ -142,8 +145,8 @@ class HttpGateway:
             msg = build_request(binding, self.request_type(rpc), request.match_info, request.query, body)
             if route.kind == SSE:
                 last = request.headers.get("Last-Event-ID", "")
-                if last.isdigit() and "after_sequence" not in request.query:
-                    msg.after_sequence = int(last)  # type: ignore[attr-defined]
+                if last and "after_sequence" not in request.query:
+                    msg.after_sequence = last_event_id(last)  # type: ignore[attr-defined]
                 return await send_sse(request, self.stream(rpc, msg, request))
             if route.kind == WEBSOCKET:
                 return await send_websocket(
@@ -200,6 +203,12 @@ class HttpGateway:
     async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The handler's response, or the error it raised as JSON (native or OpenAI shape)."""
         try:
+            declared = request.content_length
+            if declared is not None and declared > request.client_max_size:
+                # aiohttp checks client_max_size only while reading: a client that declares a
+                # huge body and sends a few bytes would hold the handler until it times out.
+                limit = request.client_max_size
+                raise HttpError(413, f"request body too large ({declared} bytes declared, limit {limit})")
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -207,10 +216,15 @@ class HttpGateway:
             error: OmniRTError = from_http_exception(exc, request)
         except OmniRTError as exc:
             error = exc
-        except Exception as exc:
+        except Exception:
+            # The last resort: every bad input has its own 4xx above (tests/integration/
+            # test_http_bad_input.py checks none reaches this); what does is a bug, in the log.
             log.exception("HTTP handler failed: %s %s", request.method, request.path)
-            error = ExecutionFailed(f"internal error: {type(exc).__name__}: {exc}")
-        return error_response(error, openai=is_openai(request.path))
+            error = ExecutionFailed("internal error; the controller's log has the details")
+        response = error_response(error, openai=is_openai(request.path))
+        if response.status == 413:
+            response.force_close()  # the rest of the body is not read
+        return response
 
     def _count(self, request: web.Request, status: int, started: float) -> None:
         resource = request.match_info.route.resource if request.match_info.route else None
@@ -218,3 +232,11 @@ class HttpGateway:
         metrics = self.engine.metrics
         metrics.http_requests.labels(route, request.method, str(status)).inc()
         metrics.http_latency.labels(route, request.method).observe(time.monotonic() - started)
+
+
+def last_event_id(value: str) -> int:
+    """An EventSource's `Last-Event-ID`: the sequence number of an event this gateway sent."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 20 or int(value) > MAX_SEQUENCE:
+        shown = value if len(value) <= 24 else f"{value[:20]}... ({len(value)} characters)"
+        raise bad_request(f"must be the id of an event, a sequence number (got {shown!r})", "Last-Event-ID")
+    return int(value)

@@ -8,10 +8,12 @@ request's fields; OmniRT's extras ride along as extra body fields (`seed`, `nega
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from omnirt.types import GenerateRequest, Task
 
@@ -25,6 +27,16 @@ _MAGIC = (
     (b"GIF89a", "image/gif"),
 )
 FORMAT_ALIASES = {"jpg": "jpeg"}
+# The request's integers are int32 unless said otherwise (seed, timeout_ms: int64), its numbers
+# float32: a larger value would fail in the proto, not name its field.
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:36]}..."
 
 
 def sniff_image(data: bytes) -> str:
@@ -60,7 +72,7 @@ class Params:
             raise bad_request(f"must be a string (got {type(value).__name__})", name)
         return value
 
-    def integer(self, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
+    def integer(self, name: str, *, minimum: int = INT32[0], maximum: int = INT32[1]) -> int | None:
         value = self.data.get(name)
         if value in (None, ""):
             return None
@@ -69,23 +81,27 @@ class Params:
                 raise ValueError
             number = int(value)
         except (TypeError, ValueError):
-            raise bad_request(f"must be an integer (got {value!r})", name) from None
-        if minimum is not None and number < minimum:
-            raise bad_request(f"must be at least {minimum} (got {number})", name)
-        if maximum is not None and number > maximum:
-            raise bad_request(f"must be at most {maximum} (got {number})", name)
+            raise bad_request(f"must be an integer (got {_shown(value)})", name) from None
+        if number < minimum:
+            raise bad_request(f"must be at least {minimum} (got {_shown(number)})", name)
+        if number > maximum:
+            raise bad_request(f"must be at most {maximum} (got {_shown(number)})", name)
         return number
 
     def number(self, name: str) -> float | None:
+        """A finite number a float32 holds ("inf", "nan" and 1e308 are 400s, not a lost job)."""
         value = self.data.get(name)
         if value in (None, ""):
             return None
         try:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
-            raise bad_request(f"must be a number (got {value!r})", name) from None
+            raise bad_request(f"must be a number (got {_shown(value)})", name) from None
+        if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
+            raise bad_request(f"must be a finite number within float32 range (got {_shown(value)})", name)
+        return number
 
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
         value = self.text(name, default)
@@ -103,8 +119,8 @@ class Params:
         if value == "auto":
             return None
         width, sep, height = value.lower().partition("x")
-        if not sep or not width.isdigit() or not height.isdigit():
-            raise bad_request(f"must be WIDTHxHEIGHT, e.g. 512x512, or auto (got {value!r})", "size")
+        if not sep or not all(v.isascii() and v.isdigit() and int(v) <= INT32[1] for v in (width, height)):
+            raise bad_request(f"must be WIDTHxHEIGHT, e.g. 512x512, or auto (got {_shown(value)})", "size")
         return int(width), int(height)
 
 
@@ -124,10 +140,10 @@ def generate_request(params: Params, task: Task) -> GenerateRequest:
         num_outputs=params.integer("n", minimum=1, maximum=128),
         num_inference_steps=params.integer("num_inference_steps"),
         guidance_scale=params.number("guidance_scale"),
-        seed=params.integer("seed"),
+        seed=params.integer("seed", minimum=INT64[0], maximum=INT64[1]),
         strength=params.number("strength"),
         priority=params.integer("priority") or 0,
-        timeout_ms=params.integer("timeout_ms", minimum=0) or 0,
+        timeout_ms=params.integer("timeout_ms", minimum=0, maximum=INT64[1]) or 0,
         idempotency_key=params.text("idempotency_key"),
     )
     size = params.size()
@@ -150,16 +166,59 @@ async def read_params(request: web.Request, *, multipart: bool) -> tuple[Params,
         from .transcode import read_json
 
         return Params(await read_json(request) or {}), {}
-    if request.content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+    if request.content_type == "application/x-www-form-urlencoded":
+        return Params(_urlencoded(await request.read())), {}
+    if request.content_type != "multipart/form-data":
         wanted = "multipart/form-data" if multipart else "application/json or multipart/form-data"
         raise HttpError(415, f"expected Content-Type {wanted}, got {request.content_type or 'none'}")
-    form = await request.post()
+    try:
+        values, files = await _multipart(request)
+    except ValueError as exc:  # no boundary, a truncated body, a malformed part
+        raise bad_request(f"malformed multipart body: {exc}") from None
+    return Params(values), files
+
+
+async def _multipart(request: web.Request) -> tuple[dict[str, Any], dict[str, list[bytes]]]:
+    """The form's text fields and files; a text field that is not UTF-8 is a 400 naming it.
+
+    Read part by part (not `request.post()`, whose UnicodeDecodeError names no field), counting
+    the bytes against the body limit as `post()` does.
+    """
     values: dict[str, Any] = {}
     files: dict[str, list[bytes]] = {}
-    for key, value in form.items():
-        name = key.removesuffix("[]")
-        if isinstance(value, web.FileField):
-            files.setdefault(name, []).append(value.file.read())
-        else:
-            values[name] = value
-    return Params(values), files
+    total = 0
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise bad_request("a nested multipart part is not supported")
+        name = (part.name or "").removesuffix("[]")
+        data = bytearray()
+        while chunk := await part.read_chunk():
+            total += len(chunk)
+            if total > request.client_max_size:
+                raise HttpError(413, f"request body too large (over {request.client_max_size} bytes)")
+            data += chunk
+        if part.filename:
+            files.setdefault(name, []).append(bytes(data))
+            continue
+        try:
+            values[name] = data.decode(part.get_charset("utf-8"))
+        except (UnicodeDecodeError, LookupError):
+            raise bad_request(f"not {part.get_charset('utf-8')} text", name) from None
+    return values, files
+
+
+def _urlencoded(raw: bytes) -> dict[str, str]:
+    """An urlencoded form; a value that is not UTF-8 is a 400 naming its field (aiohttp would
+    replace the bytes silently)."""
+    values: dict[str, str] = {}
+    for pair in raw.split(b"&"):
+        if not pair.strip():
+            continue
+        key, _, value = (unquote_to_bytes(x.replace(b"+", b" ")) for x in pair.strip().partition(b"="))
+        name = key.decode("utf-8", "replace").removesuffix("[]")
+        try:
+            values[name] = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad_request("not UTF-8 text", name) from None
+    return values

@@ -17,7 +17,7 @@ from omnirt.types import GenerateRequest, Job, JobState, MediaInput, MediaRole, 
 
 from .. import tracing
 from .errors import bad_request
-from .openai_params import Params, generate_request, read_params, sniff_image
+from .openai_params import INT32, Params, generate_request, read_params, sniff_image
 from .streams import send_download
 from .transcode import build_request
 
@@ -54,6 +54,8 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
             fps = req.fps or engine.describe_model(req.model).defaults.fps
             if fps:
                 req.num_frames = max(1, round(seconds * fps))
+                if req.num_frames > INT32[1]:
+                    raise bad_request(f"{seconds:g} s at {fps:g} fps is too many frames", "seconds")
         with tracing.remote_parent(request.headers):
             job, _ = await engine.submit(req)
         return web.json_response(

@@ -13,6 +13,7 @@ Events, as a WebSocket, or as a raw download.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,13 +62,20 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/jobs/{job_id}/stream", "GenerationService.WatchJob", kind=WEBSOCKET),
     Route("GET", "/v1/jobs/{job_id}/artifacts/{index}", "GenerationService.DownloadArtifact", kind=DOWNLOAD),
     Route("POST", "/v1/validate", "GenerationService.Validate", body="request"),
-    Route("GET", "/v1/models", "ModelService.ListModels"),
-    Route("GET", "/v1/models/{model}", "ModelService.DescribeModel"),
+    # /v1/models is OpenAI's shape (openai_models.py); the full ModelSpec lives here.
+    Route("GET", "/v1/omnirt/models", "ModelService.ListModels"),
+    Route("GET", "/v1/omnirt/models/{model}", "ModelService.DescribeModel"),
     Route("GET", "/v1/workers", "ClusterService.ListWorkers"),
     Route("POST", "/v1/workers/{worker_id}/drain", "ClusterService.DrainWorker"),
 )
 PACKAGE = "omnirt.v1"
 ARTIFACT_URI = "omnirt://jobs/"
+# Deeper JSON is refused before it reaches protobuf (which stops at 100) or a pipeline's extras.
+MAX_JSON_DEPTH = 64
+# The longest integer literal a double holds (1.8e308 has 309 digits); longer ones, like NaN and
+# Infinity (which Python's json takes and JSON does not have), fit no field of the API.
+MAX_INT_DIGITS = 308
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}
 
 
 def method_of(rpc: str) -> MethodDescriptor:
@@ -91,15 +99,24 @@ def to_json(msg: Message) -> dict[str, Any]:
 # ---- JSON -> message ----------------------------------------------------------------------
 
 _NO_FIELD = re.compile(r'has no field named "([^"]+)"')
-_AT_PATH = re.compile(r"\bat \"?[A-Za-z0-9_]+\.([A-Za-z0-9_.\[\]]+?)\"?\.?$")
+_AT_PATH = re.compile(r"\bat \"?[A-Za-z0-9_]+\.?([A-Za-z0-9_.\[\]]*?)\"?\.*$")
 _PARSE_FIELD = re.compile(r"Failed to parse ([A-Za-z0-9_]+) field")
 
 
-def _parse_error(exc: json_format.ParseError) -> HttpError:
+def _in_body(field: str, binding: str) -> str:
+    """A field's path as the client wrote it: without the message field the body is bound to."""
+    if binding in ("", "*") or not (field == binding or field.startswith(binding + ".")):
+        return field
+    return field[len(binding) + 1 :]
+
+
+def _parse_error(exc: json_format.ParseError, binding: str) -> HttpError:
     text = str(exc).split("\n")[0].strip()
-    path = _PARSE_FIELD.findall(text)  # nested: "Failed to parse output field: Failed to parse format field"
-    match = _NO_FIELD.search(text) or _AT_PATH.search(text)
-    field = match.group(1) if match else ".".join(path)
+    at = _AT_PATH.search(text)  # "... at GenerateRequest.inputs[0].role"
+    # no "at": "Failed to parse output field: Failed to parse format field: ..."
+    path = at.group(1) if at and at.group(1) else ".".join(_PARSE_FIELD.findall(text))
+    unknown = _NO_FIELD.search(text)
+    field = _in_body(".".join(p for p in (path, unknown.group(1) if unknown else "") if p), binding)
     return HttpError(400, f"{field}: {text}" if field else text, field=field)
 
 
@@ -119,8 +136,12 @@ def _enum_value(field: FieldDescriptor, value: Any) -> Any:
     return value  # json_format reports it with the field's path
 
 
-def normalize(data: Any, descriptor: Descriptor) -> Any:
-    """Accept short enum names anywhere in a JSON message (maps and well-known types as they are)."""
+def normalize(data: Any, descriptor: Descriptor, path: str = "") -> Any:
+    """Accept short enum names anywhere in a JSON message (maps and well-known types as they are).
+
+    A message field that is not a JSON object is a 400 naming it (json_format would read a
+    string's characters as field names).
+    """
     if not isinstance(data, dict) or descriptor.full_name.startswith("google.protobuf."):
         return data
     out: dict[str, Any] = {}
@@ -129,19 +150,26 @@ def normalize(data: Any, descriptor: Descriptor) -> Any:
         if field is None or value is None:
             out[key] = value
             continue
-        is_map = field.message_type is not None and field.message_type.GetOptions().map_entry
+        name = f"{path}.{key}" if path else key
+        message = field.message_type
         if field.type == FieldDescriptor.TYPE_ENUM:
             values = value if isinstance(value, list) else [value]
             fixed = [_enum_value(field, v) for v in values]
             out[key] = fixed if isinstance(value, list) else fixed[0]
-        elif field.message_type is not None and not is_map:
+        elif message is not None and not message.GetOptions().map_entry:
             if isinstance(value, list):
-                out[key] = [normalize(v, field.message_type) for v in value]
+                out[key] = [normalize(v, message, f"{name}[{i}]") for i, v in enumerate(value)]
             else:
-                out[key] = normalize(value, field.message_type)
+                if not isinstance(value, dict) and not message.full_name.startswith("google.protobuf."):
+                    raise bad_request(f"must be a JSON object, not {json_type(value)}", name)
+                out[key] = normalize(value, message, name)
         else:
             out[key] = value
     return out
+
+
+def json_type(value: Any) -> str:
+    return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _query_value(field: FieldDescriptor, raw: str) -> Any:
@@ -177,22 +205,24 @@ def build_request(
     body: dict[str, Any] | None,
 ) -> Message:
     """Bind path, query and body into the RPC's request message (a 400 on any fault)."""
-    data = _from_query(query, descriptor, {ASYNC_KEY})
+    # Normalized apart, so that a fault in the body is named by its path in the body.
+    data = normalize(_from_query(query, descriptor, {ASYNC_KEY}), descriptor)
     if route_body == "*":
-        data.update(body or {})
+        data.update(normalize(body or {}, descriptor))
     elif route_body:
-        data[route_body] = body or {}
+        bound = descriptor.fields_by_name[route_body].message_type
+        data[route_body] = normalize(body or {}, bound) if bound is not None else body or {}
     for key, value in path_params.items():
         field = descriptor.fields_by_name.get(key)
         integer = (FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_UINT32)
-        if field is not None and field.cpp_type in integer and not value.isdigit():
-            raise bad_request(f"must be a non-negative integer (got {value!r})", key)
+        if field is not None and field.cpp_type in integer and not (value.isascii() and value.isdigit()):
+            raise bad_request(f"must be a non-negative integer (got {value[:32]!r})", key)
         data[key] = value
     msg = message_class(descriptor)()
     try:
-        json_format.ParseDict(normalize(data, descriptor), msg)
+        json_format.ParseDict(data, msg)
     except json_format.ParseError as exc:
-        raise _parse_error(exc) from None
+        raise _parse_error(exc, route_body) from None
     return msg
 
 
@@ -208,12 +238,40 @@ async def read_json(request: web.Request) -> dict[str, Any] | None:
     if not raw.strip():
         return None
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(raw, parse_constant=NonFinite, parse_int=_integer)
+    except RecursionError:
+        raise HttpError(400, f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise HttpError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(data, dict):
-        raise HttpError(400, f"the JSON body must be an object, not {type(data).__name__}")
+        raise HttpError(400, f"the JSON body must be an object, not {json_type(data)}")
+    check_json(data)
     return data
+
+
+class NonFinite(str):
+    """A JSON number no field can hold: NaN, Infinity, or an integer longer than MAX_INT_DIGITS."""
+
+
+def _integer(text: str) -> int | NonFinite:
+    return NonFinite(text) if len(text.lstrip("-")) > MAX_INT_DIGITS else int(text)
+
+
+def check_json(data: Any) -> None:
+    """400 naming the field for a value nested deeper than MAX_JSON_DEPTH or a non-finite number."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise bad_request(f"nested deeper than {MAX_JSON_DEPTH} levels", re.split(r"[.\[]", path)[0])
+        if isinstance(value, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, NonFinite) or (isinstance(value, float) and not math.isfinite(value)):
+            text = str(value)
+            shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+            raise bad_request(f"must be a finite number a double can hold (got {shown})", path)
 
 
 def flag(value: Any) -> bool:
