@@ -159,12 +159,14 @@ def test_validate_models_and_workers(http: httpx.Client) -> None:
         "legacy_call",
     )
     assert body["config_resolved"]["num_inference_steps"] == 2
-    models = {m["id"]: m for m in http.get("/v1/models").json()["models"]}
+    models = {m["id"]: m for m in http.get("/v1/omnirt/models").json()["models"]}
     assert {"tiny-sd", "null", "unserved-sd", "null-video"} <= set(models)
     assert models["unserved-sd"]["serving_workers"] == 0 and models["null"]["serving_workers"] == 1
-    assert http.get("/v1/models", params={"task": "text2video"}).json()["models"][0]["id"] == "null-video"
-    assert http.get("/v1/models/tiny-stable-diffusion").json()["model"]["id"] == "tiny-sd"
-    error = assert_error(http.get("/v1/models/tiny-sdd"), 404, "NOT_FOUND")
+    assert (
+        http.get("/v1/omnirt/models", params={"task": "text2video"}).json()["models"][0]["id"] == "null-video"
+    )
+    assert http.get("/v1/omnirt/models/tiny-stable-diffusion").json()["model"]["id"] == "tiny-sd"
+    error = assert_error(http.get("/v1/omnirt/models/tiny-sdd"), 404, "NOT_FOUND")
     assert error["subject"] == "model" and "did you mean tiny-sd" in error["message"]
     (worker,) = [w for w in http.get("/v1/workers").json()["workers"] if w["id"] == "w-main"]
     assert worker["execution_mode"] == "legacy_call" and worker["slots"] == 1
