@@ -84,6 +84,7 @@ def new_job(plan: Plan, call_deadline_ms: int = 0) -> Job:
     """A QUEUED job for a validated request; the request gets the job's effective deadline."""
     req = plan.request
     deadlines = [req.deadline_ms, call_deadline_ms]
+    # Validation bounds timeout_ms (a year at most): the sum stays far inside the int64 field.
     if req.timeout_ms:
         deadlines.append(int(time.time() * 1000) + req.timeout_ms)
     job = Job(
@@ -185,6 +186,9 @@ class Engine:
 
     def _submit(self, request: GenerateRequest, call_deadline_ms: int) -> tuple[JobRecord, bool]:
         started_ns = time.time_ns()
+        # Validation first, as on Redis: it bounds what the fingerprint hashes (a 50 MiB prompt).
+        plan = self.validate(request)
+        validated_ns = time.time_ns()
         # Only an idempotency key is ever compared with it: no hashing for the other requests.
         fingerprint = _fingerprint(request) if request.idempotency_key else b""
         if request.idempotency_key:
@@ -197,8 +201,6 @@ class Engine:
                         field="idempotency_key",
                     )
                 return existing, True
-        plan = self.validate(request)
-        validated_ns = time.time_ns()
         self.queue.check_room()
         job = new_job(plan, call_deadline_ms)
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)

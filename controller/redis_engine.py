@@ -140,9 +140,10 @@ class RedisEngine:
 
     async def _submit(self, request: GenerateRequest, call_deadline_ms: int) -> tuple[Job, bool]:
         started_ns = time.time_ns()
-        fingerprint = _fingerprint(request)
         plan = self.validate(request)
         validated_ns = time.time_ns()
+        # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs).
+        fingerprint = _fingerprint(request)
         job = new_job(plan, call_deadline_ms)
         aging = self.config.priority_aging_s
         rank = (time.time() / aging if aging > 0 else 0.0) - job.priority

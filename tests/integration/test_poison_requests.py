@@ -56,7 +56,7 @@ def controller(log_dir: Path, user_catalog: Path, store_args: tuple[str, ...]) -
 def worker(controller: Controller, log_dir: Path, model_dir: Path) -> Iterator[Worker]:
     daemon = Worker(log_dir, controller.address, "w-poison", model_dir, "--models", "null", "--slots", "2")
     daemon.start()
-    controller.wait_worker("w-poison")
+    controller.wait_worker("w-poison", timeout=120)  # a worker imports torch: slow on a busy machine
     yield daemon
     daemon.stop()
 
