@@ -17,6 +17,8 @@ from omnirt.types import ModelDefaults, ModelLimits, ModelSpec, Preset, Task
 from .request_bounds import INT32_MAX, INT64_MAX, MAX_MODEL_NAME_CHARS, check_length, echo
 
 EXECUTION_MODES = ("legacy_call", "modular", "subprocess", "persistent_worker")
+# Most model ids a ModelNotFound lists when nothing is close to the name asked for.
+MAX_LISTED_MODELS = 20
 
 
 class CatalogError(ValueError):
@@ -114,10 +116,11 @@ class Catalog:
         if spec is None:
             known = list(self._by_id) + list(self._alias)
             close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-            hint = (
-                f"; did you mean {', '.join(close)}?"
-                if close
-                else f"; known models: {', '.join(sorted(self._by_id))}"
+            ids = sorted(self._by_id)
+            # A big catalog's full listing would outgrow the status trailer like a huge name.
+            listed = ", ".join(ids[:MAX_LISTED_MODELS]) + (
+                f", ... ({len(ids)} in all)" if len(ids) > MAX_LISTED_MODELS else ""
             )
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; known models: {listed}"
             raise ModelNotFound(f"model {echo(name)} not found{hint}", field="model")
         return spec

@@ -299,6 +299,14 @@ def test_an_unknown_model_is_quoted_bounded(catalog: Catalog) -> None:
     assert len(info.value.message) <= MESSAGE_CHARS and "x" * 100 not in info.value.message
 
 
+def test_a_big_catalog_lists_a_bounded_part_of_itself() -> None:
+    catalog = Catalog([ModelSpec(id=f"model-{i:04}", tasks=[Task.TEXT2IMAGE]) for i in range(1000)])
+    with pytest.raises(ModelNotFound) as info:
+        validate(req(model="zzz"), catalog)
+    assert "model-0000" in info.value.message and "(1000 in all)" in info.value.message
+    assert len(info.value.message) <= MESSAGE_CHARS
+
+
 def test_job_and_worker_ids_are_bounded_before_any_lookup(catalog: Catalog) -> None:
     engine = Engine(ControllerConfig(), catalog)
     for call, field in [
