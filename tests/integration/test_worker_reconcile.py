@@ -2,20 +2,28 @@
 the controller's view of the worker's slots heals from what the worker says it runs.
 
 Real `redis-server`, real controllers (one `kill -9`ed and restarted on its port) and a real
-`null` worker.
+`null` worker; then this test as a worker speaking `omnirt.worker.v1` by hand (as in
+test_worker_stream_batches), one that never lists the job it was given.
 """
 
 from __future__ import annotations
 
+import queue
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 import omnirt
+from omnirt import _convert
+from omnirt import types as t
 from omnirt.types import EventKind, JobState
+from omnirt.worker.v1 import gateway_pb2 as pb
+from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Controller, RedisServer, Worker, wait_for
 
 # About 16 s of steps: long enough to outlive a kill, a lease expiry and a restart.
@@ -68,3 +76,88 @@ def test_a_job_requeued_after_its_controller_crashed_is_adopted_by_the_worker_st
         other.stop()
         if first.alive():
             first.stop()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest, log_dir: Path) -> Iterator[tuple[str, ...]]:
+    if request.param == "memory":
+        yield ()
+        return
+    server = RedisServer(log_dir).start()
+    yield ("--store", server.url)
+    server.stop()
+
+
+class ForgetfulWorker:
+    """A hand-driven worker stream whose heartbeats list no job, whatever it was given."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.outgoing: queue.Queue[pb.ConnectRequest | None] = queue.Queue()
+        self.assignments: queue.Queue[pb.Assignment] = queue.Queue()
+        hello = pb.Hello(
+            worker_id="w-forgetful",
+            execution_mode="legacy_call",
+            backend="cpu",
+            models=["null"],
+            slots=1,
+            instance_id="forgetful-1",
+            reports_running=True,
+        )
+        self.outgoing.put(pb.ConnectRequest(hello=hello))
+        stream = gateway_pb2_grpc.WorkerGatewayServiceStub(self.channel).Connect(
+            iter(self.outgoing.get, None), timeout=120
+        )
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: Iterator[pb.ConnectResponse]) -> None:
+        try:
+            for message in stream:
+                if message.WhichOneof("message") == "assignment":
+                    self.assignments.put(message.assignment)
+        except grpc.RpcError:
+            pass
+
+    def heartbeat(self) -> None:
+        self.outgoing.put(pb.ConnectRequest(heartbeat=pb.Heartbeat()))
+
+    def succeed(self, assignment: pb.Assignment) -> None:
+        job_id = assignment.items[0].job_id
+        report = t.RunReport(job_id=job_id, worker_id="w-forgetful", model="null")
+        result = _convert.result_to_proto(t.GenerateResult(job_id=job_id, report=report))
+        answer = pb.AssignmentResult(assignment_id=assignment.assignment_id, job_id=job_id, result=result)
+        self.outgoing.put(pb.ConnectRequest(result=answer))
+
+    def close(self) -> None:
+        self.outgoing.put(None)
+        self.channel.close()
+
+
+def test_a_job_its_worker_does_not_list_goes_back_to_the_queue_and_frees_the_slot(
+    store: tuple[str, ...], log_dir: Path
+) -> None:
+    controller = Controller(log_dir, *store, "--lease-timeout-ms", "60000").start()
+    worker = ForgetfulWorker(controller.address)
+    try:
+        controller.wait_worker("w-forgetful")
+        with omnirt.Client(controller.address, timeout=10) as client:
+            job = client.submit(model="null", prompt="forgotten")
+            first = worker.assignments.get(timeout=30)
+            assert client.get_job(job.id).state is JobState.RUNNING
+            worker.heartbeat()  # may have left before the assignment came: not judged
+            time.sleep(0.3)
+            assert client.get_job(job.id).state is JobState.RUNNING
+            worker.heartbeat()  # the job is left out again: released
+            second = worker.assignments.get(timeout=30)  # requeued, and the slot is free again
+            assert second.items[0].job_id == job.id and second.assignment_id != first.assignment_id
+            assert second.items[0].attempt == 2
+            worker.succeed(second)
+            client.wait(job.id, timeout=30)
+            events = list(client.watch(job.id))
+            requeued = [e for e in events if e.state is JobState.QUEUED and e.error]
+            assert requeued and "does not hold the job" in requeued[0].error.message
+            assert client.get_job(job.id).state is JobState.SUCCEEDED
+            wait_for(lambda: busy_slots(controller, "w-forgetful") == 0, 10, "a free slot")
+    finally:
+        worker.close()
+        controller.stop()
