@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 import warnings
@@ -35,9 +36,16 @@ from typing import Any, Protocol
 from omnirt import types as t
 from omnirt.worker.executor import JobFailure
 from omnirt.worker.model_cache import LOAD_LOCK
+from omnirt.worker.redact import redact_paths
+
+log = logging.getLogger(__name__)
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 DEFAULT_MAX_LOADED = 8
+# Adapter names, as the controller bounds them: a path, each part of it a file name (NAME_MAX).
+MAX_NAME_CHARS = 1024
+MAX_FILE_NAME_BYTES = 255
+ECHO_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,11 @@ def _inside(path: Path, folders: Sequence[Path]) -> bool:
 def resolve(
     adapters: Sequence[t.Adapter], runtime: Mapping[str, Any], model_dir: str | Path
 ) -> list[ResolvedAdapter]:
-    """Check a request's adapters; JobFailure(INVALID_ARGUMENT, field `adapters[i]`) on the first bad one."""
+    """Check a request's adapters; JobFailure(INVALID_ARGUMENT) on the first bad one, naming
+    `adapters[i].name` for a name no file system could hold, else `adapters[i]`.
+
+    Messages never show the worker's folders (only the name as asked, shortened).
+    """
     if not adapters:
         return []
     catalog = runtime.get("adapters") or {}
@@ -86,38 +98,63 @@ def resolve(
         where = f"adapters[{index}]"
         name = adapter.name.strip()
         if not name:
-            raise JobFailure(INVALID_ARGUMENT, "an adapter needs a name", where)
+            raise _refuse(where, "an adapter needs a name")
+        _check_name(name, f"{where}.name")
+        shown = _echo(name)
         if name in catalog:
             path = Path(os.path.realpath(os.path.expanduser(str(catalog[name]))))
             if not path.exists():
-                raise JobFailure(INVALID_ARGUMENT, f"adapter {name!r} points to a missing path", where)
+                raise _refuse(where, f"adapter {shown} points to a missing path")
         else:
             path = _resolve_path(name, folders, where)
         if path in seen:
-            raise JobFailure(INVALID_ARGUMENT, f"adapter {name!r} is listed twice", where)
+            raise _refuse(where, f"adapter {shown} is listed twice")
         seen.add(path)
         if not (adapter.scale == adapter.scale) or abs(adapter.scale) > 100:  # NaN or absurd
-            raise JobFailure(INVALID_ARGUMENT, f"adapter scale {adapter.scale} is out of range", where)
+            raise _refuse(f"{where}.scale", f"adapter scale {adapter.scale} is out of range")
         resolved.append(ResolvedAdapter(name, path, float(adapter.scale), index))
     return resolved
 
 
+def _refuse(where: str, reason: str) -> JobFailure:
+    return JobFailure(INVALID_ARGUMENT, f"{where}: {reason}", where)
+
+
+def _echo(name: str) -> str:
+    return repr(name if len(name) <= ECHO_CHARS else name[: ECHO_CHARS - 3] + "...")
+
+
+def _check_name(name: str, where: str) -> None:
+    """Refuse a name no path can be made of (before it reaches the file system: its error would
+    show the worker's folders); the controller checks the same, an older one may not."""
+    if len(name) > MAX_NAME_CHARS:
+        raise _refuse(where, f"at most {MAX_NAME_CHARS} characters (got {len(name)})")
+    if not name.isprintable():
+        raise _refuse(where, f"may not contain control characters (got {_echo(name)})")
+    if any(len(part.encode()) > MAX_FILE_NAME_BYTES for part in name.split("/")):
+        raise _refuse(where, f"each part of a path is at most {MAX_FILE_NAME_BYTES} bytes")
+
+
 def _resolve_path(name: str, folders: Sequence[Path], where: str) -> Path:
     if ".." in Path(name).parts:
-        raise JobFailure(INVALID_ARGUMENT, f"adapter path {name!r} may not contain '..'", where)
+        raise _refuse(where, f"adapter path {_echo(name)} may not contain '..'")
     raw = Path(os.path.expanduser(name))
     candidates = [raw] if raw.is_absolute() else [folder / raw for folder in folders]
     for candidate in candidates:
-        if not candidate.exists():
+        try:
+            if not candidate.exists():
+                continue
+            real = Path(os.path.realpath(candidate))
+        except (OSError, ValueError):  # a name the file system refuses: looked for like a missing one
             continue
-        real = Path(os.path.realpath(candidate))
         if not _inside(real, folders):
-            reason = f"adapter path {name!r} is outside the allowed adapter folders"
-            raise JobFailure(INVALID_ARGUMENT, reason, where)
+            raise _refuse(where, f"adapter path {_echo(name)} is outside the allowed adapter folders")
         return real
-    known = ", ".join(str(f) for f in folders) or "none"
-    reason = f"adapter {name!r} is neither a catalog adapter nor a path in the allowed folders ({known})"
-    raise JobFailure(INVALID_ARGUMENT, reason, where)
+    reason = (
+        f"adapter {_echo(name)} is neither a catalog adapter nor a path in the allowed adapter folders "
+        "(the worker's model dir and the model's runtime.adapter_dirs)"
+    )
+    raise _refuse(where, reason)
 
 
 def group_key(adapters: Sequence[t.Adapter]) -> list[tuple[str, float]]:
@@ -225,9 +262,7 @@ def applied(
             yield
         return
     if not hasattr(pipeline, "load_lora_weights"):
-        raise JobFailure(
-            INVALID_ARGUMENT, f"{type(pipeline).__name__} does not take LoRA adapters", "adapters[0]"
-        )
+        raise _refuse("adapters[0]", f"{type(pipeline).__name__} does not take LoRA adapters")
     with state.lock.hold(exclusive=True):
         keep = {a.adapter_name for a in adapters}
         for adapter in adapters:
@@ -266,7 +301,8 @@ def _make_room(
             f"({memory.base_bytes()} bytes) and this request's other adapters it exceeds the "
             f"model cache budget of {memory.budget_bytes} bytes (--model-cache-bytes)"
         )
-        raise JobFailure("FAILED_PRECONDITION", reason, f"adapters[{adapter.index}]")
+        where = f"adapters[{adapter.index}]"
+        raise JobFailure("FAILED_PRECONDITION", f"{where}: {reason}", where)
     unloaded: list[str] = []
     for victim in [n for n in state.loaded if n not in keep]:  # least recently used first
         if memory.over_by(need) <= 0:
@@ -313,9 +349,11 @@ def _ensure_loaded(
     except Exception as exc:
         with contextlib.suppress(Exception):
             pipeline.delete_adapters(name)
-        text = " ".join(str(exc).split())[:300] or type(exc).__name__
-        reason = f"cannot load adapter {adapter.name!r}: {text}"
-        raise JobFailure(INVALID_ARGUMENT, reason, f"adapters[{adapter.index}]") from exc
+        log.warning("loading adapter %s from %s failed: %s", adapter.name, path, exc)
+        text = redact_paths(" ".join(str(exc).split()))[:300] or type(exc).__name__
+        raise _refuse(
+            f"adapters[{adapter.index}]", f"cannot load adapter {_echo(adapter.name)}: {text}"
+        ) from exc
     finally:
         # Loading activates the new adapter; the caller decides what runs.
         with contextlib.suppress(Exception):

@@ -38,6 +38,7 @@ from omnirt.worker import (
     null_model,
     output_export,
     quantization,
+    redact,
     runtime_options,
     step_cache,
     task_pipelines,
@@ -57,6 +58,7 @@ from omnirt.worker.model_cache import CachedPipeline, ModelCache, ModelLoadError
 from omnirt.worker.pipeline_args import (
     ItemPlan,
     call_parameters,
+    check_arguments,
     pipeline_kwargs,
     plan_item,
     resolved_config,
@@ -245,6 +247,8 @@ class _AssignmentRun:
     # ---- outcomes ------------------------------------------------------------------------
 
     def fail(self, job_ids: list[str], error: t.JobError) -> None:
+        # Every error of this mode (and modular's) leaves through here: none shows a worker path.
+        error = redact.public_error(error, {self.executor.config.model_dir: "MODEL_DIR"})
         for job_id in job_ids:
             self.outcomes.setdefault(job_id, ItemOutcome(job_id, error=error))
 
@@ -320,6 +324,7 @@ class _AssignmentRun:
                 pipeline = task_pipelines.pipeline_for_task(cached.pipeline, plan.task, self.spec)
                 task_pipelines.check_size(pipeline, plan.common)
                 pipeline_kwargs(plan, call_parameters(pipeline), self.executor.inputs)
+                check_arguments(pipeline, plan)
                 request = plan.item.request
                 model_dir = self.executor.config.model_dir
                 self.adapters[plan.job_id] = adapters.resolve(request.adapters, self.spec.runtime, model_dir)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from typing import Any
 from omnirt import types as t
 from omnirt.worker import backends, quantization, runtime_options, tiny_models
 from omnirt.worker.backends import Placement
+from omnirt.worker.redact import redact_paths
 
 log = logging.getLogger(__name__)
 
@@ -202,19 +202,6 @@ def meta_components(pipeline: Any) -> list[str]:
         if isinstance(component, torch.nn.Module)
         and any(x.device.type == "meta" for x in (*component.parameters(), *component.buffers()))
     ]
-
-
-# An absolute path in an exception's text (`/srv/models/x/unet/config.json`); its last part is kept.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~])~?/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
-
-
-def public_text(text: str, known: dict[str, str] | None = None) -> str:
-    """`text` for a client: `known` paths replaced by their public names, other absolute paths by
-    `.../LASTPART`, so an error never shows the worker's folders (the worker logs them)."""
-    for path, name in sorted((known or {}).items(), key=lambda item: -len(item[0])):
-        if path and os.path.isabs(os.path.expanduser(path)):
-            text = text.replace(path, name)
-    return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), text)
 
 
 def _short_reason(exc: BaseException) -> str:
@@ -400,7 +387,9 @@ class ModelCache:
         except Exception as exc:
             # The client sees the reason without the worker's folders; the log keeps them.
             log.warning("loading model %s from %s (%s) failed: %s", spec.id, key.source, location, exc)
-            reason = public_text(_short_reason(exc), {location: key.source, str(self.model_dir): "MODEL_DIR"})
+            reason = redact_paths(
+                _short_reason(exc), {location: key.source, str(self.model_dir): "MODEL_DIR"}
+            )
             raise ModelLoadError(spec.id, key.source, reason) from exc
 
     def _resolve_source(self, source: str) -> str:

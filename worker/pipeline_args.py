@@ -11,8 +11,11 @@ import functools
 import inspect
 import json
 import secrets
+import sys
+import threading
 from collections.abc import Set
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omnirt import types as t
@@ -21,6 +24,8 @@ from omnirt.worker.executor import JobFailure
 from omnirt.worker.protocol import AssignmentItem
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
+# Most characters of a request value quoted in an error.
+ECHO_CHARS = 64
 
 # Request media roles -> the pipeline argument that takes them.
 MEDIA_ARGUMENTS = {
@@ -186,6 +191,90 @@ def pipeline_kwargs(plan: ItemPlan, accepted: Set[str], inputs: media_inputs.Inp
             raise JobFailure(INVALID_ARGUMENT, reason, "strength")
         specific["strength"] = req.strength
     plan.specific = specific
+
+
+def _echo(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _bad_extra(key: str, reason: str, code: str = INVALID_ARGUMENT) -> JobFailure:
+    return JobFailure(code, f"extra.{key}: {reason}", f"extra.{key}")
+
+
+@functools.lru_cache(maxsize=256)
+def _number_defaults(function: Any) -> frozenset[str]:
+    """The parameters of `function` whose default is a number (not a bool)."""
+    parameters = inspect.signature(function).parameters.values()
+    return frozenset(p.name for p in parameters if _is_number(p.default))
+
+
+def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
+    """Refuse, before the call, request extras the pipeline would fail on with a Python error.
+
+    `clip_skip` is checked against the model's text encoders, `guidance_rescale` must be a number
+    from 0 to 1, and an argument whose default is a number must get a number. JobFailure naming
+    `extra.KEY`.
+    """
+    extra = {k: plan.specific[k] for k in plan.item.request.extra if k in plan.specific}
+    if "clip_skip" in extra:
+        _check_clip_skip(pipeline, extra["clip_skip"])
+    rescale = extra.get("guidance_rescale")
+    if rescale is not None and not (_is_number(rescale) and 0 <= rescale <= 1):  # NaN fails too
+        raise _bad_extra("guidance_rescale", f"a number from 0 to 1 (got {_echo(rescale)})")
+    call = getattr(pipeline.__call__, "__func__", None)
+    numbers = _number_defaults(call) if call is not None else frozenset()
+    for key, value in extra.items():
+        if key in numbers and not _is_number(value):
+            raise _bad_extra(key, f"a number (got {_echo(value)})")
+
+
+def _check_clip_skip(pipeline: Any, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad_extra("clip_skip", f"an integer (got {_echo(value)})")
+    if value < 0:
+        raise _bad_extra("clip_skip", f"at least 0 (got {value})")
+    encoders = [getattr(pipeline, n, None) for n in ("text_encoder", "text_encoder_2")]
+    depths = [getattr(getattr(e, "config", None), "num_hidden_layers", None) for e in encoders]
+    layers = [d for d in depths if isinstance(d, int)]
+    # clip_skip layers are skipped from the end; at least one must run.
+    if layers and value > min(layers) - 1:
+        raise _bad_extra(
+            "clip_skip", f"at most {min(layers) - 1} for this model's text encoder (got {value})"
+        )
+    encoder = encoders[0]
+    if encoder is not None and not hasattr(encoder, "text_model") and _uses_text_model(type(pipeline)):
+        # diffusers' SD pipelines apply `text_encoder.text_model.final_layer_norm` after the
+        # skip; transformers 5 flattened CLIPTextModel (no `text_model`): every clip_skip failed.
+        reason = (
+            f"{type(pipeline).__name__} cannot skip layers of this text encoder with the worker's "
+            "diffusers and transformers versions (it has no text_model)"
+        )
+        raise _bad_extra("clip_skip", reason, "FAILED_PRECONDITION")
+
+
+_USES_TEXT_MODEL: dict[type, bool] = {}
+_SOURCE_LOCK = threading.Lock()
+
+
+def _uses_text_model(cls: type) -> bool:
+    """Whether the module of pipeline class `cls` reaches into `text_encoder.text_model`."""
+    with _SOURCE_LOCK:  # read from the file, not inspect's line cache (shared, not thread-safe)
+        known = _USES_TEXT_MODEL.get(cls)
+        if known is None:
+            path = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
+            try:
+                known = "text_encoder.text_model" in Path(path).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                known = False
+            _USES_TEXT_MODEL[cls] = known
+        return known
 
 
 def resolved_config(plan: ItemPlan, extra: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ would hit the same limit). The worker never waits on or dies with the child.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import os
 import time
 import uuid
@@ -34,7 +36,7 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
-from omnirt.worker import backends, child_process, job_dir, launchers, media_inputs
+from omnirt.worker import backends, child_process, job_dir, launchers, media_inputs, redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import (
     DEADLINE_EXCEEDED,
@@ -47,6 +49,8 @@ from omnirt.worker.executor import (
 )
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.run_events import RunRecorder
+
+log = logging.getLogger(__name__)
 
 MODE = "subprocess"
 PROGRESS_TAG = "OMNIRT_PROGRESS"
@@ -164,9 +168,19 @@ class SubprocessExecutor(Executor):
             except JobFailure as failure:
                 outcomes.append(ItemOutcome(item.job_id, error=failure.error))
             except Exception as exc:  # a bug here costs the job, never the worker
+                log.exception("job %s failed", item.job_id)
                 error = t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}")
                 outcomes.append(ItemOutcome(item.job_id, error=error))
-        return outcomes
+        return [self._public(outcome) for outcome in outcomes]
+
+    def _public(self, outcome: ItemOutcome) -> ItemOutcome:
+        """`outcome` with no worker path in its error (job folders, script dirs); logged in full."""
+        if outcome.error is None:
+            return outcome
+        error = redact.public_error(outcome.error, {self.config.model_dir: "MODEL_DIR"})
+        if error is not outcome.error:
+            log.info("job %s: %s", outcome.job_id, outcome.error.message)
+        return dataclasses.replace(outcome, error=error)
 
     async def close(self) -> None:
         for group in list(self._groups):

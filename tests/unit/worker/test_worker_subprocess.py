@@ -302,7 +302,9 @@ def test_commands_resolve_in_script_dirs_and_missing_ones_are_named(
     for command in ("missing.py --flag", "/nowhere/at/all.py", "../outside.py"):
         outcome = only(run_assignment(executor, assignment({"command": command}))[0])
         assert outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION", command
-        assert command.split()[0] in outcome.error.message and "runtime.command" in outcome.error.message
+        # Named by its last part: an error shows no worker folder (`.../all.py`).
+        assert Path(command.split()[0]).name in outcome.error.message, outcome.error
+        assert "runtime.command" in outcome.error.message and "/nowhere" not in outcome.error.message
     module = only(run_assignment(executor, assignment({"command": "-m no_such_module_here"}))[0])
     assert module.error is not None and "module no_such_module_here is not installed" in module.error.message
 

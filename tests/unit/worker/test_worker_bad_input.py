@@ -1,0 +1,167 @@
+"""Bad input that reaches a worker is the client's error, named by its field, and never shows the
+worker's folders. Before, each of these was INTERNAL with a Python exception's text: a 300-character
+adapter name ("File name too long: '/.../models/aaa...'"), `extra.clip_skip = 99` (IndexError),
+`extra.guidance_rescale = "x"` (TypeError). A controller of an older version does not check them,
+and only the worker knows the real model (its text encoder's depth)."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from options_testing import report, run_job
+from worker_testing import run_assignment
+
+from omnirt import types as t
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.executor import create_executor
+from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
+from omnirt.worker.redact import redact_paths
+
+
+def refused(outcome: ItemOutcome, code: str, field: str) -> str:
+    """The error's message, after checking its code and field (and that it starts with the field)."""
+    assert outcome.error is not None, "the job ran"
+    assert (outcome.error.code, outcome.error.field) == (code, field), outcome.error
+    assert outcome.error.message.startswith(field + ": "), outcome.error.message
+    return outcome.error.message
+
+
+def test_an_overlong_adapter_name_is_invalid_argument_without_the_model_dir(
+    executor: LegacyCallExecutor,
+) -> None:
+    model_dir = executor.config.model_dir
+    for name in ("a" * 300, "loras/" + "b" * 256 + "/x", "fox\x00.safetensors", "fox\nbar"):
+        message = refused(run_job(executor, adapters=[name]), "INVALID_ARGUMENT", "adapters[0].name")
+        assert model_dir not in message and len(message) < 300, message
+    assert report(run_job(executor)).cold_start in (True, False)  # still serving
+
+
+def test_adapter_refusals_do_not_list_the_worker_folders(executor: LegacyCallExecutor) -> None:
+    outcome = run_job(executor, adapters=["no-such-adapter"])
+    assert outcome.error is not None and outcome.error.code == "INVALID_ARGUMENT"
+    assert outcome.error.field == "adapters[0]"
+    assert executor.config.model_dir not in outcome.error.message, outcome.error.message
+    assert "no-such-adapter" in outcome.error.message
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (99, "extra.clip_skip: at most 1 for this model's text encoder (got 99)"),
+        (2, "extra.clip_skip: at most 1 for this model's text encoder (got 2)"),
+        (-1, "extra.clip_skip: at least 0 (got -1)"),
+        ("x", "extra.clip_skip: an integer (got 'x')"),
+        (1.5, "extra.clip_skip: an integer (got 1.5)"),
+        (True, "extra.clip_skip: an integer (got True)"),
+    ],
+)
+def test_clip_skip_is_checked_against_the_text_encoder(
+    executor: LegacyCallExecutor, value: Any, reason: str
+) -> None:
+    outcome = run_job(executor, extra={"clip_skip": value})
+    assert refused(outcome, "INVALID_ARGUMENT", "extra.clip_skip") == reason
+
+
+def test_a_clip_skip_the_model_has_runs_or_says_why_it_cannot(executor: LegacyCallExecutor) -> None:
+    from diffusers import StableDiffusionPipeline
+
+    encoder = StableDiffusionPipeline.from_pretrained(
+        Path(executor.config.model_dir) / "tiny-sd"
+    ).text_encoder
+    outcome = run_job(executor, extra={"clip_skip": 1})
+    if hasattr(encoder, "text_model"):
+        assert report(outcome).config_resolved["clip_skip"] == 1
+    else:  # transformers 5 flattened CLIPTextModel; diffusers 0.42's SD pipelines still reach into it
+        message = refused(outcome, "FAILED_PRECONDITION", "extra.clip_skip")
+        assert "StableDiffusionPipeline cannot skip layers" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("x", "extra.guidance_rescale: a number from 0 to 1 (got 'x')"),
+        (2, "extra.guidance_rescale: a number from 0 to 1 (got 2)"),
+        (-0.5, "extra.guidance_rescale: a number from 0 to 1 (got -0.5)"),
+        ([0.5], "extra.guidance_rescale: a number from 0 to 1 (got [0.5])"),
+    ],
+)
+def test_guidance_rescale_is_a_number_from_0_to_1(
+    executor: LegacyCallExecutor, value: Any, reason: str
+) -> None:
+    outcome = run_job(executor, extra={"guidance_rescale": value})
+    assert refused(outcome, "INVALID_ARGUMENT", "extra.guidance_rescale") == reason
+
+
+def test_a_number_argument_given_text_is_invalid_argument(executor: LegacyCallExecutor) -> None:
+    # Any argument whose default is a number: `eta` (DDIM's noise) here.
+    outcome = run_job(executor, extra={"eta": "lots"})
+    assert refused(outcome, "INVALID_ARGUMENT", "extra.eta") == "extra.eta: a number (got 'lots')"
+    assert report(run_job(executor, extra={"guidance_rescale": 0.5, "eta": 0})).config_resolved["eta"] == 0
+
+
+def test_a_model_that_fails_to_load_says_so_without_the_model_dir(
+    executor: LegacyCallExecutor, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(Path(executor.config.model_dir) / "tiny-sd", models / "tiny-sd")
+    (models / "tiny-sd" / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"broken")
+    broken = LegacyCallExecutor(WorkerConfig(model_dir=str(models), worker_id="w-broken", torch_threads=1))
+    outcome = run_job(broken)
+    assert outcome.error is not None and outcome.error.code == "FAILED_PRECONDITION"
+    message = outcome.error.message
+    assert message.startswith("cannot load model 'tiny-sd' from 'builtin:tiny-sd': "), message
+    assert str(tmp_path) not in message and "/" + "models" not in message, message
+
+
+def test_redact_paths_keeps_last_names_and_urls() -> None:
+    text = "no file named model.safetensors in /srv/omnirt/models/tiny-sd; see https://hf.co/a/b or ~/x/y"
+    assert redact_paths(text, {"/srv/omnirt/models": "MODEL_DIR"}) == (
+        "no file named model.safetensors in MODEL_DIR/tiny-sd; see https://hf.co/a/b or .../y"
+    )
+    assert redact_paths("[Errno 36] File name too long: '/home/svc/.cache/aaa'") == (
+        "[Errno 36] File name too long: '.../aaa'"
+    )
+
+
+# ---- the subprocess mode: a failing command's log tail and a missing script ---------------------
+
+FAILS = """
+    import os, sys
+    print("working in", os.environ["OMNIRT_JOB_DIR"], flush=True)
+    sys.exit(3)
+"""
+
+
+def subprocess_job(tmp_path: Path, command: str) -> ItemOutcome:
+    scripts = tmp_path / "scripts"
+    scripts.mkdir(exist_ok=True)
+    (scripts / "fails.py").write_text(textwrap.dedent(FAILS))
+    config = WorkerConfig(
+        mode="subprocess",
+        model_dir=str(tmp_path / "models"),
+        worker_id="w-sub-bad",
+        script_dirs=[str(scripts)],
+    )
+    spec = t.ModelSpec(
+        id="script", tasks=[t.Task.TEXT2IMAGE], execution_mode="subprocess", runtime={"command": command}
+    )
+    job = Assignment(
+        "as-bad", spec, [AssignmentItem("job-bad", t.GenerateRequest(model="script", prompt="x"))]
+    )
+    [outcome], _ = run_assignment(create_executor(config), job)
+    return outcome
+
+
+def test_subprocess_errors_do_not_show_the_worker_folders(tmp_path: Path) -> None:
+    failed = subprocess_job(tmp_path, "fails.py")
+    assert failed.error is not None and failed.error.code == "INTERNAL"
+    assert "exited with status 3" in failed.error.message and "working in" in failed.error.message
+    assert str(tmp_path) not in failed.error.message, failed.error.message
+    missing = subprocess_job(tmp_path, "missing.py")
+    assert missing.error is not None and missing.error.code == "FAILED_PRECONDITION"
+    assert "missing.py" in missing.error.message and str(tmp_path) not in missing.error.message
