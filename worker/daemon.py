@@ -489,16 +489,11 @@ class WorkerDaemon:
         return None
 
     def _accept(self, assignment: Assignment) -> None:
-        refusal = self._refusal(assignment)
-        if refusal is not None:
-            log.warning("refusing assignment %s: %s", assignment.assignment_id, refusal.message)
-            for job_id in assignment.job_ids:
-                self._send_result(assignment.assignment_id, ItemOutcome(job_id, error=refusal))
-            return
         duplicates = [item.job_id for item in assignment.items if item.job_id in self._active]
         if duplicates:
-            # Offered again (a restarted controller requeued it): the run goes on, and its events
-            # and result go out under the new assignment, the one the controller now holds it by.
+            # Offered again (a restarted controller requeued it): the run goes on, also while
+            # draining, and its events and result go out under the new assignment, the one the
+            # controller now holds it by.
             log.info(
                 "adopting %d job(s) already running here into %s", len(duplicates), assignment.assignment_id
             )
@@ -506,6 +501,12 @@ class WorkerDaemon:
                 self._active[job_id] = assignment.assignment_id
             assignment.items = [item for item in assignment.items if item.job_id not in duplicates]
         if not assignment.items:
+            return
+        refusal = self._refusal(assignment)
+        if refusal is not None:
+            log.warning("refusing assignment %s: %s", assignment.assignment_id, refusal.message)
+            for job_id in assignment.job_ids:
+                self._send_result(assignment.assignment_id, ItemOutcome(job_id, error=refusal))
             return
         for job_id in assignment.job_ids:
             self._active[job_id] = assignment.assignment_id
