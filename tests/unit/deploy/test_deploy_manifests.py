@@ -369,6 +369,45 @@ def test_k8s_controller_service_ports_and_probes_agree() -> None:
     assert ports.get(service_port["targetPort"], service_port["targetPort"]) == port
 
 
+def operations_says_what_the_controller_manifest_does(text: str) -> list[str]:
+    """What docs/operations.md (as `text`) gets wrong about the controller Deployment."""
+    (controller,) = controllers()
+    spec = controller.deployment["spec"]
+    text = " ".join(text.split())
+    kubernetes = text[text.index("## Kubernetes") : text.index("## Logs")]
+    wrong = []
+    if controller.config.store in ("", "memory"):
+        if "exactly one replica" not in kubernetes:
+            wrong.append("the manifest runs one replica on the in-memory store")
+    else:
+        if f"{spec['replicas']} replicas on the shared Redis store" not in kubernetes:
+            wrong.append(f"the manifest runs {spec['replicas']} replicas on Redis")
+        rolling = spec["strategy"]["rollingUpdate"]
+        if f"maxUnavailable: {rolling['maxUnavailable']}" not in kubernetes:
+            wrong.append("the rollout's maxUnavailable")
+        if (
+            re.search(r"rollout restart[^.]*forgets", kubernetes)
+            or "Redis store (not there yet)" in kubernetes
+        ):
+            wrong.append("a restart on Redis keeps the jobs; the Redis store exists")
+    return wrong
+
+
+def test_operations_md_says_what_the_controller_manifest_does() -> None:
+    assert not operations_says_what_the_controller_manifest_does(OPERATIONS.read_text())
+
+
+def test_pods_are_scraped_on_the_port_that_serves_metrics() -> None:
+    (controller,) = controllers()
+    for container in [controller, *workers()]:
+        annotations = container.deployment["spec"]["template"]["metadata"].get("annotations", {})
+        # The controller serves /metrics on its HTTP gateway, a worker on its --metrics address.
+        address = controller.config.http if container is controller else container.config.metrics
+        assert annotations.get("prometheus.io/scrape") == "true", container.where
+        assert annotations["prometheus.io/port"] == str(port_of(address)), container.where
+        assert annotations["prometheus.io/path"] == "/metrics", container.where
+
+
 def test_k8s_controller_store_names_the_redis_service() -> None:
     (controller,) = controllers()
     store = controller.config.store
