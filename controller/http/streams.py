@@ -123,7 +123,9 @@ def _ws_error(message: str, field: str = "") -> dict[str, Any]:
 async def _command(text: str, commands: dict[str, Command]) -> dict[str, Any]:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except RecursionError:
+        return _ws_error("not JSON this gateway reads: nested too deeply")
+    except ValueError as exc:  # JSONDecodeError, and integers of more than 4300 digits
         return _ws_error(f"not JSON: {exc}")
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         return _ws_error('expected a JSON object with a "type" (one of: ' + ", ".join(commands) + ")", "type")

@@ -9,12 +9,15 @@ so), and a normal request still succeeds afterwards.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -231,6 +234,32 @@ def test_a_declared_content_length_over_the_limit_is_413_before_the_body(control
         status_line, _, rest = answer.partition(b"\r\n")
         assert status_line.split()[1] == b"413", answer
         assert b'"request body too large' in rest or b"too large" in rest, answer
+
+
+def test_bad_websocket_frames_get_errors_and_the_socket_stays_open(http: httpx.Client) -> None:
+    slow = {"model": "null", "prompt": "slow", "num_inference_steps": 200, "extra": {"sleep_ms_per_step": 50}}
+    job = http.post("/v1/jobs", json=slow).json()["job"]
+    url = str(http.base_url).replace("http", "ws", 1).rstrip("/") + f"/v1/jobs/{job['id']}/stream"
+
+    async def run() -> list[dict[str, Any]]:
+        replies: list[dict[str, Any]] = []
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            await ws.send_str("[" * 5000 + "]" * 5000)
+            await ws.send_str('{"type": "ping", "n": 1' + "0" * 5000 + "}")
+            await ws.send_json({"type": "ping"})
+            async for frame in ws:
+                message = json.loads(frame.data)
+                if "event" not in message:
+                    replies.append(message)
+                if len(replies) == 3:
+                    await ws.send_json({"type": "cancel"})
+                if "cancel" in message:
+                    break
+        return replies
+
+    replies = asyncio.run(run())
+    assert [next(iter(r)) for r in replies] == ["error", "error", "pong", "cancel"], replies
+    assert all(r["error"]["code"] == "INVALID_ARGUMENT" for r in replies[:2])
 
 
 def test_the_last_resort_handler_was_never_reached_and_the_gateway_still_serves(
