@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import grpc
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from multidict import MultiDict
 
 from omnirt import errors
+from omnirt.controller.http.app import HttpGateway, last_event_id
 from omnirt.controller.http.errors import HttpError, error_response, native_body, openai_body, status_of
 from omnirt.controller.http.openai_params import Params, generate_request, png_size, sniff_image
-from omnirt.controller.http.transcode import ROUTES, artifact_links, build_request, method_of, to_json
+from omnirt.controller.http.transcode import (
+    MAX_JSON_DEPTH,
+    ROUTES,
+    artifact_links,
+    build_request,
+    check_json,
+    method_of,
+    to_json,
+)
+from omnirt.controller.metrics import EngineMetrics
 from omnirt.types import Task
 
 
@@ -144,3 +159,65 @@ def test_image_sniffing() -> None:
     assert sniff_image(b"RIFF\x00\x00\x00\x00WEBPVP8 ") == "image/webp"
     assert sniff_image(b"\xff\xd8\xff\xe0") == "image/jpeg"
     assert sniff_image(b"hello") == "" and png_size(b"hello") is None
+
+
+def test_openai_numbers_are_bounded_to_their_proto_types() -> None:
+    for bad, field in [
+        ({"seed": 2**63}, "seed"),
+        ({"num_inference_steps": 2**31}, "num_inference_steps"),
+        ({"guidance_scale": "inf"}, "guidance_scale"),
+        ({"guidance_scale": 1e39}, "guidance_scale"),
+        ({"strength": float("nan")}, "strength"),
+        ({"size": "\u00b2x64"}, "size"),
+        ({"size": f"{2**31}x64"}, "size"),
+    ]:
+        with pytest.raises(HttpError) as info:
+            generate_request(Params({"model": "m", "prompt": "p", **bad}), Task.TEXT2IMAGE)
+        assert info.value.field == field and len(info.value.message) < 200
+    assert generate_request(Params({"model": "m", "prompt": "p", "seed": 2**63 - 1}), Task.TEXT2IMAGE).seed
+
+
+def test_json_past_the_depth_limit_or_not_finite_names_its_field() -> None:
+    check_json({"extra": {"a": [1.5, {"b": "x"}]}})
+    deep: dict[str, object] = {}
+    inner = deep
+    for _ in range(MAX_JSON_DEPTH + 1):
+        inner["a"] = inner = {}
+    for data, field in [({"extra": deep}, "extra"), ({"extra": {"l": [1, float("inf")]}}, "extra.l[1]")]:
+        with pytest.raises(HttpError) as info:
+            check_json(data)
+        assert info.value.field == field
+
+
+def test_a_bad_last_event_id_is_a_400_naming_the_header() -> None:
+    assert last_event_id("42") == 42 and last_event_id(str(2**64 - 1)) == 2**64 - 1
+    for value in ("9" * 400, str(2**64), "-1", "\u00b2", "4 2"):
+        with pytest.raises(HttpError) as info:
+            last_event_id(value)
+        assert info.value.field == "Last-Event-ID" and len(info.value.message) < 120
+
+
+def test_the_last_resort_answer_is_a_500_json_error_without_internals() -> None:
+    engine = SimpleNamespace(metrics=EngineMetrics(SimpleNamespace()))  # type: ignore[arg-type]
+    gateway = HttpGateway(engine, {}, "127.0.0.1:0", 1024)  # type: ignore[arg-type]
+
+    async def boom(request: web.Request) -> web.Response:
+        raise RuntimeError("secret detail in /srv/omnirt/config.toml")
+
+    gateway.app.router.add_get("/v1/boom", boom)
+    gateway.app.router.add_get("/v1/images/boom", boom)
+
+    async def run() -> list[tuple[int, dict[str, object]]]:
+        async with TestClient(TestServer(gateway.app)) as client:
+            return [
+                (r.status, await r.json())
+                for r in [await client.get("/v1/boom"), await client.get("/v1/images/boom")]
+            ]
+
+    (native_status, native), (openai_status, openai) = asyncio.run(run())
+    assert native_status == openai_status == 500
+    assert native == {
+        "error": {"code": "INTERNAL", "message": "internal error; the controller's log has the details"}
+    }
+    assert openai["error"]["type"] == "server_error"  # type: ignore[index]
+    assert "secret" not in str(native) + str(openai) and "RuntimeError" not in str(native) + str(openai)
