@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -154,3 +156,22 @@ def test_an_idle_controller_exports_a_zero_per_catalog_model() -> None:
         if name == "omnirt_queue_depth"
     }
     assert depth["tiny-sd"] == 1 and depth["null"] == 2 and sum(depth.values()) == 3  # the total is a sum()
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    from omnirt.worker.telemetry import WorkerTelemetry
+
+    worker = WorkerTelemetry("w1", 2, busy=lambda: 0, loaded=list)
+    exported = set()
+    for text in (make_engine().metrics.render().decode(), generate_latest(worker.registry).decode()):
+        exported |= set(re.findall(r"^# TYPE (\S+)", text, re.M))
+    root = Path(__file__).resolve().parents[3]
+    docs = [root / "README.md", *(root / "docs").glob("*.md"), *(root / "deploy").rglob("*.yaml")]
+    named = {n for path in docs for n in re.findall(r"\bomnirt_[a-z0-9_]*[a-z0-9]\b", path.read_text())}
+    named -= {"omnirt_builtin"}  # the marker file of a built tiny model, not a metric
+    assert len(named) > 20
+    assert sorted(n for n in named if n not in exported and f"{n}_total" not in exported) == []
