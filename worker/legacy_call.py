@@ -248,7 +248,8 @@ class _AssignmentRun:
 
     def fail(self, job_ids: list[str], error: t.JobError) -> None:
         # Every error of this mode (and modular's) leaves through here: none shows a worker path.
-        error = redact.public_error(error, {self.executor.config.model_dir: "MODEL_DIR"})
+        known = {self.executor.config.model_dir: "MODEL_DIR"}
+        error = redact.public_error(error, known, keep=[self.spec.source])
         for job_id in job_ids:
             self.outcomes.setdefault(job_id, ItemOutcome(job_id, error=error))
 

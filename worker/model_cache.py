@@ -387,9 +387,8 @@ class ModelCache:
         except Exception as exc:
             # The client sees the reason without the worker's folders; the log keeps them.
             log.warning("loading model %s from %s (%s) failed: %s", spec.id, key.source, location, exc)
-            reason = redact_paths(
-                _short_reason(exc), {location: key.source, str(self.model_dir): "MODEL_DIR"}
-            )
+            known = {location: key.source, str(self.model_dir): "MODEL_DIR"}
+            reason = redact_paths(_short_reason(exc), known, keep=[key.source])
             raise ModelLoadError(spec.id, key.source, reason) from exc
 
     def _resolve_source(self, source: str) -> str:

@@ -123,6 +123,8 @@ def test_redact_paths_keeps_last_names_and_urls() -> None:
     assert redact_paths(text, {"/srv/omnirt/models": "MODEL_DIR"}) == (
         "no file named model.safetensors in MODEL_DIR/tiny-sd; see https://hf.co/a/b or .../y"
     )
+    kept = redact_paths("no weights in /srv/sd15/unet/x.bin", keep=["/srv/sd15"])
+    assert kept == "no weights in /srv/sd15/unet/x.bin"  # a catalog source is public
     assert redact_paths("[Errno 36] File name too long: '/home/svc/.cache/aaa'") == (
         "[Errno 36] File name too long: '.../aaa'"
     )
