@@ -7,15 +7,20 @@ tensors ("Cannot copy out of meta tensor") and the broken model stayed cached.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from options_testing import report, run_job
 
 from omnirt import types as t
 from omnirt.worker import adapters, backends
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.model_cache import ModelCache, ModelLoadError
 from omnirt.worker.tiny_lora import build_tiny_lora
 from omnirt.worker.tiny_models import ensure_builtin
@@ -43,59 +48,68 @@ def both_built(model_dir: Path) -> Path:
     return model_dir
 
 
-def test_two_models_loaded_from_two_threads_at_once_are_complete(both_built: Path) -> None:
-    alone = {}
-    for spec in (SD, WAN):
-        cache = ModelCache(both_built)
-        alone[spec.id] = shape(cache.get(spec, CPU).pipeline)
-    assert all(meta == 0 for s in alone.values() for _, meta in s.values())
+def at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """Run each call in its own thread, all starting together; their results (or exceptions)."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
 
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = calls[index]()
+        except Exception as exc:  # the test reports it
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_two_models_loaded_from_two_threads_at_once_are_complete(both_built: Path) -> None:
+    alone = [shape(ModelCache(both_built).get(spec, CPU).pipeline) for spec in (SD, WAN)]
+    assert all(meta == 0 for s in alone for _, meta in s.values())
     for repetition in range(REPETITIONS):
-        for model, got in load_at_once(ModelCache(both_built), [SD, WAN]).items():
-            assert got == alone[model], f"repetition {repetition}: {model} loaded as {got}"
+        cache = ModelCache(both_built)
+        loaded = at_once(*(functools.partial(loaded_shape, cache, spec) for spec in (SD, WAN)))
+        assert loaded == alone, f"repetition {repetition}: loaded as {loaded}"
+
+
+def loaded_shape(cache: ModelCache, spec: t.ModelSpec) -> dict[str, tuple[int, int]]:
+    return shape(cache.get(spec, CPU).pipeline)
 
 
 def test_an_adapter_loaded_while_another_model_loads_is_complete(both_built: Path) -> None:
     wan_alone = shape(ModelCache(both_built).get(WAN, CPU).pipeline)
     lora = build_tiny_lora(ModelCache(both_built).get(SD, CPU).pipeline, both_built / "loras" / "concurrent")
     adapter = adapters.ResolvedAdapter("loras/concurrent", lora, 1.0, 0)
+
+    def with_adapter(sd: Any) -> dict[str, tuple[int, int]]:
+        with adapters.applied(sd, [adapter], {}):
+            return shape(sd)
+
     for repetition in range(REPETITIONS):
         sd = ModelCache(both_built).get(SD, CPU).pipeline
-        barrier = threading.Barrier(2)
-        got: dict[str, Any] = {}
-
-        def load_adapter(sd: Any = sd, barrier: threading.Barrier = barrier, got: dict = got) -> None:
-            barrier.wait()
-            with adapters.applied(sd, [adapter], {}):
-                got["sd"] = shape(sd)
-
-        thread = threading.Thread(target=load_adapter)
-        thread.start()
-        barrier.wait()
-        wan = shape(ModelCache(both_built).get(WAN, CPU).pipeline)
-        thread.join()
+        sd_shape, wan = at_once(
+            functools.partial(with_adapter, sd), lambda: shape(ModelCache(both_built).get(WAN, CPU).pipeline)
+        )
         assert wan == wan_alone, f"repetition {repetition}: tiny-wan loaded as {wan}"
-        assert all(meta == 0 for _, meta in got["sd"].values()), f"repetition {repetition}: {got['sd']}"
+        assert all(meta == 0 for _, meta in sd_shape.values()), f"repetition {repetition}: {sd_shape}"
 
 
-def load_at_once(cache: ModelCache, specs: list[t.ModelSpec]) -> dict[str, Any]:
-    """Each spec loaded by its own thread, all starting together: model id -> `shape` or exception."""
-    barrier = threading.Barrier(len(specs))
-    loaded: dict[str, Any] = {}
-
-    def load(spec: t.ModelSpec) -> None:
-        barrier.wait()
-        try:
-            loaded[spec.id] = shape(cache.get(spec, CPU).pipeline)
-        except Exception as exc:  # the test reports it
-            loaded[spec.id] = exc
-
-    threads = [threading.Thread(target=load, args=(spec,)) for spec in specs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return loaded
+def test_first_jobs_of_two_models_at_once_both_succeed(both_built: Path) -> None:
+    """`--slots 2` with tiny-sd's and tiny-wan's first jobs at once (3 of 4 tries failed before)."""
+    for repetition in range(3):
+        config = WorkerConfig(model_dir=str(both_built), worker_id="w-two", torch_threads=1, slots=2)
+        executor = LegacyCallExecutor(config)
+        outcomes = at_once(
+            *(functools.partial(run_job, executor, m, job_id=m) for m in ("tiny-sd", "tiny-wan"))
+        )
+        for outcome in outcomes:
+            assert outcome.error is None, f"repetition {repetition}: {outcome}"
+            assert report(outcome).cold_start
 
 
 def test_a_failed_load_is_not_cached_and_the_next_call_loads_again(
