@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import free_port, wait_for
+from tests.daemons import RedisServer, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -251,10 +251,29 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Readme:
+    """The daemons the README's first block left running, and what the block printed."""
+
+    address: str
+    http: str
+    env: dict[str, str]
+    output: str
+
+    def run(self, block: str, workdir: Path) -> str:
+        """Run a later README block as written, against these daemons' ports."""
+        script = block.replace("127.0.0.1:50051", self.address).replace("localhost:8080", self.http)
+        done = subprocess.run(
+            ["bash", "-ec", script], cwd=workdir, env=self.env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done.stdout
+
+
 @pytest.fixture(scope="module")
-def readme_daemons(workdir: Path, model_dir: Path) -> Iterator[tuple[str, dict[str, str], str]]:
+def readme(workdir: Path, model_dir: Path) -> Iterator[Readme]:
     """Runs the README's "Using it" block as written (ports rewritten) and keeps its daemons up
-    for the Python snippets: (the controller address, the environment, the block's output)."""
+    for the blocks and snippets after it."""
     block = blocks(section(ROOT / "README.md", "Using it"), "bash")[0]
     address, http = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     assert "127.0.0.1:50051" in block
@@ -276,7 +295,7 @@ def readme_daemons(workdir: Path, model_dir: Path) -> Iterator[tuple[str, dict[s
     try:
         wait_for(lambda: "== block done" in out.read_text() or shell.poll() is not None, 90, "the block")
         assert "== block done" in out.read_text(), out.read_text()[-3000:] + log.read_text()[-3000:]
-        yield address, env, out.read_text()
+        yield Readme(address, http, env, out.read_text())
     finally:
         shell.stdin.close()
         try:
@@ -294,10 +313,8 @@ def run_python(snippet: str, workdir: Path, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def test_the_readme_using_it_block_runs(
-    readme_daemons: tuple[str, dict[str, str], str], workdir: Path
-) -> None:
-    _, _, output = readme_daemons
+def test_the_readme_using_it_block_runs(readme: Readme, workdir: Path) -> None:
+    output = readme.output
     images = list((workdir / "outputs").glob("job-*-0.png"))
     assert len(images) == 1 and images[0].read_bytes().startswith(b"\x89PNG"), output[-3000:]
     assert "tiny-sd" in output and "text2image" in output  # `models list` and the run report
@@ -305,10 +322,8 @@ def test_the_readme_using_it_block_runs(
     assert [j["state"] for j in jobs] == ["succeeded"]
 
 
-def test_the_readme_python_snippet_runs(
-    readme_daemons: tuple[str, dict[str, str], str], workdir: Path
-) -> None:
-    address, env, _ = readme_daemons
+def test_the_readme_python_snippet_runs(readme: Readme, workdir: Path) -> None:
+    address, env = readme.address, readme.env
     snippet = blocks(section(ROOT / "README.md", "Using it"), "python")[0]
     assert "127.0.0.1:50051" in snippet
     output = run_python(snippet.replace("127.0.0.1:50051", address), workdir, env)
@@ -317,9 +332,39 @@ def test_the_readme_python_snippet_runs(
 
 
 @pytest.mark.parametrize("heading", ["One call", "Client", "asyncio"])
-def test_the_sdk_guide_snippets_run(
-    heading: str, readme_daemons: tuple[str, dict[str, str], str], workdir: Path
-) -> None:
-    address, env, _ = readme_daemons
+def test_the_sdk_guide_snippets_run(heading: str, readme: Readme, workdir: Path) -> None:
+    address, env = readme.address, readme.env
     (snippet,) = blocks(section(ROOT / "docs" / "sdk.md", heading), "python")
     run_python(snippet.replace("127.0.0.1:50051", address), workdir, env)
+
+
+def test_the_readme_http_block_runs(readme: Readme, workdir: Path) -> None:
+    text = section(ROOT / "README.md", "Using it")
+    block = next(b for b in blocks(text, "bash") if "curl" in b)
+    assert "localhost:8080" in block
+    output = readme.run(block, workdir)
+    decoder = json.JSONDecoder()
+    generated, end = decoder.raw_decode(output)  # curl -s prints no newline after a body
+    openai, end = decoder.raw_decode(output, end)
+    metrics = output[end:]
+    assert generated["job"]["state"] == "JOB_STATE_SUCCEEDED" and openai["data"]
+    assert 'omnirt_queue_depth{model="tiny-sd"} 0.0' in metrics
+
+
+def test_the_readme_redis_block_runs(readme: Readme, workdir: Path, tmp_path: Path) -> None:
+    text = section(ROOT / "README.md", "Using it")
+    block = next(b for b in blocks(text, "bash") if "--store redis://" in b)
+    redis_server = RedisServer(tmp_path).start()
+    ports = [free_port(), free_port()]
+    script = block.replace("redis://127.0.0.1:6379/0", redis_server.url)
+    for old, port in zip(sorted(set(re.findall(r"127\.0\.0\.1:5005\d", script))), ports, strict=True):
+        script = script.replace(old, f"127.0.0.1:{port}")
+    # Both controllers answer (as the block leaves them, in the background), then stop.
+    ready = "".join(
+        f"until .venv/bin/omnirtctl -c 127.0.0.1:{p} workers list >/dev/null 2>&1; do sleep 0.2; done\n"
+        for p in ports
+    )
+    try:
+        readme.run(f"{script}{ready}kill $(jobs -p)\nwait\n", workdir)
+    finally:
+        redis_server.stop()
