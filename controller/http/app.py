@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from google.protobuf.message import Message
 
 from omnirt.errors import ExecutionFailed, OmniRTError
@@ -78,7 +78,9 @@ class HttpGateway:
         self.port = 0
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._middleware])
         for route in ROUTES:
-            self.app.router.add_route(route.method, route.path, self._handler(route))
+            self.app.router.add_route(
+                route.method, route.path, self._handler(route), expect_handler=self.expect_continue
+            )
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._healthz)
         openai_models.register(self.app, self)
@@ -203,12 +205,8 @@ class HttpGateway:
     async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The handler's response, or the error it raised as JSON (native or OpenAI shape)."""
         try:
-            declared = request.content_length
-            if declared is not None and declared > request.client_max_size:
-                # aiohttp checks client_max_size only while reading: a client that declares a
-                # huge body and sends a few bytes would hold the handler until it times out.
-                limit = request.client_max_size
-                raise HttpError(413, f"request body too large ({declared} bytes declared, limit {limit})")
+            if (too_big := too_large(request)) is not None:
+                raise too_big
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -226,12 +224,40 @@ class HttpGateway:
             response.force_close()  # the rest of the body is not read
         return response
 
+    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: a declared body over the limit is the 413 now, not a go-ahead.
+
+        aiohttp answers the expectation before any middleware; its own handler would send
+        `100 Continue` and the client the whole body, to get the 413 after it.
+        """
+        if (error := too_large(request)) is not None:
+            self._count(request, 413, time.monotonic())
+            response = error_response(error, openai=is_openai(request.path))
+            response.force_close()
+            return response
+        if request.version == HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # as aiohttp's handler does: the response has not started
+        return None
+
     def _count(self, request: web.Request, status: int, started: float) -> None:
         resource = request.match_info.route.resource if request.match_info.route else None
         route = resource.canonical if resource is not None else "unmatched"
         metrics = self.engine.metrics
         metrics.http_requests.labels(route, request.method, str(status)).inc()
         metrics.http_latency.labels(route, request.method).observe(time.monotonic() - started)
+
+
+def too_large(request: web.Request) -> HttpError | None:
+    """413 for a declared `Content-Length` over the limit, before any of the body is read.
+
+    aiohttp checks `client_max_size` only while reading: a client that declares a huge body and
+    sends a few bytes would hold the handler until the connection times out.
+    """
+    declared, limit = request.content_length, request.client_max_size
+    if declared is None or declared <= limit:
+        return None
+    return HttpError(413, f"request body too large ({declared} bytes declared, the limit is {limit})")
 
 
 def last_event_id(value: str) -> int:

@@ -55,8 +55,8 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
             req.width, req.height = size  # keep the input's size when it suits the model
         return await _run(gateway, request, params, req)
 
-    app.router.add_post("/v1/images/generations", generations)
-    app.router.add_post("/v1/images/edits", edits)
+    app.router.add_post("/v1/images/generations", generations, expect_handler=gateway.expect_continue)
+    app.router.add_post("/v1/images/edits", edits, expect_handler=gateway.expect_continue)
 
 
 def _image_mime(data: bytes, field: str) -> str:

@@ -108,7 +108,7 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
         job, cancelled = await engine.cancel(request.match_info["video_id"])
         return web.json_response({"id": job.id, "object": "video.deleted", "deleted": cancelled})
 
-    app.router.add_post("/v1/videos", create)
+    app.router.add_post("/v1/videos", create, expect_handler=gateway.expect_continue)
     app.router.add_get("/v1/videos", listing)
     app.router.add_get("/v1/videos/{video_id}", retrieve)
     app.router.add_get("/v1/videos/{video_id}/content", content)

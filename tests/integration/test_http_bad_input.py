@@ -218,9 +218,11 @@ def test_bad_input_is_a_4xx_json_error_naming_the_field(
 
 def test_a_declared_content_length_over_the_limit_is_413_before_the_body(controller: Controller) -> None:
     host, _, port = controller.http.rpartition(":")  # type: ignore[attr-defined]
-    for path, ctype in ((GEN, "application/json"), (EDIT, "multipart/form-data; boundary=x")):
+    cases = [(GEN, "application/json", ""), (EDIT, "multipart/form-data; boundary=x", "")]
+    cases += [(GEN, "application/json", "Expect: 100-continue\r\n")]  # no go-ahead: the 413 at once
+    for path, ctype, expect in cases:
         with socket.create_connection((host, int(port)), timeout=5) as sock:
-            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n{expect}"
             head += f"Content-Length: {100 * MAX_BODY}\r\n\r\n"
             started = time.monotonic()
             sock.sendall(head.encode() + b"{")  # a few bytes of the 6.4 MB it declares, then nothing
@@ -231,9 +233,19 @@ def test_a_declared_content_length_over_the_limit_is_413_before_the_body(control
                     break
                 answer += chunk
         assert time.monotonic() - started < 2, "answered without waiting for the body"
-        status_line, _, rest = answer.partition(b"\r\n")
-        assert status_line.split()[1] == b"413", answer
-        assert b'"request body too large' in rest or b"too large" in rest, answer
+        head_, _, body = answer.partition(b"\r\n\r\n")
+        assert head_.split()[1] == b"413", answer
+        error = json.loads(body)["error"]
+        assert error["code"] == "INVALID_ARGUMENT" or error["type"] == "invalid_request_error", error
+        assert "too large" in error["message"]
+    # A body within the limit still gets its go-ahead.
+    body = json.dumps({"model": "null", "prompt": "x"}).encode()
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        head = "POST /v1/validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
 
 
 def test_bad_websocket_frames_get_errors_and_the_socket_stays_open(http: httpx.Client) -> None:
