@@ -45,7 +45,7 @@ from omnirt.worker.memory import current_rss_bytes
 from omnirt.worker.outbox import Outbox
 from omnirt.worker.protocol import Assignment, CancelRequest, DrainRequest, ItemOutcome, Welcome
 from omnirt.worker.telemetry import WorkerTelemetry
-from omnirt.worker.v1 import gateway_pb2_grpc
+from omnirt.worker.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
 
@@ -281,14 +281,21 @@ class WorkerDaemon:
     async def _session(self) -> None:
         describing: asyncio.Task[None] | None = None
         async with grpc.aio.insecure_channel(self.config.controller, options=CHANNEL_OPTIONS) as channel:
-            call = gateway_pb2_grpc.WorkerGatewayServiceStub(channel).Connect()
+            # Raw bytes in: the read loop parses each message itself (protocol.controller_messages),
+            # so one the worker cannot decode fails its own jobs, not the stream and all it runs.
+            connect: Any = channel.stream_stream(
+                protocol.CONNECT_METHOD,
+                request_serializer=gateway_pb2.ConnectRequest.SerializeToString,
+                response_deserializer=None,
+            )
+            call = connect()
             try:
                 await call.write(self._hello())
                 async with asyncio.timeout(WELCOME_TIMEOUT_S):
                     first = await call.read()
                 if first is STREAM_END:
                     raise ConnectionError("the controller closed the stream before Welcome")
-                welcome = protocol.controller_message(first)
+                welcome = self._parse(protocol.controller_messages(first)[0])
                 if not isinstance(welcome, Welcome):
                     raise ConnectionError(f"expected Welcome, got {type(welcome).__name__}")
                 self._on_welcome(welcome)
@@ -343,14 +350,26 @@ class WorkerDaemon:
             msg = await call.read()
             if msg is STREAM_END:
                 return
-            for one in protocol.unbatched(msg):
-                try:
-                    parsed = protocol.controller_message(one)
-                except Exception as exc:
-                    log.exception("cannot read a controller message")
-                    self._refuse_raw(one, f"the worker cannot read the assignment: {exc}")
-                    continue
-                self._handle(parsed)
+            for one in protocol.controller_messages(msg):
+                self._handle(self._parse(one))
+
+    def _parse(
+        self, one: gateway_pb2.ConnectResponse | protocol.Undecodable
+    ) -> protocol.ControllerMessage | None:
+        """What the controller sent; an assignment that cannot be read is answered with an error."""
+        if isinstance(one, protocol.Undecodable):
+            log.error("cannot decode a controller message (assignment %r): %s", one.assignment_id, one.reason)
+            self._refuse_raw(
+                one.assignment_id, one.job_ids, f"the worker cannot decode the assignment: {one.reason}"
+            )
+            return None
+        try:
+            return protocol.controller_message(one)
+        except Exception as exc:
+            log.exception("cannot read a controller message")
+            assignment_id, job_ids = protocol.assignment_job_ids(one)
+            self._refuse_raw(assignment_id, job_ids, f"the worker cannot read the assignment: {exc}")
+            return None
 
     async def _write_loop(self, call: Any) -> None:
         while True:
@@ -514,8 +533,7 @@ class WorkerDaemon:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _refuse_raw(self, msg: Any, reason: str) -> None:
-        assignment_id, job_ids = protocol.assignment_job_ids(msg)
+    def _refuse_raw(self, assignment_id: str, job_ids: list[str], reason: str) -> None:
         for job_id in job_ids:
             self._send_result(
                 assignment_id, ItemOutcome(job_id, error=t.JobError("INVALID_ARGUMENT", reason))

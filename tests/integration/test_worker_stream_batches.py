@@ -317,3 +317,37 @@ def test_a_worker_runs_every_assignment_of_a_batch(scripted: ScriptedController)
         outcome = results[f"job-{index}"]
         assert outcome.WhichOneof("outcome") == "result", outcome
         assert list(outcome.result.report.seeds) == [index]
+
+
+def _make_undecodable(message: pb.ConnectResponse, index: int) -> pb.ConnectResponse:
+    """`message` made an assignment the worker cannot parse: its `extra` nests deeper than
+    protobuf decodes (built in place: protobuf's own copies would refuse to parse it too)."""
+    message.CopyFrom(_null_assignment(index))
+    value = message.assignment.items[0].request.extra.fields["deep"]
+    for _ in range(120):
+        value = value.list_value.values.add()
+    value.string_value = "bottom"
+    return message
+
+
+@pytest.mark.parametrize("scripted", [True], indirect=True)
+def test_an_assignment_the_worker_cannot_decode_fails_that_job_alone_and_keeps_the_stream(
+    scripted: ScriptedController,
+) -> None:
+    # One bad assignment inside a batch of good ones, then one alone, then a good one alone.
+    batch = pb.ConnectResponse()
+    batch.batch.messages.add().CopyFrom(_null_assignment(0))
+    _make_undecodable(batch.batch.messages.add(), 1)
+    batch.batch.messages.add().CopyFrom(_null_assignment(2))
+    scripted.outgoing.put(batch)
+    scripted.outgoing.put(_make_undecodable(pb.ConnectResponse(), 3))
+    scripted.outgoing.put(_null_assignment(4))
+    results, kinds = _results(scripted, 5)
+    assert kinds.count("hello") == 1  # the same stream throughout: no reconnect
+    for index in (0, 2, 4):
+        assert results[f"job-{index}"].WhichOneof("outcome") == "result", results[f"job-{index}"]
+    for index in (1, 3):
+        outcome = results[f"job-{index}"]
+        assert outcome.assignment_id == f"asg-{index}"
+        assert outcome.error.code == "INVALID_ARGUMENT"
+        assert "cannot decode" in outcome.error.message

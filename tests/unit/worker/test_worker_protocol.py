@@ -187,3 +187,36 @@ def test_outbox_puts_the_results_of_a_failed_batch_back_in_order() -> None:
         assert [i.message for i in again] == ["r1", "r2", "r3"]
 
     asyncio.run(scenario())
+
+
+def _deep_assignment(message: gateway_pb2.ConnectResponse, assignment_id: str, job_ids: list[str]) -> None:
+    """`message` made an assignment whose requests nest deeper than protobuf parses (built in place)."""
+    message.assignment.assignment_id = assignment_id
+    for job_id in job_ids:
+        item = message.assignment.items.add(job_id=job_id)
+        value = item.request.extra.fields["deep"]
+        for _ in range(120):
+            value = value.list_value.values.add()
+
+
+def test_controller_messages_parse_each_message_of_a_batch_alone() -> None:
+    good = gateway_pb2.ConnectResponse(drain=gateway_pb2.Drain(reason="r"))
+    assert protocol.controller_messages(good.SerializeToString()) == [good]
+    batch = gateway_pb2.ConnectResponse()
+    batch.batch.messages.add().CopyFrom(good)
+    _deep_assignment(batch.batch.messages.add(), "a-1", ["j-1", "j-2"])
+    batch.batch.messages.add().cancel.job_id = "j-3"
+    first, bad, last = protocol.controller_messages(batch.SerializeToString())
+    assert first == good and isinstance(last, gateway_pb2.ConnectResponse) and last.cancel.job_id == "j-3"
+    assert isinstance(bad, protocol.Undecodable)
+    assert (bad.assignment_id, bad.job_ids) == ("a-1", ["j-1", "j-2"]) and "MaxDepth" in bad.reason
+    alone = gateway_pb2.ConnectResponse()
+    _deep_assignment(alone, "a-2", ["j-4"])
+    [undecodable] = protocol.controller_messages(alone.SerializeToString())
+    assert isinstance(undecodable, protocol.Undecodable) and undecodable.job_ids == ["j-4"]
+
+
+@pytest.mark.parametrize("data", [b"\xff\xff\xff", b"\x12\x7f" + b"x" * 3, b"\x0b"])
+def test_controller_bytes_that_are_no_message_become_one_undecodable_without_jobs(data: bytes) -> None:
+    [undecodable] = protocol.controller_messages(data)
+    assert isinstance(undecodable, protocol.Undecodable) and undecodable.job_ids == []
