@@ -56,8 +56,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 # leaves the process patched for good. So every module build of this process holds this one lock:
 # loads of different models run one after another. The cost: cold loads no longer overlap, two
 # at once take the sum of their times (tiny-sd 66 ms + tiny-wan 40 ms alone; both from two
-# threads at once 109 ms, where a perfect overlap on 2 cores could at best have been 66 ms).
-# Pipeline calls never take it.
+# threads at once 109 ms, where a perfect overlap on 2 cores could at best have been 66 ms; a hub
+# id's first download runs under it too). Pipeline calls never take it.
 LOAD_LOCK = threading.Lock()
 
 
