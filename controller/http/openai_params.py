@@ -119,7 +119,8 @@ class Params:
         if value == "auto":
             return None
         width, sep, height = value.lower().partition("x")
-        if not sep or not all(v.isascii() and v.isdigit() and int(v) <= INT32[1] for v in (width, height)):
+        fits = (v.isascii() and v.isdigit() and len(v) <= 10 and int(v) <= INT32[1] for v in (width, height))
+        if not sep or not all(fits):
             raise bad_request(f"must be WIDTHxHEIGHT, e.g. 512x512, or auto (got {_shown(value)})", "size")
         return int(width), int(height)
 
@@ -204,13 +205,17 @@ async def _multipart(request: web.Request) -> tuple[dict[str, Any], dict[str, li
         try:
             values[name] = data.decode(part.get_charset("utf-8"))
         except (UnicodeDecodeError, LookupError):
-            raise bad_request(f"not {part.get_charset('utf-8')} text", name) from None
+            raise bad_request(
+                f"not text in its charset ({_shown(part.get_charset('utf-8'))})", name
+            ) from None
     return values, files
 
 
 def _urlencoded(raw: bytes) -> dict[str, str]:
-    """An urlencoded form; a value that is not UTF-8 is a 400 naming its field (aiohttp would
-    replace the bytes silently)."""
+    """An urlencoded form; a value that is not UTF-8 is a 400 naming its field.
+
+    (aiohttp's `request.post()` replaces such bytes with U+FFFD without a word.)
+    """
     values: dict[str, str] = {}
     for pair in raw.split(b"&"):
         if not pair.strip():

@@ -170,6 +170,7 @@ def test_openai_numbers_are_bounded_to_their_proto_types() -> None:
         ({"strength": float("nan")}, "strength"),
         ({"size": "\u00b2x64"}, "size"),
         ({"size": f"{2**31}x64"}, "size"),
+        ({"size": "9" * 5000 + "x64"}, "size"),
     ]:
         with pytest.raises(HttpError) as info:
             generate_request(Params({"model": "m", "prompt": "p", **bad}), Task.TEXT2IMAGE)
