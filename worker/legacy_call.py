@@ -319,12 +319,13 @@ class _AssignmentRun:
 
     def _run_plans(self, cached: CachedPipeline, plans: list[ItemPlan]) -> None:
         groups: dict[tuple[str, str], list[ItemPlan]] = {}
+        inputs = self.executor.inputs.for_model(self.spec)
         for plan in plans:
             try:
                 # image2image / inpaint on a text-to-image model: a pipeline sharing its modules.
                 pipeline = task_pipelines.pipeline_for_task(cached.pipeline, plan.task, self.spec)
                 task_pipelines.check_size(pipeline, plan.common)
-                pipeline_kwargs(plan, call_parameters(pipeline), self.executor.inputs)
+                pipeline_kwargs(plan, call_parameters(pipeline), inputs)
                 check_arguments(pipeline, plan)
                 request = plan.item.request
                 model_dir = self.executor.config.model_dir

@@ -9,8 +9,8 @@ given. A mask must have the size of the image it goes with, checked before any r
 none is read. The path is resolved (symlinks, `..`) before the check; a path outside the roots
 and a missing one get the same answer, so a client learns nothing about the worker's files; only
 regular files are read (no `/dev/zero`, no FIFO), opened without following a last-moment link,
-and at most `--input-max-bytes` of them. Other URI schemes (http, https, s3, ...) are not
-fetched by the worker at all.
+and at most `--input-max-bytes` of them (or the model's `limits.max_input_bytes`, when
+smaller). Other URI schemes (http, https, s3, ...) are not fetched by the worker at all.
 """
 
 from __future__ import annotations
@@ -50,6 +50,13 @@ class InputPolicy:
         roots = tuple(Path(os.path.realpath(root)) for root in config.input_roots)
         return cls(roots=roots, max_bytes=config.input_max_bytes)
 
+    def for_model(self, spec: t.ModelSpec) -> InputPolicy:
+        """This policy with the model's `limits.max_input_bytes` too, when it is set and smaller."""
+        limit = spec.limits.max_input_bytes
+        if 0 < limit < self.max_bytes:
+            return dataclasses.replace(self, max_bytes=limit)
+        return self
+
 
 def read_uri(uri: str, where: str, policy: InputPolicy) -> bytes:
     """The bytes behind input `where`'s URI; JobFailure(INVALID_ARGUMENT, field `where.uri`) if refused."""
@@ -82,7 +89,10 @@ def read_uri(uri: str, where: str, policy: InputPolicy) -> bytes:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise refuse("not a regular file")
-        over = refuse(f"the file is over the worker's limit of {policy.max_bytes} bytes (--input-max-bytes)")
+        over = refuse(
+            f"the file is over the limit of {policy.max_bytes} bytes (the worker's --input-max-bytes "
+            "or the model's limits.max_input_bytes)"
+        )
         if info.st_size > policy.max_bytes:
             raise over
         chunks, total = [], 0

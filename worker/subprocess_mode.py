@@ -240,7 +240,7 @@ class SubprocessExecutor(Executor):
         self, folder: Path, spec: t.ModelSpec, item: AssignmentItem, settings: launchers.SubprocessSettings
     ) -> Path:
         # URIs are read here, under the worker's input roots; the job folder gets bytes only.
-        request = media_inputs.with_uris_read(item.request, self.inputs)
+        request = media_inputs.with_uris_read(item.request, self.inputs.for_model(spec))
         inputs = job_dir.write_inputs(folder, request, settings.input_formats)
         document = job_dir.request_document(item.job_id, spec, request, inputs, folder / job_dir.OUTPUTS)
         return job_dir.write_request(folder, document)

@@ -37,8 +37,8 @@ def png(path: Path, colour: tuple[int, int, int] = (200, 30, 30)) -> Path:
     return path
 
 
-def image2image(executor: LegacyCallExecutor, uri: str) -> ItemOutcome:
-    """One tiny-sd image2image job whose init image is `uri`."""
+def image2image(executor: LegacyCallExecutor, uri: str, max_input_bytes: int = 0) -> ItemOutcome:
+    """One tiny-sd image2image job whose init image is `uri` (the model's limits.max_input_bytes)."""
     msg = gateway_pb2.Assignment(
         assignment_id="as-uri",
         model=models_pb2.ModelSpec(
@@ -47,6 +47,7 @@ def image2image(executor: LegacyCallExecutor, uri: str) -> ItemOutcome:
             pipeline_class="StableDiffusionPipeline",
             execution_mode="legacy_call",
             tasks=[types_pb2.TASK_IMAGE2IMAGE],
+            limits=models_pb2.ModelLimits(max_input_bytes=max_input_bytes),
         ),
     )
     request = types_pb2.GenerateRequest(
@@ -135,13 +136,16 @@ def test_reads_are_bounded_by_input_max_bytes(executor: LegacyCallExecutor, root
     image = png(root / "fox.png")
     size = image.stat().st_size
     message = refusal(image2image(with_roots(executor, root, max_bytes=size - 1), image.as_uri()))
-    assert f"over the worker's limit of {size - 1} bytes" in message
+    assert f"over the limit of {size - 1} bytes" in message
+    # The model's limit, when it is smaller, bounds the read too.
+    message = refusal(image2image(with_roots(executor, root), image.as_uri(), max_input_bytes=size - 2))
+    assert f"over the limit of {size - 2} bytes" in message
     # A 64 GiB sparse file is refused at once, never read into memory.
     huge = root / "huge.png"
     with huge.open("wb") as f:
         f.truncate(64 * 1024**3)
     message = refusal(image2image(with_roots(executor, root), huge.as_uri()))
-    assert "over the worker's limit" in message and str(root) not in message
+    assert "over the limit" in message and str(root) not in message
 
 
 def test_http_uris_are_not_fetched(executor: LegacyCallExecutor, root: Path) -> None:
