@@ -22,7 +22,6 @@ import tempfile
 import wave
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from omnirt import types as t
 from omnirt.worker.executor import JobFailure
@@ -87,16 +86,11 @@ def remove(path: Path) -> None:
 
 
 def _input_bytes(media: t.MediaInput, name: str) -> bytes:
+    # URIs are read before (media_inputs.with_uris_read, under the worker's input roots): this
+    # module never opens a path a request names.
     if media.data:
         return media.data
-    if media.uri.startswith("file://"):
-        try:
-            return Path(urlparse(media.uri).path).read_bytes()
-        except OSError as exc:
-            raise JobFailure(INVALID_ARGUMENT, f"{name}: cannot read {media.uri!r}: {exc}", name) from None
-    raise JobFailure(
-        INVALID_ARGUMENT, f"{name}: cannot read {media.uri!r}: only inline data or file:// URIs", name
-    )
+    raise JobFailure(INVALID_ARGUMENT, f"{name}: the input has no data", name)
 
 
 def write_inputs(job_dir: Path, request: t.GenerateRequest, formats: dict[str, list[str]]) -> dict[str, str]:
