@@ -160,7 +160,7 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
     results: dict[str, Any] = {
         "suite_version": 1,
-        "command": shlex.join(["python", "-m", "bench.suite", *argv]),
+        "command": shlex.join([".venv/bin/python", "-m", "bench.suite", *argv]),
         "quick": args.quick,
         "started_at": started_at.isoformat(timespec="seconds"),
         "machine": {**_machine.describe(), "packages": versions()},
