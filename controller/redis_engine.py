@@ -55,6 +55,7 @@ from .workers import (
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
+    id_taken,
     model_warnings,
     same_process,
 )
@@ -407,10 +408,14 @@ class RedisEngine:
     # ---- worker side ----------------------------------------------------------------------
 
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
-        """Register a worker (AlreadyExists when another live process holds its id here)."""
+        """Register a worker (AlreadyExists when another live process holds its id, here or on
+        another controller)."""
         info.connected_at = info.last_heartbeat_at = utcnow()
         handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
         try:
+            holder = None if info.id in self._local_ids() else await self._held_elsewhere(info)
+            if holder is not None:
+                raise id_taken(holder)
             old = self.workers.add(handle, self.config.lease_timeout_ms / 1000)
         except AlreadyExists as exc:
             log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
@@ -428,6 +433,15 @@ class RedisEngine:
             await self.store.put_workers([handle.snapshot()], _now_ms() + self.config.lease_timeout_ms)
         self.wake.set()
         return handle
+
+    async def _held_elsewhere(self, info: WorkerInfo) -> WorkerInfo | None:
+        """A live worker of another controller with this id and from another process, if any
+        (its controller refreshed it within a lease; one that died keeps it that long)."""
+        try:
+            self.cluster = await self.store.workers(_now_ms())
+        except redis.exceptions.RedisError:
+            return None  # not checked while Redis is away
+        return next((w for w in self.cluster if w.id == info.id and not same_process(w, info)), None)
 
     async def worker_heartbeat(
         self,

@@ -198,12 +198,7 @@ class WorkerRegistry:
             and not same_process(old.info, handle.info)
             and time.monotonic() - old.last_seen <= lease_s
         ):
-            raise AlreadyExists(
-                f"worker_id: worker {handle.id!r} is already connected (host {old.info.hostname!r}, "
-                f"pid {old.info.pid}) and alive; a second process cannot take its id: give it "
-                "another --worker-id, or stop the first",
-                field="worker_id",
-            )
+            raise id_taken(old.info)
         self._workers[handle.id] = handle
         return old
 
@@ -247,6 +242,16 @@ class WorkerRegistry:
 
     def serving_count(self, spec: ModelSpec) -> int:
         return len(self.candidates(spec))
+
+
+def id_taken(holder: WorkerInfo) -> AlreadyExists:
+    """The refusal of a Hello with the id of `holder`, a live worker of another process."""
+    return AlreadyExists(
+        f"worker_id: worker {holder.id!r} is already connected (host {holder.hostname!r}, "
+        f"pid {holder.pid}) and alive; a second process cannot take its id: give it "
+        "another --worker-id, or stop the first",
+        field="worker_id",
+    )
 
 
 def same_process(a: WorkerInfo, b: WorkerInfo) -> bool:

@@ -87,6 +87,35 @@ def test_a_second_process_with_a_live_workers_id_is_refused_until_the_first_is_g
         controller.stop()
 
 
+def test_on_redis_a_live_workers_id_is_refused_on_another_controller_too(
+    log_dir: Path, model_dir: Path
+) -> None:
+    server = RedisServer(log_dir).start()
+    store = ("--store", server.url, "--lease-timeout-ms", "3000")
+    first_ctl, second_ctl = Controller(log_dir, *store).start(), Controller(log_dir, *store).start()
+    first = null_worker(log_dir, first_ctl.address, "w-shared", model_dir, f"w-shared-first-{server.port}")
+    second: Worker | None = None
+    try:
+        first_ctl.wait_worker("w-shared")
+        second = null_worker(
+            log_dir, second_ctl.address, "w-shared", model_dir, f"w-shared-second-{server.port}"
+        )
+        wait_for(lambda: "ALREADY_EXISTS" in second.log(), 60, "the second process to be refused")
+        assert pids(second_ctl, "w-shared") == [first.pid], "the cluster view keeps the live one"
+        assert first.stop() == 0
+        wait_for(lambda: pids(second_ctl, "w-shared") == [second.pid], 30, "the second process")
+        with omnirt.Client(second_ctl.address, timeout=10) as client:
+            after = client.generate(model="null", prompt="next", num_inference_steps=2, timeout=30)
+            assert after.report.worker_id == "w-shared"
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.stop()
+        first_ctl.stop()
+        second_ctl.stop()
+        server.stop()
+
+
 class HalfDeadProxy:
     """A TCP proxy whose `cut()` drops the worker's side of every connection and keeps the
     controller's side open and silent: the controller still holds a stream no one reads."""
