@@ -75,11 +75,12 @@ class WorkerHandle:
     last_seen: float = field(default_factory=time.monotonic)
     # What the Welcome tells the worker about its Hello (models the catalog lacks, ...).
     warnings: list[str] = field(default_factory=list)
-    # job id -> when it was started here, and when the last heartbeat came (monotonic; 0 = none):
-    # a job its worker does not list is released only when it was sent before the previous
-    # heartbeat came, so an assignment still on its way to the worker is never released.
+    # job id -> when it was started here, and when the last heartbeat came (monotonic; 0 = none),
+    # and job id -> heartbeats in a row that left it out (counted once it was sent before the
+    # previous heartbeat came): see `unlisted`.
     _started: dict[str, float] = field(default_factory=dict)
     _last_beat: float = 0.0
+    _missed: dict[str, int] = field(default_factory=dict)
     # assignment id -> jobs of it still running: one pipeline call takes one slot
     _calls: dict[str, int] = field(default_factory=dict)
     # model id -> jobs of it running here, and job id -> its model (for the busy batch window)
@@ -99,6 +100,7 @@ class WorkerHandle:
             return False
         del self.running[job_id]
         self._started.pop(job_id, None)
+        self._missed.pop(job_id, None)
         left = self._calls[assignment_id] - 1
         if left:
             self._calls[assignment_id] = left
@@ -130,14 +132,24 @@ class WorkerHandle:
         self.link.send(Drain(reason))
 
     def unlisted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
-        """(job id, assignment id) of jobs counted here that a heartbeat listing `listed` (job id,
-        assignment id) leaves out, among those sent before the previous heartbeat came."""
+        """(job id, assignment id) of jobs counted here that the worker does not hold, given the
+        (job id, assignment id) pairs a heartbeat lists.
+
+        A job is judged only once it was sent before the previous heartbeat came (one still on
+        its way may be missing), and is given up when two heartbeats in a row leave it out: a
+        heartbeat the worker builds right after another one (a preload ended) or before it read
+        what came in while its loop was busy may miss a job it has.
+        """
         previous, self._last_beat = self._last_beat, time.monotonic()
-        return [
-            (job_id, assignment_id)
-            for job_id, assignment_id in self.running.items()
-            if (job_id, assignment_id) not in listed and self._started.get(job_id, 0.0) < previous
-        ]
+        gone = []
+        for job_id, assignment_id in self.running.items():
+            if (job_id, assignment_id) in listed or self._started.get(job_id, 0.0) >= previous:
+                self._missed.pop(job_id, None)
+                continue
+            self._missed[job_id] = self._missed.get(job_id, 0) + 1
+            if self._missed[job_id] >= 2:
+                gone.append((job_id, assignment_id))
+        return gone
 
     def take_over(self, old: WorkerHandle) -> None:
         """Hold the jobs of the same worker process's previous stream (they still run there)."""
@@ -152,6 +164,7 @@ class WorkerHandle:
         self._models.clear()
         self._job_models.clear()
         self._started.clear()
+        self._missed.clear()
 
     @property
     def id(self) -> str:
