@@ -37,7 +37,7 @@ import omnirt
 from omnirt import _convert
 from omnirt import types as t
 from omnirt.v1 import models_pb2, models_pb2_grpc
-from omnirt.worker import protocol
+from omnirt.worker import protocol, redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.executor import CancelFlags, Executor, create_executor
 from omnirt.worker.log import job_context
@@ -565,6 +565,11 @@ class WorkerDaemon:
                 )
                 if outcome.error is not None:
                     log.info("job %s failed: %s %s", job_id, outcome.error.code, outcome.error.message)
+                    # Whatever mode produced it (persistent ranks, a new executor), the client
+                    # sees no folder of this worker's; the log above keeps the full text.
+                    outcome.error = redact.public_error(
+                        outcome.error, {self.config.model_dir: "MODEL_DIR"}, keep=[assignment.model.source]
+                    )
                 else:
                     log.debug("job %s succeeded", job_id)
                 self._send_result(self._active.get(job_id, assignment.assignment_id), outcome)

@@ -60,3 +60,47 @@ def test_every_slot_gets_a_thread(tmp_path: Path) -> None:
         return [o.WhichOneof("outcome") for o in outcomes]
 
     assert asyncio.run(scenario()) == ["result"] * SLOTS
+
+
+class FailingWithPaths(Executor):
+    """A mode whose errors name the worker's folders, as a persistent rank's traceback text does."""
+
+    mode = "legacy_call"
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+
+    @property
+    def backend(self) -> str:
+        return "cpu"
+
+    async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        if assignment.assignment_id == "a-raises":
+            raise FileNotFoundError(f"{self.model_dir}/sd/unet/config.json")
+        error = t.JobError(
+            "INTERNAL", f"rank 1: cannot open /srv/secret/weights.bin (model {assignment.model.source})"
+        )
+        return [ItemOutcome(i.job_id, error=error) for i in assignment.items]
+
+
+def test_no_error_a_client_sees_names_a_folder_of_the_worker(tmp_path: Path) -> None:
+    config = WorkerConfig(controller="127.0.0.1:1", model_dir=str(tmp_path), worker_id="w-paths", slots=2)
+
+    async def scenario() -> list[str]:
+        daemon = WorkerDaemon(config, FailingWithPaths(tmp_path))
+        runner = asyncio.create_task(daemon.run())
+        spec = t.ModelSpec(id="m", execution_mode="legacy_call", source="/catalog/says/m")
+        for name in ("a-raises", "a-returns"):
+            daemon._handle(Assignment(name, spec, [AssignmentItem(f"job-{name}", t.GenerateRequest("m"))]))
+        while daemon._outbox.durable_pending() < 2:
+            await asyncio.sleep(0.05)
+        box = daemon._outbox
+        messages = sorted([(await box.get()).message.result.error.message for _ in range(2)])
+        daemon.request_drain("test")
+        await asyncio.wait_for(runner, 10)
+        return messages
+
+    returned, raised = asyncio.run(scenario())  # sorted: "rank 1: ..." before "worker error: ..."
+    assert str(tmp_path) not in raised and raised.endswith("FileNotFoundError: MODEL_DIR/sd/unet/config.json")
+    # Other folders keep their last part only; the catalog's own source is no secret.
+    assert returned == "rank 1: cannot open .../weights.bin (model /catalog/says/m)"
