@@ -152,14 +152,26 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             running = {(r.job_id, r.assignment_id) for r in hb.running} if reports_running else None
             await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining, running)
         elif kind == "event":
-            await self.engine.worker_event(
-                handle, message.event.assignment_id, c.event_from_proto(message.event.event)
-            )
+            try:
+                event = c.event_from_proto(message.event.event)
+            except Exception:  # one event this controller cannot read costs itself, not the stream
+                log.warning(
+                    "ignoring an unreadable event from worker", exc_info=True, extra={"worker_id": handle.id}
+                )
+                return
+            await self.engine.worker_event(handle, message.event.assignment_id, event)
         elif kind == "result":
             r = message.result
             outcome = r.WhichOneof("outcome")
-            result = c.result_from_proto(r.result) if outcome == "result" else None
-            error = c.error_from_proto(r.error) if outcome == "error" else None
+            try:
+                result = c.result_from_proto(r.result) if outcome == "result" else None
+                error = c.error_from_proto(r.error) if outcome == "error" else None
+            except Exception as exc:  # fails this job alone: the stream carries the others' results
+                log.exception(
+                    "unreadable result from worker", extra={"worker_id": handle.id, "job_id": r.job_id}
+                )
+                reason = f"the controller cannot read the worker's result: {type(exc).__name__}: {exc}"
+                result, error = None, JobError("INTERNAL", reason[:300])
             if result is None and error is None:
                 error = JobError("INTERNAL", "worker sent a result without an outcome")
             sent = r.result if result is not None else None

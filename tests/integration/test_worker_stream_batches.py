@@ -351,3 +351,29 @@ def test_an_assignment_the_worker_cannot_decode_fails_that_job_alone_and_keeps_t
         assert outcome.assignment_id == f"asg-{index}"
         assert outcome.error.code == "INVALID_ARGUMENT"
         assert "cannot decode" in outcome.error.message
+
+
+def test_a_result_the_controller_cannot_read_fails_that_job_alone_and_keeps_the_stream(
+    controller: Controller, client: omnirt.Client
+) -> None:
+    bad_job, good_job = _queue_jobs(client)[:2]
+    worker = RawWorker(controller.address, "raw-bad-result", accepts_batches=True)
+    try:
+        assert worker.read().WhichOneof("message") == "welcome"
+        assignments, _ = _assignments(worker, JOBS)
+        by_job = {a.items[0].job_id: a for a in assignments}
+        broken = _answer(by_job[bad_job])
+        for message in broken.batch.messages:
+            if message.WhichOneof("message") == "result":  # NaN: no JSON, no Struct reader takes it
+                message.result.result.report.config_resolved["x"] = float("nan")
+        worker.send(broken)
+        for job_id, assignment in by_job.items():
+            if job_id != bad_job:
+                worker.send(_answer(assignment))
+        assert client.wait(good_job, timeout=30).artifacts[0].data == b"png"
+        failed = client.get_job(bad_job)
+        assert failed.state is JobState.FAILED and failed.error is not None
+        assert failed.error.code == "INTERNAL" and "cannot read the worker's result" in failed.error.message
+        assert "raw-bad-result" in {w.id for w in client.list_workers()}  # the same stream, still there
+    finally:
+        worker.close()
