@@ -8,9 +8,10 @@ given. A mask must have the size of the image it goes with, checked before any r
 `file://` URIs are read only inside the worker's `--input-roots` (`InputPolicy`): none given,
 none is read. The path is resolved (symlinks, `..`) before the check; a path outside the roots
 and a missing one get the same answer, so a client learns nothing about the worker's files; only
-regular files are read (no `/dev/zero`, no FIFO), opened without following a last-moment link,
-and at most `--input-max-bytes` of them (or the model's `limits.max_input_bytes`, when
-smaller). Other URI schemes (http, https, s3, ...) are not fetched by the worker at all.
+regular files are read (no `/dev/zero`, no FIFO), opened from the root down without following a
+link swapped in after the check, and at most `--input-max-bytes` of them (or the model's
+`limits.max_input_bytes`, when smaller). Other URI schemes (http, https, s3, ...) are not fetched
+by the worker at all.
 """
 
 from __future__ import annotations
@@ -76,12 +77,11 @@ def read_uri(uri: str, where: str, policy: InputPolicy) -> bytes:
         real = Path(os.path.realpath(unquote(parsed.path)))
     except (OSError, ValueError):  # a NUL byte, a loop of links
         raise not_found from None
-    if parsed.netloc not in ("", "localhost") or not any(real.is_relative_to(r) for r in policy.roots):
+    root = next((r for r in policy.roots if real.is_relative_to(r)), None)
+    if parsed.netloc not in ("", "localhost") or root is None:
         raise not_found
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a link swapped in
-        # after the check is not followed out of the roots.
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open_beneath(root, real.relative_to(root).parts)
     except OSError as exc:
         log.info("%s: cannot open %s: %s", field, real, exc)
         raise not_found from None
@@ -105,6 +105,23 @@ def read_uri(uri: str, where: str, policy: InputPolicy) -> bytes:
         if total > policy.max_bytes:
             raise over
     return b"".join(chunks)
+
+
+def _open_beneath(root: Path, parts: tuple[str, ...]) -> int:
+    """A read-only fd of `root/parts...`, opened one part at a time from the root, none followed as
+    a link (O_NOFOLLOW on each): a folder on the checked path swapped for a link to elsewhere
+    before the open fails it (ELOOP), where opening the whole path would have followed the link.
+    O_NONBLOCK: opening a FIFO must not wait for a writer."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    fd = os.open(root, flags | os.O_DIRECTORY)
+    for index, part in enumerate(parts):
+        folder = os.O_DIRECTORY if index < len(parts) - 1 else 0
+        try:
+            inner = os.open(part, flags | os.O_NOFOLLOW | folder, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = inner
+    return fd
 
 
 def input_bytes(media: t.MediaInput, where: str, policy: InputPolicy) -> bytes:

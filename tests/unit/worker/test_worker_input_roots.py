@@ -11,6 +11,7 @@ import os
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -18,8 +19,9 @@ from worker_testing import run_assignment
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
+from omnirt.worker import media_inputs
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import create_executor
+from omnirt.worker.executor import JobFailure, create_executor
 from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.main import load_config
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome, assignment_from_proto
@@ -209,3 +211,30 @@ def test_the_subprocess_mode_follows_the_input_roots(tmp_path: Path, root: Path)
     outcome = subprocess_job(tmp_path, image.as_uri(), [root])
     assert outcome.error is None, outcome.error
     assert outcome.result is not None and outcome.result.artifacts[0].data == image.read_bytes()
+
+
+# ---- races and odd names: read_uri itself --------------------------------------------------------
+
+
+def test_a_folder_swapped_for_a_link_after_the_check_is_not_followed_out(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The path is checked resolved, then opened: a folder on it replaced by a link to elsewhere in
+    between (a writer of the root racing the worker) must not lead the open out of the roots."""
+    png(root / "sub" / "fox.png")
+    secret = png(tmp_path / "outside" / "fox.png", colour=(1, 2, 3))
+    policy = media_inputs.InputPolicy(roots=(root.resolve(),))
+    real_realpath = os.path.realpath
+
+    def realpath_then_swap(path: Any, *args: Any, **kwargs: Any) -> Any:
+        resolved = real_realpath(path, *args, **kwargs)
+        if str(path).endswith("sub/fox.png"):  # checked: now swap the folder under the worker
+            (root / "sub").rename(root / "sub-old")
+            (root / "sub").symlink_to(secret.parent, target_is_directory=True)
+        return resolved
+
+    monkeypatch.setattr(media_inputs.os.path, "realpath", realpath_then_swap)
+    with pytest.raises(JobFailure) as refused:
+        read = media_inputs.read_uri((root / "sub" / "fox.png").as_uri(), "inputs[0]", policy)
+        assert read != secret.read_bytes(), "the file outside the roots was read"
+    assert refused.value.error.message == NOT_FOUND
