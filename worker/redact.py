@@ -15,8 +15,17 @@ from collections.abc import Iterable, Mapping
 
 from omnirt import types as t
 
-# An absolute path in an exception's text (`/srv/models/x/unet/config.json`); its last part is kept.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~\x00])~?/(?:[^\s'\"/:,;()\[\]]+/)+([^\s'\"/:,;()\[\]]*)")
+# One part of a path: what an exception's text has between slashes.
+_PART = r"[^\s'\"/:,;()\[\]]"
+# An absolute path in an exception's text (`/srv/models/x/unet/config.json`), or the path of a
+# `file://` URI; its last part is kept. Not after a word, `:` or `/` (`1/2`, `org/name`, URLs).
+_ABSOLUTE_PATH = re.compile(rf"(?:(?<=file://)|(?<![\w.:/~\x00]))~?/(?:{_PART}+/)+({_PART}*)")
+
+
+def _replace_whole(text: str, path: str, by: str) -> str:
+    """`text` with `path` replaced by `by` where it is all of a path, not the start of a longer
+    name (`/srv/models` in `/srv/models2/x`)."""
+    return re.sub(re.escape(path) + rf"(?!{_PART})", lambda _: by, text)
 
 
 def redact_paths(text: str, known: Mapping[str, str] | None = None, keep: Iterable[str] = ()) -> str:
@@ -25,10 +34,10 @@ def redact_paths(text: str, known: Mapping[str, str] | None = None, keep: Iterab
     are (a model's catalog `source`: the catalog shows it to every client anyway)."""
     for path, name in sorted((known or {}).items(), key=lambda item: -len(item[0])):
         if path and os.path.isabs(os.path.expanduser(path)):
-            text = text.replace(path, name)
+            text = _replace_whole(text, path, name)
     kept = {f"\x00{i}\x00": value for i, value in enumerate(v for v in keep if v)}
     for marker, value in kept.items():
-        text = text.replace(value, marker)
+        text = _replace_whole(text, value, marker)
     text = _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(1), text)
     for marker, value in kept.items():
         text = text.replace(marker, value)

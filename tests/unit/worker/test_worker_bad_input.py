@@ -130,6 +130,21 @@ def test_redact_paths_keeps_last_names_and_urls() -> None:
     )
 
 
+def test_redact_paths_cuts_a_folder_that_only_starts_like_a_known_one() -> None:
+    # `/srv/models2` is not MODEL_DIR (`/srv/models`), nor `/srv/sd15-private` the kept source.
+    assert redact_paths("cannot open /srv/models2/secret/x.bin", {"/srv/models": "MODEL_DIR"}) == (
+        "cannot open .../x.bin"
+    )
+    assert redact_paths("no /srv/sd15-private/unet/x.bin", keep=["/srv/sd15"]) == "no .../x.bin"
+    assert redact_paths("in /srv/models", {"/srv/models": "MODEL_DIR"}) == "in MODEL_DIR"
+
+
+def test_redact_paths_cuts_the_path_of_a_file_uri_and_leaves_non_paths() -> None:
+    assert redact_paths("cannot read file:///srv/in/secret/x.png") == "cannot read file://.../x.png"
+    text = "steps 1/2 of org/name (https://hf.co/org/name/blob/x), ratio 16/9, a / b"
+    assert redact_paths(text, keep=["org/name"]) == text
+
+
 # ---- the subprocess mode: a failing command's log tail and a missing script ---------------------
 
 FAILS = """
