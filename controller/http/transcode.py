@@ -249,6 +249,20 @@ async def read_json(request: web.Request) -> dict[str, Any] | None:
     return data
 
 
+_SURROGATE = "not Unicode text (an unpaired surrogate escape such as \\ud800)"
+
+
+def _is_text(value: str) -> bool:
+    """False for a string with an unpaired surrogate (isascii is O(1): most strings stop there)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class NonFinite(str):
     """A JSON number no field can hold: NaN, Infinity, or an integer longer than MAX_INT_DIGITS."""
 
@@ -258,14 +272,22 @@ def _integer(text: str) -> int | NonFinite:
 
 
 def check_json(data: Any) -> None:
-    """400 naming the field for a value nested deeper than MAX_JSON_DEPTH or a non-finite number."""
+    """400 naming the field for a value nested deeper than MAX_JSON_DEPTH, a non-finite number,
+    or a string with an unpaired surrogate (a `\\ud800` escape: no UTF-8 holds it, and protobuf
+    and the upb lookups behind it raise on it, a 500 before)."""
     stack: list[tuple[Any, str, int]] = [(data, "", 0)]
     while stack:
         value, path, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             raise bad_request(f"nested deeper than {MAX_JSON_DEPTH} levels", re.split(r"[.\[]", path)[0])
         if isinstance(value, dict):
-            stack.extend((v, f"{path}.{k}" if path else str(k), depth + 1) for k, v in value.items())
+            for k, v in value.items():
+                name = f"{path}.{k}" if path else k
+                if not _is_text(k):
+                    raise bad_request(_SURROGATE, ascii(name)[1:-1])
+                stack.append((v, name, depth + 1))
+        elif isinstance(value, str) and not _is_text(value):
+            raise bad_request(_SURROGATE, path)
         elif isinstance(value, list):
             stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
         elif isinstance(value, NonFinite) or (isinstance(value, float) and not math.isfinite(value)):

@@ -103,6 +103,12 @@ ROWS = [
     row("POST", GEN, 400, None, content=b"null", headers=JSON),
     row("POST", GEN, 400, None, json=[OK]),
     row("POST", GEN, 415, None, content=b"model=null", headers={"content-type": "text/plain"}),
+    # ---- unpaired surrogates: JSON escapes no UTF-8 (nor protobuf) can hold ----
+    row("POST", GEN, 400, "\\udfff", **raw(b'"\\udfff": 1')),
+    row("POST", GEN, 400, "prompt", content=b'{"model": "null", "prompt": "\\ud800"}', headers=JSON),
+    row("POST", GEN, 400, "extra.\\ud800", **raw(b'"extra": {"\\ud800": 1}')),
+    row("POST", GEN, 400, "extra.a[0]", **raw(b'"extra": {"a": ["\\udbff"]}')),
+    row("POST", "/v1/jobs", 400, "labels.\\ud800", **raw(b'"labels": {"\\ud800": "v"}')),
     # ---- wrong JSON types and values, field by field ----
     row("POST", GEN, 400, "model", json={**OK, "model": ["null"]}),
     row("POST", GEN, 400, "prompt", json={**OK, "prompt": {"text": "x"}}),
@@ -168,6 +174,9 @@ ROWS = [
     row("POST", IMG, 400, "extra", json={**OK, "extra": [1]}),
     row("POST", IMG, 400, "extra.x", **raw(b'"extra": {"x": Infinity}')),
     row("POST", IMG, 400, None, content=b"[" * 1000 + b"]" * 1000, headers=JSON),
+    row("POST", IMG, 400, "prompt", content=b'{"model": "null", "prompt": "\\ud800"}', headers=JSON),
+    row("POST", IMG, 400, "model", content=b'{"model": "\\ud800", "prompt": "x"}', headers=JSON),
+    row("POST", IMG, 400, "extra.a", **raw(b'"extra": {"a": "\\ud800"}')),
     # ---- OpenAI images: multipart ----
     row("POST", EDIT, 400, None, **form(("model", b"null"), boundary="")),
     row("POST", EDIT, 400, None, **form(("model", b"null"), ("prompt", b"x"), cut=12)),
