@@ -4,7 +4,8 @@ An adapter name is either a catalog-level name (`runtime.adapters = {name = "pat
 model's entry: the operator's choice, trusted) or a path inside the allowed folders: the
 worker's `model_dir` and the model's `runtime.adapter_dirs`. A relative path is looked up
 in each allowed folder in turn; an absolute one must lie inside one of them. Symlinks are
-resolved before the check, so neither `..` nor a link can reach outside.
+resolved before the check, so neither `..` nor a link can reach outside; a path leading out
+gets the answer of a missing one.
 
 Loaded adapters stay on the pipeline (diffusers `load_lora_weights(..., adapter_name=...)`)
 in a bounded LRU per pipeline (`runtime.max_loaded_adapters`, default 8). A call with
@@ -147,9 +148,10 @@ def _resolve_path(name: str, folders: Sequence[Path], where: str) -> Path:
             real = Path(os.path.realpath(candidate))
         except (OSError, ValueError):  # a name the file system refuses: looked for like a missing one
             continue
-        if not _inside(real, folders):
-            raise _refuse(where, f"adapter path {_echo(name)} is outside the allowed adapter folders")
-        return real
+        # A path leading out of the folders gets a missing one's answer: an answer of its own
+        # would tell a client which files the worker has (`/etc/shadow` against `/etc/nope`).
+        if _inside(real, folders):
+            return real
     reason = (
         f"adapter {_echo(name)} is neither a catalog adapter nor a path in the allowed adapter folders "
         "(the worker's model dir and the model's runtime.adapter_dirs)"

@@ -6,6 +6,7 @@ and only the worker knows the real model (its text encoder's depth)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -47,6 +48,19 @@ def test_adapter_refusals_do_not_list_the_worker_folders(executor: LegacyCallExe
     assert outcome.error.field == "adapters[0]"
     assert executor.config.model_dir not in outcome.error.message, outcome.error.message
     assert "no-such-adapter" in outcome.error.message
+
+
+def test_an_adapter_path_outside_the_folders_gets_the_answer_of_a_missing_one(
+    executor: LegacyCallExecutor, tmp_path: Path
+) -> None:
+    # Otherwise a client learns which files the worker has: "/etc/shadow is outside" against
+    # "/etc/nope is neither a catalog adapter nor a path".
+    (Path(executor.config.model_dir) / "link-out").symlink_to(tmp_path)
+    answers = set()
+    for name in ("/etc/shadow", "/etc/no-such-file", str(tmp_path), "link-out", "no-such-adapter"):
+        message = refused(run_job(executor, adapters=[name]), "INVALID_ARGUMENT", "adapters[0]")
+        answers.add(re.sub(r"'[^']*'", "NAME", message))  # the name as echoed (and redacted)
+    assert len(answers) == 1, answers
 
 
 @pytest.mark.parametrize(
