@@ -69,38 +69,35 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-_bad = bad
-
-
 def _positive(req: GenerateRequest, name: str, limit: int, multiple: int = 1) -> None:
     value = getattr(req, name)
     if value is None:
         return
     if value <= 0:
-        raise _bad(name, f"must be positive (got {value})")
+        raise bad(name, f"must be positive (got {value})")
     if value % multiple:
-        raise _bad(name, f"must be a multiple of {multiple} (got {value})")
+        raise bad(name, f"must be a multiple of {multiple} (got {value})")
     if limit and value > limit:
-        raise _bad(name, f"at most {limit} for this model (got {value})")
+        raise bad(name, f"at most {limit} for this model (got {value})")
     if value > INT32_MAX:  # the field is an int32 on the wire
-        raise _bad(name, f"at most {INT32_MAX} (got {value})")
+        raise bad(name, f"at most {INT32_MAX} (got {value})")
 
 
 def _finite(req: GenerateRequest, name: str, low: float, high: float) -> None:
     """`low <= value <= high` for a float field (NaN and infinities fail: they compare false)."""
     value = getattr(req, name)
     if value is not None and not (math.isfinite(value) and low <= value <= high):
-        raise _bad(name, f"must be between {low:g} and {high:g} (got {value})")
+        raise bad(name, f"must be between {low:g} and {high:g} (got {value})")
 
 
 def _check_times(req: GenerateRequest, now_ms: int) -> None:
     """Deadline and timeout: the job's deadline (now + timeout) must stay a sane int64."""
     if req.deadline_ms < 0 or (req.deadline_ms and req.deadline_ms <= now_ms):
-        raise _bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
+        raise bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
     if req.deadline_ms > now_ms + MAX_TIMEOUT_MS:
-        raise _bad("deadline_ms", f"at most {MAX_TIMEOUT_MS} ms ahead (got {req.deadline_ms}, now {now_ms})")
+        raise bad("deadline_ms", f"at most {MAX_TIMEOUT_MS} ms ahead (got {req.deadline_ms}, now {now_ms})")
     if not 0 <= req.timeout_ms <= MAX_TIMEOUT_MS:
-        raise _bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
+        raise bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
 
 
 def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
@@ -110,7 +107,7 @@ def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
         preset = next((p for p in spec.presets if p.name == req.preset), None)
         if preset is None:
             names = ", ".join(p.name for p in spec.presets) or "none"
-            raise _bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")
+            raise bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")
         overrides = preset.overrides
     for name in PRESET_FIELDS:
         if getattr(req, name) not in (None, ""):
@@ -127,13 +124,13 @@ def _check_inputs(req: GenerateRequest, task: Task) -> None:
     roles = []
     for i, item in enumerate(req.inputs):
         if item.role is None:
-            raise _bad(f"inputs[{i}].role", "required")
+            raise bad(f"inputs[{i}].role", "required")
         if not item.data and not item.uri:
-            raise _bad(f"inputs[{i}]", "needs data or uri")
+            raise bad(f"inputs[{i}]", "needs data or uri")
         roles.append(item.role)
     for role in REQUIRED_INPUTS.get(task, ()):
         if role not in roles:
-            raise _bad("inputs", f"{task.value} needs an input with role {role.value}")
+            raise bad("inputs", f"{task.value} needs an input with role {role.value}")
 
 
 def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
@@ -142,11 +139,11 @@ def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
         return
     if spec.execution_mode != "legacy_call":
         reason = f"{spec.id} runs in {spec.execution_mode} mode, which takes no runtime options per request"
-        raise _bad("extra.runtime", reason)
+        raise bad("extra.runtime", reason)
     try:
         options = runtime_schema.request_options(req.extra["runtime"], spec.runtime)
     except runtime_schema.RuntimeOptionError as exc:
-        raise _bad(f"extra.runtime.{exc.path}".rstrip("."), exc.reason) from None
+        raise bad(f"extra.runtime.{exc.path}".rstrip("."), exc.reason) from None
     # Normalized, so equal settings batch together (`extra` is part of the batching key).
     req.extra = {**req.extra, "runtime": options}
 
@@ -163,11 +160,11 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
         req.task = spec.tasks[0]
     if req.task not in spec.tasks:
         tasks = ", ".join(t.value for t in spec.tasks)
-        raise _bad("task", f"{spec.id} does not do {req.task.value} (it does: {tasks})")
+        raise bad("task", f"{spec.id} does not do {req.task.value} (it does: {tasks})")
     if req.task in TEXT_TASKS and not req.prompt.strip():
-        raise _bad("prompt", f"required for {req.task.value}")
+        raise bad("prompt", f"required for {req.task.value}")
     if not 0 <= req.priority <= MAX_PRIORITY:
-        raise _bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})")
+        raise bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})")
     _check_inputs(req, req.task)
     _check_runtime(req, spec)
     _apply_defaults(req, spec)
@@ -179,27 +176,27 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     _positive(req, "num_frames", lim.max_num_frames)
     _positive(req, "duration_ms", 0)
     if req.guidance_scale is not None and req.guidance_scale < 0:
-        raise _bad("guidance_scale", f"must not be negative (got {req.guidance_scale})")
+        raise bad("guidance_scale", f"must not be negative (got {req.guidance_scale})")
     _finite(req, "guidance_scale", 0, MAX_GUIDANCE_SCALE)
     if req.strength is not None and not 0 < req.strength <= 1:
-        raise _bad("strength", f"must be in (0, 1] (got {req.strength})")
+        raise bad("strength", f"must be in (0, 1] (got {req.strength})")
     if req.fps is not None and req.fps <= 0:
-        raise _bad("fps", f"must be positive (got {req.fps})")
+        raise bad("fps", f"must be positive (got {req.fps})")
     _finite(req, "fps", 0, MAX_FPS)
     if not 0 <= req.quality <= MAX_QUALITY:
-        raise _bad("output.quality", f"must be between 0 and {MAX_QUALITY} (got {req.quality})")
+        raise bad("output.quality", f"must be between 0 and {MAX_QUALITY} (got {req.quality})")
     if not 0 <= req.inline_limit_bytes <= bounds.INT64_MAX:
-        raise _bad(
+        raise bad(
             "output.inline_limit_bytes", f"must be between 0 and 2**63-1 (got {req.inline_limit_bytes})"
         )
     if req.seed is None:
         req.seed = random.randint(0, 2**31 - 1)
     elif not 0 <= req.seed <= MAX_SEED:
-        raise _bad("seed", f"must be between 0 and {MAX_SEED} (got {req.seed})")
+        raise bad("seed", f"must be between 0 and {MAX_SEED} (got {req.seed})")
     kind = OUTPUT_KIND[req.task]
     req.output_format = (req.output_format or FORMATS[kind][0]).lower()
     if req.output_format not in FORMATS[kind]:
-        raise _bad("output.format", f"{echo(req.output_format)} is not one of {', '.join(FORMATS[kind])}")
+        raise bad("output.format", f"{echo(req.output_format)} is not one of {', '.join(FORMATS[kind])}")
     return Plan(spec=spec, request=req, config=resolved_config(req, spec))
 
 
