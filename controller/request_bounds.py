@@ -24,8 +24,9 @@ ECHO_CHARS = 64
 # Most characters of an error's field path and of its reason (a few hundred bytes of trailers).
 MAX_FIELD_CHARS = 512
 MAX_REASON_CHARS = 256
-# Job and worker ids a request names (the controller's own job ids are 20 characters).
-MAX_ID_CHARS = 128
+# Job and worker ids a request names: the controller's own job ids are 20 characters; a worker
+# id is often its pod name (deploy/k8s), which Kubernetes allows 253 characters.
+MAX_ID_CHARS = 256
 # Model ids and aliases (a Hugging Face hub id "org/name" is at most 96 characters).
 MAX_MODEL_NAME_CHARS = 256
 # Scheduler (a diffusers class name), preset and output format names.

@@ -11,7 +11,7 @@ from omnirt.controller.catalog import Catalog, CatalogError, load_file
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.engine import Engine
 from omnirt.controller.validation import validate
-from omnirt.errors import InvalidRequest, JobNotFound, ModelNotFound
+from omnirt.errors import InvalidRequest, JobNotFound, ModelNotFound, WorkerNotFound
 from omnirt.types import Adapter, GenerateRequest, MediaInput, MediaRole, ModelSpec, Task
 
 
@@ -321,6 +321,13 @@ def test_job_and_worker_ids_are_bounded_before_any_lookup(catalog: Catalog) -> N
     with pytest.raises(JobNotFound) as missing:
         engine.get("job-" + "0" * 100)
     assert len(missing.value.message) <= MESSAGE_CHARS
+
+
+def test_a_worker_named_after_its_pod_can_be_drained(catalog: Catalog) -> None:
+    # Kubernetes pod names (the worker id in deploy/k8s) may have 253 characters.
+    engine = Engine(ControllerConfig(), catalog)
+    with pytest.raises(WorkerNotFound):
+        engine.drain_worker("w" * 253)
 
 
 def test_a_reused_idempotency_key_is_quoted_bounded(catalog: Catalog) -> None:
