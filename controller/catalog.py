@@ -39,7 +39,10 @@ def spec_from_dict(entry: dict[str, Any], where: str) -> ModelSpec:
     model_id = entry.get("id")
     if not model_id or not isinstance(model_id, str):
         raise CatalogError(f"{where}: every model needs a string `id`")
-    where = f"{where}: model {model_id!r}"
+    where = f"{where}: model {echo(model_id)}"
+    for name in (model_id, *entry.get("aliases", ())):
+        if isinstance(name, str) and len(name) > MAX_MODEL_NAME_CHARS:  # no request could name it
+            raise CatalogError(f"{where}: id and aliases are at most {MAX_MODEL_NAME_CHARS} characters")
     try:
         tasks = [Task(x) for x in entry.pop("tasks", [])]
     except ValueError as exc:
@@ -56,8 +59,9 @@ def spec_from_dict(entry: dict[str, Any], where: str) -> ModelSpec:
     defaults = _table(ModelDefaults, entry.pop("defaults", {}), f"{where} [defaults]")
     limits = _table(ModelLimits, entry.pop("limits", {}), f"{where} [limits]")
     for f in fields(ModelLimits):
-        value, most = getattr(limits, f.name), INT64_MAX if f.name == "max_input_bytes" else INT32_MAX
         # Every limit travels in ModelSpec messages (DescribeModel, each Assignment).
+        value = getattr(limits, f.name)
+        most = INT64_MAX if f.name == "max_input_bytes" else INT32_MAX
         if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most):
             raise CatalogError(f"{where} [limits]: {f.name} must be a whole number from 0 to {most}")
     spec = _table(ModelSpec, entry, where)
