@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import re
 import secrets
 import sys
 import threading
@@ -206,19 +207,30 @@ def _bad_extra(key: str, reason: str, code: str = INVALID_ARGUMENT) -> JobFailur
     return JobFailure(code, f"extra.{key}: {reason}", f"extra.{key}")
 
 
+# An annotation that takes a sequence too (`float | list[float]`: one per ControlNet).
+_TAKES_SEQUENCE = re.compile(r"\b(?:list|List|tuple|Tuple|Sequence)\b")
+
+
 @functools.lru_cache(maxsize=256)
-def _number_defaults(function: Any) -> frozenset[str]:
-    """The parameters of `function` whose default is a number (not a bool)."""
+def _number_defaults(function: Any) -> dict[str, bool]:
+    """The parameters of `function` whose default is a number (not a bool), each with whether its
+    annotation takes a list of numbers too (diffusers' ControlNet scales)."""
     parameters = inspect.signature(function).parameters.values()
-    return frozenset(p.name for p in parameters if _is_number(p.default))
+    return {
+        p.name: bool(
+            _TAKES_SEQUENCE.search(p.annotation if isinstance(p.annotation, str) else str(p.annotation))
+        )
+        for p in parameters
+        if _is_number(p.default)
+    }
 
 
 def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
     """Refuse, before the call, request extras the pipeline would fail on with a Python error.
 
     `clip_skip` is checked against the model's text encoders, `guidance_rescale` must be a number
-    from 0 to 1, and an argument whose default is a number must get a number. JobFailure naming
-    `extra.KEY`.
+    from 0 to 1, and an argument whose default is a number must get a number (or a list of them,
+    when its annotation takes one). JobFailure naming `extra.KEY`.
     """
     extra = {k: plan.specific[k] for k in plan.item.request.extra if k in plan.specific}
     if "clip_skip" in extra:
@@ -227,10 +239,14 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
     if rescale is not None and not (_is_number(rescale) and 0 <= rescale <= 1):  # NaN fails too
         raise _bad_extra("guidance_rescale", f"a number from 0 to 1 (got {_echo(rescale)})")
     call = getattr(pipeline.__call__, "__func__", None)
-    numbers = _number_defaults(call) if call is not None else frozenset()
+    numbers = _number_defaults(call) if call is not None else {}
     for key, value in extra.items():
-        if key in numbers and not _is_number(value):
+        if key not in numbers or _is_number(value):
+            continue
+        if not numbers[key]:
             raise _bad_extra(key, f"a number (got {_echo(value)})")
+        if not (isinstance(value, list) and value and all(_is_number(v) for v in value)):
+            raise _bad_extra(key, f"a number or a list of numbers (got {_echo(value)})")
 
 
 def _check_clip_skip(pipeline: Any, value: Any) -> None:

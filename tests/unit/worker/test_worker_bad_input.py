@@ -18,8 +18,9 @@ from worker_testing import run_assignment
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import create_executor
+from omnirt.worker.executor import JobFailure, create_executor
 from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.pipeline_args import ItemPlan, check_arguments
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.redact import redact_paths
 
@@ -116,6 +117,45 @@ def test_a_number_argument_given_text_is_invalid_argument(executor: LegacyCallEx
     outcome = run_job(executor, extra={"eta": "lots"})
     assert refused(outcome, "INVALID_ARGUMENT", "extra.eta") == "extra.eta: a number (got 'lots')"
     assert report(run_job(executor, extra={"guidance_rescale": 0.5, "eta": 0})).config_resolved["eta"] == 0
+
+
+class ControlNetLike:
+    """The signature of diffusers' ControlNet pipelines: a number, or one per ControlNet."""
+
+    def __call__(
+        self,
+        prompt: str = "",
+        num_inference_steps: int = 50,
+        controlnet_conditioning_scale: float | list[float] = 1.0,
+    ) -> None:
+        raise AssertionError("not called")
+
+
+def extras_checked(pipeline: Any, **extra: Any) -> JobFailure | None:
+    plan = ItemPlan(AssignmentItem("job", t.GenerateRequest(model="m", extra=extra)), 1, [1], "png", "")
+    plan.specific = dict(extra)
+    try:
+        check_arguments(pipeline, plan)
+    except JobFailure as failure:
+        return failure
+    return None
+
+
+def test_a_list_for_an_argument_that_takes_one_number_per_controlnet_is_accepted() -> None:
+    # Multi-ControlNet: `controlnet_conditioning_scale=[0.5, 0.8]` was "extra...: a number".
+    from diffusers import StableDiffusionControlNetPipeline
+
+    # This file's annotations are strings; diffusers' own are typing objects: both are read.
+    for pipeline in (ControlNetLike(), object.__new__(StableDiffusionControlNetPipeline)):
+        assert extras_checked(pipeline, controlnet_conditioning_scale=[0.5, 0.8]) is None
+        assert extras_checked(pipeline, controlnet_conditioning_scale=0.5) is None
+        for key, value in [
+            ("controlnet_conditioning_scale", "x"),
+            ("controlnet_conditioning_scale", [0.5, "x"]),
+            ("num_inference_steps", [4]),
+        ]:
+            failure = extras_checked(pipeline, **{key: value})
+            assert failure is not None and failure.error.field == f"extra.{key}", (key, value)
 
 
 def test_a_model_that_fails_to_load_says_so_without_the_model_dir(
