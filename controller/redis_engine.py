@@ -409,14 +409,19 @@ class RedisEngine:
 
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
         """Register a worker (AlreadyExists when another live process holds its id, here or on
-        another controller)."""
+        another controller: the claim in Redis decides, in one script, see `CLAIM_WORKER`)."""
         info.connected_at = info.last_heartbeat_at = utcnow()
         handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
+        lease_ms = self.config.lease_timeout_ms
         try:
-            holder = None if info.id in self._local_ids() else await self._held_elsewhere(info)
+            self.workers.check(info, lease_ms / 1000)
+            try:
+                holder = await self.store.claim_worker(info, self.id, lease_ms)
+            except redis.exceptions.RedisError:
+                holder = None  # not checked while Redis is away: the upkeep tick claims it later
             if holder is not None:
-                raise id_taken(holder)
-            old = self.workers.add(handle, self.config.lease_timeout_ms / 1000)
+                raise id_taken(dataclasses.replace(info, hostname=holder[0], pid=holder[1]))
+            old = self.workers.add(handle, lease_ms / 1000)
         except AlreadyExists as exc:
             log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
             raise
@@ -430,18 +435,16 @@ class RedisEngine:
         for warning in handle.warnings:
             log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
         with contextlib.suppress(redis.exceptions.RedisError):  # else the next upkeep tick writes it
-            await self.store.put_workers([handle.snapshot()], _now_ms() + self.config.lease_timeout_ms)
+            await self.store.put_workers([handle.snapshot()], self.id, lease_ms, _now_ms() + lease_ms)
         self.wake.set()
         return handle
 
-    async def _held_elsewhere(self, info: WorkerInfo) -> WorkerInfo | None:
-        """A live worker of another controller with this id and from another process, if any
-        (its controller refreshed it within a lease; one that died keeps it that long)."""
-        try:
-            self.cluster = await self.store.workers(_now_ms())
-        except redis.exceptions.RedisError:
-            return None  # not checked while Redis is away
-        return next((w for w in self.cluster if w.id == info.id and not same_process(w, info)), None)
+    def id_lost(self, handle: WorkerHandle) -> None:
+        """Another process holds this worker's id now (its claim expired while Redis was away or
+        this controller stalled, and that one took it): this one's stream ends (`worker_lost`
+        requeues its jobs), and it is refused when it comes back while the other lives."""
+        log.warning("worker id taken by another process: disconnecting", extra={"worker_id": handle.id})
+        handle.link.close()
 
     async def worker_heartbeat(
         self,
@@ -599,7 +602,7 @@ class RedisEngine:
             log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
             await self._lose_jobs(handle, reason)
             with contextlib.suppress(redis.exceptions.RedisError):
-                await self.store.drop_worker(handle.id)
+                await self.store.drop_worker(handle.info, self.id)
             self.wake.set()
 
     async def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:

@@ -19,6 +19,8 @@ Cluster hash tag, so every key lives in one slot):
     P jobs            zset job -> creation time (ms): the listing
     P idem:KEY        string: the job of an idempotency key (its own TTL)
     P workers         hash worker id -> WorkerInfo proto (+ P workers:seen zset id -> expiry)
+    P worker-claim:ID hash instance, owner, host, pid: the process that holds worker id ID and
+                      the controller it is connected to; expires a lease after its last renewal
     P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID has a new event),
                       "c ID ASSIGNMENT OWNER REASON" (stop a running job), "d WORKER" (drain)
 
@@ -214,4 +216,62 @@ for i = 4, #ARGV do
   end
 end
 return renewed
+"""
+
+# Worker ids. A worker id belongs to one process: the first Hello with it takes the claim, and
+# a Hello from another process is refused while the claim lives. Checking `workers` and then
+# registering let two processes racing through two controllers both in; one script cannot.
+# The claim lives a lease and is renewed with the `workers` entry (WORKERS_SEEN); a controller
+# renews, lists and drops only what it still holds, never what another one took over.
+
+# ARGV: p, worker id, instance ('' = an old worker: never the same process), owner, host, pid,
+#       lease_ms. Returns {'ok'} or {'held', host, pid} (the holder, another process).
+CLAIM_WORKER = r"""
+local p, id, instance = ARGV[1], ARGV[2], ARGV[3]
+local k = p .. 'worker-claim:' .. id
+local held = redis.call('HMGET', k, 'instance', 'host', 'pid')
+if held[1] and (instance == '' or held[1] ~= instance) then return {'held', held[2], held[3]} end
+redis.call('DEL', k)
+redis.call('HSET', k, 'instance', instance, 'owner', ARGV[4], 'host', ARGV[5], 'pid', ARGV[6])
+redis.call('PEXPIRE', k, ARGV[7])
+return {'ok'}
+"""
+
+# Renew the claims of this controller's workers and list them (workers, workers:seen). A claim
+# that expired (Redis away past a lease, or restarted empty) is taken again; one another
+# process or controller holds now is left alone, and its id returned: that worker must go.
+# ARGV: p, owner, lease_ms, expiry_ms, then id, instance, host, pid, info (WorkerInfo proto)
+# per worker. Returns the ids this controller no longer holds.
+WORKERS_SEEN = r"""
+local p, owner, lease, expiry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local lost = {}
+for i = 5, #ARGV, 5 do
+  local id, instance = ARGV[i], ARGV[i + 1]
+  local k = p .. 'worker-claim:' .. id
+  local held = redis.call('HMGET', k, 'instance', 'owner')
+  if held[1] and (held[1] ~= instance or held[2] ~= owner) then
+    table.insert(lost, id)
+  else
+    if not held[1] then
+      redis.call('HSET', k, 'instance', instance, 'owner', owner, 'host', ARGV[i + 2], 'pid', ARGV[i + 3])
+    end
+    redis.call('PEXPIRE', k, lease)
+    redis.call('HSET', p .. 'workers', id, ARGV[i + 4])
+    redis.call('ZADD', p .. 'workers:seen', expiry, id)
+  end
+end
+return lost
+"""
+
+# A worker this controller held is gone: its claim and listing go, unless another controller
+# (or process) holds the id by now. ARGV: p, owner, id, instance. Returns 1 when dropped.
+DROP_WORKER = r"""
+local p, owner, id, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local k = p .. 'worker-claim:' .. id
+local held = redis.call('HMGET', k, 'instance', 'owner')
+if held[1] and (held[1] ~= instance or held[2] ~= owner) then return 0 end
+redis.call('DEL', k)
+redis.call('HDEL', p .. 'workers', id)
+redis.call('ZREM', p .. 'workers:seen', id)
+return 1
 """

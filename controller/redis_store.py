@@ -143,6 +143,10 @@ class RedisJobStore:
             name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
             for name in ("SUBMIT", "CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
         }
+        self._worker_scripts = {
+            name: self.redis.register_script(getattr(scripts, name))
+            for name in ("CLAIM_WORKER", "WORKERS_SEEN", "DROP_WORKER")
+        }
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -467,20 +471,32 @@ class RedisJobStore:
             {k.decode(): int(v) for k, v in running.items() if int(v) > 0},
         )
 
-    async def put_workers(self, workers: Sequence[WorkerInfo], expiry_ms: int) -> None:
-        if not workers:
-            return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for w in workers:
-                pipe.hset(self.p + "workers", w.id, _bytes(c.worker_to_proto(w)))
-                pipe.zadd(self.p + "workers:seen", {w.id: expiry_ms})
-            await pipe.execute()
+    async def claim_worker(self, info: WorkerInfo, owner: str, lease_ms: int) -> tuple[str, int] | None:
+        """Take worker id `info.id` for its process (`info.instance_id`) on controller `owner`;
+        None when taken, else the (host, pid) of the other live process that holds it."""
+        answer = await self._worker_scripts["CLAIM_WORKER"](
+            keys=[], args=[self.p, info.id, info.instance_id, owner, info.hostname, info.pid, lease_ms]
+        )
+        if answer[0] == b"ok":
+            return None
+        return (answer[1] or b"").decode(), int(answer[2] or 0)
 
-    async def drop_worker(self, worker_id: str) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hdel(self.p + "workers", worker_id)
-            pipe.zrem(self.p + "workers:seen", worker_id)
-            await pipe.execute()
+    async def put_workers(
+        self, workers: Sequence[WorkerInfo], owner: str, lease_ms: int, expiry_ms: int
+    ) -> list[str]:
+        """Renew the claims of `owner`'s workers and list them for the cluster (until
+        `expiry_ms`); returns the ids another process or controller holds now (not renewed)."""
+        if not workers:
+            return []
+        args: list[Any] = [self.p, owner, lease_ms, expiry_ms]
+        for w in workers:
+            args += [w.id, w.instance_id, w.hostname, w.pid, _bytes(c.worker_to_proto(w))]
+        lost = await self._worker_scripts["WORKERS_SEEN"](keys=[], args=args)
+        return [worker_id.decode() for worker_id in lost]
+
+    async def drop_worker(self, info: WorkerInfo, owner: str) -> None:
+        """Forget a worker `owner` held (claim and listing), unless another one holds its id now."""
+        await self._worker_scripts["DROP_WORKER"](keys=[], args=[self.p, owner, info.id, info.instance_id])
 
     async def workers(self, now_ms: int) -> list[WorkerInfo]:
         """Workers connected to any controller (their controller refreshed them lately)."""

@@ -269,8 +269,15 @@ class RedisUpkeep:
                     for job_id in list(self.engine.waiters):
                         self.engine.notify(job_id)
                 self.engine.store_ok = True
-                expiry = _now_ms() + self.engine.config.lease_timeout_ms
-                await self.engine.store.put_workers([w.snapshot() for w in self.engine.workers.all()], expiry)
+                # This controller's workers into the cluster's view, and their ids' claims renewed.
+                lease_ms = self.engine.config.lease_timeout_ms
+                handles = self.engine.workers.all()
+                lost = await self.engine.store.put_workers(
+                    [w.snapshot() for w in handles], self.engine.id, lease_ms, _now_ms() + lease_ms
+                )
+                for handle in handles:
+                    if handle.id in lost:
+                        self.engine.id_lost(handle)
                 self.engine.cluster = await self.engine.store.workers(_now_ms())
                 depth = await self.engine.store.depth([spec.id for spec in self.engine.catalog])
                 self.engine.depth = Gauges(*depth)

@@ -205,15 +205,18 @@ class WorkerRegistry:
         another process (another instance id) is refused with AlreadyExists. The same process
         (it lost its stream and the old one is not noticed as gone yet) replaces it at once.
         """
+        self.check(handle.info, lease_s)
         old = self._workers.get(handle.id)
-        if (
-            old is not None
-            and not same_process(old.info, handle.info)
-            and time.monotonic() - old.last_seen <= lease_s
-        ):
-            raise id_taken(old.info)
         self._workers[handle.id] = handle
         return old
+
+    def check(self, info: WorkerInfo, lease_s: float) -> None:
+        """AlreadyExists when a worker of another process, heard from within `lease_s`, holds `info.id`."""
+        old = self._workers.get(info.id)
+        if old is None or same_process(old.info, info):
+            return
+        if time.monotonic() - old.last_seen <= lease_s:
+            raise id_taken(old.info)
 
     def remove(self, handle: WorkerHandle) -> bool:
         """Forget this handle (not a newer one with the same id); True when it was registered."""

@@ -15,10 +15,14 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+import redis
 
 import omnirt
 from omnirt.types import EventKind, JobState
+from omnirt.worker.v1 import gateway_pb2 as pb
+from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Controller, RedisServer, Worker, free_port, wait_for
 
 # About 5 s of steps.
@@ -225,3 +229,126 @@ def test_a_worker_serving_a_model_the_catalog_lacks_is_warned_and_listed(
     finally:
         worker.stop()
         controller.stop()
+
+
+class HandStream:
+    """A worker stream driven by hand: it sends its Hello and nothing more until closed."""
+
+    def __init__(self, address: str, worker_id: str, instance_id: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self._done = threading.Event()
+        hello = pb.Hello(
+            worker_id=worker_id,
+            execution_mode="legacy_call",
+            backend="cpu",
+            models=["null"],
+            slots=1,
+            instance_id=instance_id,
+            reports_running=True,
+        )
+
+        def requests() -> Iterator[pb.ConnectRequest]:
+            yield pb.ConnectRequest(hello=hello)
+            self._done.wait()
+
+        self.stream = gateway_pb2_grpc.WorkerGatewayServiceStub(self.channel).Connect(requests(), timeout=120)
+
+    def first(self) -> str:
+        """What the controller answered the Hello with: 'welcome', or the status code's name."""
+        try:
+            return next(self.stream).WhichOneof("message") or "?"
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+
+    def end(self) -> str:
+        """Read until the controller ends the stream: 'OK', or the status code's name."""
+        try:
+            for _ in self.stream:
+                pass
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+        return "OK"
+
+    def close(self) -> None:
+        self._done.set()
+        self.channel.close()
+
+
+def race_hellos(addresses: list[str], worker_id: str) -> tuple[list[str], list[HandStream]]:
+    """One Hello with `worker_id` to each address at the same instant, each from its own process
+    (instance id); the answers, in the order of `addresses`."""
+    barrier = threading.Barrier(len(addresses))
+    answers = [""] * len(addresses)
+    streams: list[HandStream | None] = [None] * len(addresses)
+
+    def hello(i: int) -> None:
+        barrier.wait()
+        streams[i] = HandStream(addresses[i], worker_id, f"{worker_id}-process-{i}")
+        answers[i] = streams[i].first()  # type: ignore[union-attr]
+
+    threads = [threading.Thread(target=hello, args=(i,)) for i in range(len(addresses))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return answers, [s for s in streams if s is not None]
+
+
+def test_on_redis_two_processes_racing_for_one_id_on_two_controllers_let_exactly_one_in(
+    log_dir: Path,
+) -> None:
+    server = RedisServer(log_dir).start()
+    store = ("--store", server.url, "--lease-timeout-ms", "5000")
+    controllers = [Controller(log_dir, *store).start(), Controller(log_dir, *store).start()]
+    try:
+        for round_ in range(8):
+            worker_id = f"w-race-{round_}"
+            answers, streams = race_hellos([c.address for c in controllers], worker_id)
+            assert sorted(answers) == ["ALREADY_EXISTS", "welcome"], (round_, answers)
+            winner = controllers[answers.index("welcome")]
+            assert [w.instance_id for w in winner.workers() if w.id == worker_id] == [
+                f"{worker_id}-process-{answers.index('welcome')}"
+            ]
+            for stream in streams:
+                stream.close()
+            # The winner's stream ended: its claim is released at once, the id is free again.
+            loser = controllers[answers.index("ALREADY_EXISTS")]
+            wait_for(lambda: worker_id not in loser.worker_ids(), 30, "the winner to be gone")  # noqa: B023
+            again = HandStream(loser.address, worker_id, "a-third-process")
+            try:
+                assert again.first() == "welcome"
+            finally:
+                again.close()
+    finally:
+        for controller in controllers:
+            controller.stop()
+        server.stop()
+
+
+def test_on_redis_a_controller_whose_worker_lost_its_id_claim_disconnects_it(log_dir: Path) -> None:
+    # As when the claim expired while Redis was away (or Redis restarted empty) and another
+    # process of that id got in through another controller first.
+    server = RedisServer(log_dir).start()
+    controller = Controller(log_dir, "--store", server.url, "--lease-timeout-ms", "5000").start()
+    stream = HandStream(controller.address, "w-claimed", "first-process")
+    try:
+        assert stream.first() == "welcome"
+        controller.wait_worker("w-claimed")
+        store = redis.Redis.from_url(server.url)
+        store.hset("{omnirt}:worker-claim:w-claimed", mapping={"instance": "other", "owner": "ctl-x"})
+        assert stream.end() == "OK", "the controller ends the stream of the worker that lost its id"
+        again = HandStream(controller.address, "w-claimed", "first-process")
+        try:
+            assert again.first() == "ALREADY_EXISTS", "the other process holds the id now"
+        finally:
+            again.close()
+        store.delete("{omnirt}:worker-claim:w-claimed")  # the other one is gone
+        back = HandStream(controller.address, "w-claimed", "first-process")
+        try:
+            assert back.first() == "welcome"
+        finally:
+            back.close()
+    finally:
+        stream.close()
+        controller.stop()
+        server.stop()
