@@ -42,8 +42,11 @@ def bounded(text: str, limit: int) -> str:
 
 
 def _metadata_value(text: str) -> str:
-    # ASCII metadata must be printable ASCII: other characters go as Python escapes.
-    return bounded(text.encode("ascii", "backslashreplace").decode(), MAX_METADATA_CHARS)
+    # ASCII metadata must be printable ASCII (one newline made the status "Invalid metadata",
+    # INTERNAL): anything else goes as Python escapes, as validation writes field paths.
+    if not (text.isascii() and text.isprintable()):
+        text = ascii(text)[1:-1]
+    return bounded(text, MAX_METADATA_CHARS)
 
 
 def _reason(exc: OmniRTError) -> str:

@@ -260,3 +260,14 @@ def test_an_unexpected_error_names_its_type_and_a_bounded_message() -> None:
     assert err.code() == grpc.StatusCode.INTERNAL
     message = err.details() or ""
     assert message.startswith("internal error: KeyError: 'kkk") and len(message) <= 400
+
+
+@pytest.mark.parametrize("field", ["a\nb", "a\x00b", "\u00e9\x7f"])
+def test_a_field_with_control_characters_keeps_its_status(field: str) -> None:
+    # Metadata values must be printable ASCII: a raw newline lost the whole status before
+    # (INTERNAL "Invalid metadata"); a worker's JobError field reaches here unchecked.
+    err = _call_raising(errors.InvalidRequest("bad field", field=field))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details() == "bad field"
+    sent = dict(err.trailing_metadata() or ())[errors.FIELD_KEY]
+    assert sent == ascii(field)[1:-1] and sent.isprintable()
+    assert errors.from_rpc_error(err).field == sent
