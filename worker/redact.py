@@ -23,9 +23,9 @@ _ABSOLUTE_PATH = re.compile(rf"(?:(?<=file://)|(?<![\w.:/~\x00]))~?/(?:{_PART}+/
 
 
 def _replace_whole(text: str, path: str, by: str) -> str:
-    """`text` with `path` replaced by `by` where it is all of a path, not the start of a longer
-    name (`/srv/models` in `/srv/models2/x`)."""
-    return re.sub(re.escape(path) + rf"(?!{_PART})", lambda _: by, text)
+    """`text` with `path` replaced by `by` where it is all of a path, not part of a longer name
+    (`/srv/models` in `/srv/models2/x` or `/data/srv/models`)."""
+    return re.sub(rf"(?<!{_PART}){re.escape(path)}(?!{_PART})", lambda _: by, text)
 
 
 def redact_paths(text: str, known: Mapping[str, str] | None = None, keep: Iterable[str] = ()) -> str:

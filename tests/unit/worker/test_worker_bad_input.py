@@ -191,6 +191,9 @@ def test_redact_paths_cuts_a_folder_that_only_starts_like_a_known_one() -> None:
     )
     assert redact_paths("no /srv/sd15-private/unet/x.bin", keep=["/srv/sd15"]) == "no .../x.bin"
     assert redact_paths("in /srv/models", {"/srv/models": "MODEL_DIR"}) == "in MODEL_DIR"
+    # Nor is a folder that only ends like one: `/data/srv/sd15` is neither the source nor MODEL_DIR.
+    assert redact_paths("missing /data/srv/sd15", keep=["/srv/sd15"]) == "missing .../sd15"
+    assert redact_paths("in /data/srv/models", {"/srv/models": "MODEL_DIR"}) == "in .../models"
 
 
 def test_redact_paths_cuts_the_path_of_a_file_uri_and_leaves_non_paths() -> None:
