@@ -20,6 +20,8 @@ from grpc_status import rpc_status
 
 from omnirt.errors import InvalidRequest, OmniRTError
 
+from .request_bounds import MAX_FIELD_CHARS
+
 log = logging.getLogger("omnirt.controller")
 
 ERROR_DOMAIN = "omnirt.dev"
@@ -28,7 +30,7 @@ ERROR_DOMAIN = "omnirt.dev"
 # With these bounds all of it stays under 8 KiB (measured: 7 KiB at most, for a message of
 # 2- or 4-byte characters, percent-encoded, then again in the details, base64).
 MAX_MESSAGE_BYTES = 1024
-MAX_METADATA_CHARS = 512  # what validation lets through for a field name: it arrives whole
+MAX_METADATA_CHARS = MAX_FIELD_CHARS  # what validation lets through for a field: it arrives whole
 MAX_DESCRIPTION_CHARS = 256  # of a BadRequest violation: the message again, in short
 MAX_INTERNAL_CHARS = 300  # of an unexpected exception's text: enough to recognise it, no dump
 

@@ -83,8 +83,8 @@ def bad(name: str, reason: str) -> InvalidRequest:
     """
     if not (name.isascii() and name.isprintable()):
         name = ascii(name)[1:-1]
-    if len(name) > MAX_FIELD_CHARS:
-        name = name[:MAX_FIELD_CHARS] + "..."
+    if len(name) > MAX_FIELD_CHARS:  # with the "...", as the interceptor would cut it otherwise
+        name = name[: MAX_FIELD_CHARS - 3] + "..."
     if len(reason) > MAX_REASON_CHARS:
         reason = reason[:MAX_REASON_CHARS] + "..."
     return InvalidRequest(f"{name}: {reason}", field=name)

@@ -19,6 +19,7 @@ from grpc_status import rpc_status
 
 from omnirt import errors
 from omnirt.controller.interceptors import ErrorInterceptor
+from omnirt.controller.request_bounds import bad
 from omnirt.v1 import (
     cluster_pb2,
     generation_pb2,
@@ -271,3 +272,11 @@ def test_a_field_with_control_characters_keeps_its_status(field: str) -> None:
     sent = dict(err.trailing_metadata() or ())[errors.FIELD_KEY]
     assert sent == ascii(field)[1:-1] and sent.isprintable()
     assert errors.from_rpc_error(err).field == sent
+
+
+def test_the_longest_field_validation_names_arrives_as_named() -> None:
+    # Over HTTP the JSON error carries the field as validation cut it; gRPC must say the same.
+    error = bad("extra." + "k" * 600, "too deep")
+    err = _call_raising(error)
+    assert dict(err.trailing_metadata() or ())[errors.FIELD_KEY] == error.field
+    assert err.details() == error.message
