@@ -28,8 +28,15 @@ def error_object(
     code: str, message: str, *, field: str = "", subject: str = "", retry_after_s: float | None = None
 ) -> dict[str, Any]:
     """What `--json` prints for an error: `{"error": {...}}`, with the same keys every time."""
-    error = {"code": code, "message": message, "field": field, "subject": subject}
-    return {"error": {**error, "retry_after_s": retry_after_s}}
+    return {
+        "error": {
+            "code": code,
+            "message": message,
+            "field": field,
+            "subject": subject,
+            "retry_after_s": retry_after_s,
+        }
+    }
 
 
 def print_error(exc: OmniRTError, *, json_output: bool) -> None:
