@@ -17,6 +17,7 @@ from aiohttp import WSMsgType, web
 
 from omnirt.errors import OmniRTError
 
+from ..request_bounds import echo
 from .errors import native_body
 from .transcode import to_json
 
@@ -132,7 +133,7 @@ async def _command(text: str, commands: dict[str, Command]) -> dict[str, Any]:
     command = commands.get(data["type"])
     if command is None:
         known = ", ".join(commands)
-        return _ws_error(f"unknown message type {data['type']!r} (known: {known})", "type")
+        return _ws_error(f"unknown message type {echo(data['type'])} (known: {known})", "type")
     try:
         return await command(data)
     except OmniRTError as exc:

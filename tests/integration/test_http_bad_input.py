@@ -267,20 +267,22 @@ def test_bad_websocket_frames_get_errors_and_the_socket_stays_open(http: httpx.C
         async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
             await ws.send_str("[" * 5000 + "]" * 5000)
             await ws.send_str('{"type": "ping", "n": 1' + "0" * 5000 + "}")
+            await ws.send_json({"type": "t" * 100_000})
             await ws.send_json({"type": "ping"})
             async for frame in ws:
                 message = json.loads(frame.data)
                 if "event" not in message:
                     replies.append(message)
-                if len(replies) == 3:
+                if len(replies) == 4:
                     await ws.send_json({"type": "cancel"})
                 if "cancel" in message:
                     break
         return replies
 
     replies = asyncio.run(run())
-    assert [next(iter(r)) for r in replies] == ["error", "error", "pong", "cancel"], replies
-    assert all(r["error"]["code"] == "INVALID_ARGUMENT" for r in replies[:2])
+    assert [next(iter(r)) for r in replies] == ["error", "error", "error", "pong", "cancel"], replies
+    assert all(r["error"]["code"] == "INVALID_ARGUMENT" for r in replies[:3])
+    assert len(replies[2]["error"]["message"]) < 300, "an unknown type is quoted bounded"
 
 
 def test_the_last_resort_handler_was_never_reached_and_the_gateway_still_serves(
