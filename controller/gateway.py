@@ -18,7 +18,7 @@ from omnirt.worker.v1 import gateway_pb2_grpc
 
 from .convert import outbound_to_proto, worker_from_hello
 from .engine_client import EngineClient
-from .workers import Outbound, WorkerHandle
+from .workers import Assignment, Outbound, WorkerHandle
 
 log = logging.getLogger("omnirt.controller.gateway")
 _CLOSE = object()
@@ -32,13 +32,29 @@ class StreamLink:
     """WorkerLink over the Connect stream: messages wait in a queue the response stream drains."""
 
     def __init__(self) -> None:
-        # Outbound messages, or ones already converted (a message that did not fit in a batch).
+        # Outbound messages, or (converted, Outbound) for one that did not fit in the last batch.
         self._pending: deque[object] = deque()
         self._ready = asyncio.Event()
+        # The worker's handle (told when its assignments are written: until then its heartbeats
+        # cannot list them), and the assignments of the messages the last `take` returned.
+        self._handle: WorkerHandle | None = None
+        self._taken: list[Assignment] = []
+
+    def attach(self, handle: WorkerHandle) -> None:
+        self._handle = handle
 
     def send(self, message: Outbound) -> None:
+        if self._handle is not None and isinstance(message, Assignment):
+            self._handle.in_transit(message)
         self._pending.append(message)
         self._ready.set()
+
+    def written(self) -> None:
+        """The messages the last `take` returned were written to the worker."""
+        if self._handle is not None:
+            for assignment in self._taken:
+                self._handle.sent(assignment)
+        self._taken.clear()
 
     def close(self) -> None:
         self._pending.append(_CLOSE)
@@ -59,14 +75,19 @@ class StreamLink:
             head = self._pending[0]
             if head is _CLOSE:
                 return taken or None  # what came before the close goes first
-            message = head if isinstance(head, pb.ConnectResponse) else outbound_to_proto(head)  # type: ignore[arg-type]
+            if isinstance(head, tuple):  # converted already: it did not fit in the last batch
+                message, outbound = head
+            else:
+                message, outbound = outbound_to_proto(head), head  # type: ignore[arg-type]
             if max_messages > 1:
                 total += message.ByteSize()
                 if taken and total > BATCH_MAX_BYTES:
-                    self._pending[0] = message  # the next batch starts with it
+                    self._pending[0] = (message, outbound)  # the next batch starts with it
                     break
             self._pending.popleft()
             taken.append(message)
+            if isinstance(outbound, Assignment):
+                self._taken.append(outbound)
         return taken
 
 
@@ -112,6 +133,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                     yield messages[0]
                 else:
                     yield pb.ConnectResponse(batch=pb.ConnectResponseBatch(messages=messages))
+                link.written()  # the write went out (grpc.aio resumes the generator then)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

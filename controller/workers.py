@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -11,6 +12,9 @@ from omnirt.errors import AlreadyExists, OmniRTError, WorkerNotFound
 from omnirt.types import GenerateRequest, ModelSpec, WorkerInfo, WorkerState
 
 from .catalog import Catalog
+
+# The heartbeat count of a job whose assignment is not written yet: never judged.
+_UNSENT = sys.maxsize
 
 
 @dataclass
@@ -75,32 +79,35 @@ class WorkerHandle:
     last_seen: float = field(default_factory=time.monotonic)
     # What the Welcome tells the worker about its Hello (models the catalog lacks, ...).
     warnings: list[str] = field(default_factory=list)
-    # job id -> when it was started here, and when the last heartbeat came (monotonic; 0 = none),
-    # and job id -> heartbeats in a row that left it out (counted once it was sent before the
-    # previous heartbeat came): see `unlisted`.
-    _started: dict[str, float] = field(default_factory=dict)
-    _last_beat: float = 0.0
-    _missed: dict[str, int] = field(default_factory=dict)
+    # Heartbeats that listed jobs so far, and job id -> the one as of which the worker is known
+    # to hold it (the last that listed it, or the first that may have left after its assignment
+    # was written; _UNSENT while the assignment still waits to be written): see `unlisted`.
+    _beats: int = 0
+    _held_at: dict[str, int] = field(default_factory=dict)
     # assignment id -> jobs of it still running: one pipeline call takes one slot
     _calls: dict[str, int] = field(default_factory=dict)
     # model id -> jobs of it running here, and job id -> its model (for the busy batch window)
     _models: dict[str, int] = field(default_factory=dict)
     _job_models: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        attach = getattr(self.link, "attach", None)  # a link that says when it wrote an assignment
+        if attach is not None:
+            attach(self)
+
     def start(self, job_id: str, assignment_id: str, model: str) -> None:
         self.running[job_id] = assignment_id
         self._calls[assignment_id] = self._calls.get(assignment_id, 0) + 1
         self._job_models[job_id] = model
         self._models[model] = self._models.get(model, 0) + 1
-        self._started[job_id] = time.monotonic()
+        self._held_at[job_id] = self._beats + 1  # as if sent now (see `in_transit`)
 
     def release(self, job_id: str, assignment_id: str) -> bool:
         """Forget a finished job; True when it was running here under that assignment."""
         if self.running.get(job_id) != assignment_id:
             return False
         del self.running[job_id]
-        self._started.pop(job_id, None)
-        self._missed.pop(job_id, None)
+        self._held_at.pop(job_id, None)
         left = self._calls[assignment_id] - 1
         if left:
             self._calls[assignment_id] = left
@@ -131,31 +138,41 @@ class WorkerHandle:
         self.info.state = WorkerState.DRAINING
         self.link.send(Drain(reason))
 
+    def in_transit(self, assignment: Assignment) -> None:
+        """`assignment` waits to be written to the worker: its jobs are not judged until `sent`."""
+        for item in assignment.items:
+            if self.running.get(item.job_id) == assignment.assignment_id:
+                self._held_at[item.job_id] = _UNSENT
+
+    def sent(self, assignment: Assignment) -> None:
+        """`assignment` was written to the worker: its jobs are judged as of now."""
+        for item in assignment.items:
+            if self.running.get(item.job_id) == assignment.assignment_id:
+                self._held_at[item.job_id] = self._beats + 1
+
     def unlisted(self, listed: set[tuple[str, str]]) -> list[tuple[str, str]]:
         """(job id, assignment id) of jobs counted here that the worker does not hold, given the
         (job id, assignment id) pairs a heartbeat lists.
 
-        A job is judged only once it was sent before the previous heartbeat came (one still on
-        its way may be missing), and is given up when two heartbeats in a row leave it out: a
-        heartbeat the worker builds right after another one (a preload ended) or before it read
-        what came in while its loop was busy may miss a job it has.
+        The first heartbeat after an assignment was written may have left before the worker read
+        it; after that, a job is given up when two heartbeats in a row leave it out: a heartbeat
+        the worker builds right after another one (a preload ended) or before it read what came
+        in while its loop was busy may miss a job it has.
         """
-        previous, self._last_beat = self._last_beat, time.monotonic()
+        self._beats += 1
         gone = []
         for job_id, assignment_id in self.running.items():
-            if (job_id, assignment_id) in listed or self._started.get(job_id, 0.0) >= previous:
-                self._missed.pop(job_id, None)
-                continue
-            self._missed[job_id] = self._missed.get(job_id, 0) + 1
-            if self._missed[job_id] >= 2:
+            if (job_id, assignment_id) in listed:
+                self._held_at[job_id] = self._beats
+            elif self._beats - self._held_at.get(job_id, self._beats) >= 2:
                 gone.append((job_id, assignment_id))
         return gone
 
     def take_over(self, old: WorkerHandle) -> None:
-        """Hold the jobs of the same worker process's previous stream (they still run there)."""
+        """Hold the jobs of the same worker process's previous stream (they still run there; an
+        assignment lost with that stream is left out of the heartbeats and released)."""
         for job_id, assignment_id in old.running.items():
             self.start(job_id, assignment_id, old._job_models.get(job_id, ""))
-            self._started[job_id] = old._started.get(job_id, 0.0)
         old.release_all()
 
     def release_all(self) -> None:
@@ -163,8 +180,7 @@ class WorkerHandle:
         self._calls.clear()
         self._models.clear()
         self._job_models.clear()
-        self._started.clear()
-        self._missed.clear()
+        self._held_at.clear()
 
     @property
     def id(self) -> str:

@@ -3,11 +3,13 @@ and models the catalog lacks are named (in-process worker link, see test_engine)
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from omnirt.controller.engine import Engine
+from omnirt.controller.gateway import StreamLink
 from omnirt.errors import AlreadyExists
 from omnirt.types import JobState, WorkerInfo
 from tests.unit.controller.test_engine import InProcessLink, make_engine, request
@@ -86,3 +88,27 @@ def test_models_the_catalog_lacks_are_listed_and_warned() -> None:
     handle = engine.workers.get("w1")
     assert handle.snapshot().unknown_models == ["tiny-sdd"]
     assert len(handle.warnings) == 1 and "'tiny-sdd', which the catalog lacks" in handle.warnings[0]
+
+
+def test_a_job_whose_assignment_still_waits_to_be_written_is_not_judged() -> None:
+    # The worker stream is busy writing something big (an assignment with 30 MiB of inputs on a
+    # slow link): the worker's heartbeats cannot list what is queued behind it.
+    engine = make_engine()
+    link = StreamLink()
+    info = WorkerInfo(id="w1", execution_mode="legacy_call", slots=1, instance_id="i1")
+    engine.worker_connected(info, link)
+    record, _ = engine.submit(request())
+    engine.dispatch()
+    handle = engine.workers.get("w1")
+    for _ in range(4):
+        engine.worker_heartbeat(handle, [], False, set())
+    assert record.job.state is JobState.RUNNING and handle.busy_slots == 1, "released before it was sent"
+    written = asyncio.run(link.take(1))
+    assert written and written[0].WhichOneof("message") == "assignment"
+    link.written()
+    # Now judged as a job just sent: the next heartbeat may predate it, then two must leave it out.
+    for _ in range(2):
+        engine.worker_heartbeat(handle, [], False, set())
+        assert record.job.state is JobState.RUNNING
+    engine.worker_heartbeat(handle, [], False, set())
+    assert record.job.state is JobState.QUEUED and handle.busy_slots == 0
