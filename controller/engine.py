@@ -383,7 +383,7 @@ class Engine:
         message: types_pb2.GenerateResult | None = None,
     ) -> None:
         handle.last_seen = time.monotonic()
-        if handle.release(job_id, assignment_id):
+        if self.workers.release(handle, job_id, assignment_id):
             self._wake.set()
         record = self._current(job_id, assignment_id)
         if record is None:

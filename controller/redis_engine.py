@@ -496,7 +496,7 @@ class RedisEngine:
         message: types_pb2.GenerateResult | None = None,  # unused: Redis stores its own conversion
     ) -> None:
         handle.last_seen = time.monotonic()
-        if handle.release(job_id, assignment_id):
+        if self.workers.release(handle, job_id, assignment_id):
             self.wake.set()
         record = self.running.get(job_id)
         if record is not None and record.assignment_id == assignment_id:

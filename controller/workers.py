@@ -241,6 +241,14 @@ class WorkerRegistry:
             return True
         return False
 
+    def release(self, handle: WorkerHandle, job_id: str, assignment_id: str) -> bool:
+        """Forget a job that ended (`WorkerHandle.release`); a result that came up the stream of
+        `handle` after a new stream of the same process took its jobs over frees the new one's slot."""
+        if handle.release(job_id, assignment_id):
+            return True
+        current = self._workers.get(handle.id)
+        return current is not None and current is not handle and current.release(job_id, assignment_id)
+
     def get(self, worker_id: str) -> WorkerHandle:
         handle = self._workers.get(worker_id)
         if handle is None:

@@ -11,7 +11,7 @@ import pytest
 from omnirt.controller.engine import Engine
 from omnirt.controller.gateway import StreamLink
 from omnirt.errors import AlreadyExists
-from omnirt.types import JobState, WorkerInfo
+from omnirt.types import JobError, JobState, WorkerInfo
 from tests.unit.controller.test_engine import InProcessLink, make_engine, request
 
 
@@ -112,3 +112,18 @@ def test_a_job_whose_assignment_still_waits_to_be_written_is_not_judged() -> Non
         assert record.job.state is JobState.RUNNING
     engine.worker_heartbeat(handle, [], False, set())
     assert record.job.state is JobState.QUEUED and handle.busy_slots == 0
+
+
+def test_a_result_that_comes_on_the_replaced_stream_frees_the_slot_of_the_new_one() -> None:
+    engine = make_engine()
+    connect(engine, instance="i1")
+    record, _ = engine.submit(request())
+    engine.dispatch()
+    old = engine.workers.get("w1")
+    connect(engine, instance="i1")  # the same process on a new stream takes the job over
+    new = engine.workers.get("w1")
+    assert new is not old and new.busy_slots == 1
+    # The result was already on its way up the old stream, which the controller still reads.
+    engine.worker_result(old, record.assignment_id, record.job.id, None, JobError("INTERNAL", "x"))
+    assert record.job.state is JobState.FAILED
+    assert new.busy_slots == 0 and new.running == {}
