@@ -176,13 +176,11 @@ def check_extra(extra: dict[str, Any]) -> None:
     if "clip_skip" in extra:
         value = extra["clip_skip"]
         if not (_is_number(value) and float(value).is_integer() and 0 <= value <= MAX_CLIP_SKIP):
-            raise bad(
-                "extra.clip_skip", f"must be an integer from 0 to {MAX_CLIP_SKIP} (got {_short(value)})"
-            )
+            raise bad("extra.clip_skip", f"must be an integer from 0 to {MAX_CLIP_SKIP} (got {shown(value)})")
     if "guidance_rescale" in extra:
         value = extra["guidance_rescale"]
         if not (_is_number(value) and 0 <= value <= 1):
-            raise bad("extra.guidance_rescale", f"must be a number in [0, 1] (got {_short(value)})")
+            raise bad("extra.guidance_rescale", f"must be a number in [0, 1] (got {shown(value)})")
 
 
 def _extra_size(value: Any, depth: int) -> int:
@@ -233,5 +231,6 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _short(value: Any) -> str:
+def shown(value: Any) -> str:
+    """Any value a client sent, quoted for an error message: `echo` for text, else its repr, cut."""
     return echo(value) if isinstance(value, str) else repr(value)[:ECHO_CHARS]

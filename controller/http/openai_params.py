@@ -17,6 +17,7 @@ from aiohttp import BodyPartReader, web
 
 from omnirt.types import GenerateRequest, Task
 
+from ..request_bounds import shown
 from .errors import HttpError, bad_request
 
 # Image signatures -> MIME type (the controller does not decode images; the worker does).
@@ -32,11 +33,6 @@ FORMAT_ALIASES = {"jpg": "jpeg"}
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:36]}..."
 
 
 def sniff_image(data: bytes) -> str:
@@ -81,11 +77,11 @@ class Params:
                 raise ValueError
             number = int(value)
         except (TypeError, ValueError):
-            raise bad_request(f"must be an integer (got {_shown(value)})", name) from None
+            raise bad_request(f"must be an integer (got {shown(value)})", name) from None
         if number < minimum:
-            raise bad_request(f"must be at least {minimum} (got {_shown(number)})", name)
+            raise bad_request(f"must be at least {minimum} (got {shown(number)})", name)
         if number > maximum:
-            raise bad_request(f"must be at most {maximum} (got {_shown(number)})", name)
+            raise bad_request(f"must be at most {maximum} (got {shown(number)})", name)
         return number
 
     def number(self, name: str) -> float | None:
@@ -98,15 +94,15 @@ class Params:
                 raise ValueError
             number = float(value)
         except (TypeError, ValueError):
-            raise bad_request(f"must be a number (got {_shown(value)})", name) from None
+            raise bad_request(f"must be a number (got {shown(value)})", name) from None
         if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
-            raise bad_request(f"must be a finite number within float32 range (got {_shown(value)})", name)
+            raise bad_request(f"must be a finite number within float32 range (got {shown(value)})", name)
         return number
 
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
         value = self.text(name, default)
         if value not in choices:
-            raise bad_request(f"must be one of {', '.join(choices)} (got {value!r})", name)
+            raise bad_request(f"must be one of {', '.join(choices)} (got {shown(value)})", name)
         return value
 
     def flag(self, name: str) -> bool:
@@ -121,7 +117,7 @@ class Params:
         width, sep, height = value.lower().partition("x")
         fits = (v.isascii() and v.isdigit() and len(v) <= 10 and int(v) <= INT32[1] for v in (width, height))
         if not sep or not all(fits):
-            raise bad_request(f"must be WIDTHxHEIGHT, e.g. 512x512, or auto (got {_shown(value)})", "size")
+            raise bad_request(f"must be WIDTHxHEIGHT, e.g. 512x512, or auto (got {shown(value)})", "size")
         return int(width), int(height)
 
 
@@ -205,9 +201,7 @@ async def _multipart(request: web.Request) -> tuple[dict[str, Any], dict[str, li
         try:
             values[name] = data.decode(part.get_charset("utf-8"))
         except (UnicodeDecodeError, LookupError):
-            raise bad_request(
-                f"not text in its charset ({_shown(part.get_charset('utf-8'))})", name
-            ) from None
+            raise bad_request(f"not text in its charset ({shown(part.get_charset('utf-8'))})", name) from None
     return values, files
 
 

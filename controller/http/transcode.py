@@ -24,6 +24,7 @@ from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 
+from ..request_bounds import shown
 from .errors import HttpError, bad_request
 
 UNARY, SSE, WEBSOCKET, DOWNLOAD = "unary", "sse", "websocket", "download"
@@ -292,8 +293,8 @@ def check_json(data: Any) -> None:
             stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
         elif isinstance(value, NonFinite) or (isinstance(value, float) and not math.isfinite(value)):
             text = str(value)
-            shown = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
-            raise bad_request(f"must be a finite number a double can hold (got {shown})", path)
+            quoted = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+            raise bad_request(f"must be a finite number a double can hold (got {quoted})", path)
 
 
 def flag(value: Any) -> bool:
@@ -311,7 +312,7 @@ def flag(value: Any) -> bool:
         "",
     ):
         return value.strip().lower() in ("1", "true", "yes", "on")
-    raise bad_request(f"must be a boolean (got {value!r})", ASYNC_KEY)
+    raise bad_request(f"must be a boolean (got {shown(value)})", ASYNC_KEY)
 
 
 def artifact_url(request: web.Request, job_id: str, index: int) -> str:

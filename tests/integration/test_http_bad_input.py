@@ -225,6 +225,21 @@ def test_bad_input_is_a_4xx_json_error_naming_the_field(
     assert error["message"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (IMG, {**OK, "response_format": "r" * 50_000}, "response_format"),
+        (GEN, {**OK, "async": "a" * 50_000}, "async"),
+        (GEN, {**OK, "async": ["a" * 1000] * 50}, "async"),
+    ],
+)
+def test_a_huge_bad_value_is_quoted_bounded(http: httpx.Client, path: str, body: Any, field: str) -> None:
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text[:500]
+    error = r.json()["error"]
+    assert error.get("param", error.get("field")) == field and len(error["message"]) < 300, error
+
+
 def test_a_declared_content_length_over_the_limit_is_413_before_the_body(controller: Controller) -> None:
     host, _, port = controller.http.rpartition(":")  # type: ignore[attr-defined]
     cases = [(GEN, "application/json", ""), (EDIT, "multipart/form-data; boundary=x", "")]
