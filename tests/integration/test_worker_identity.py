@@ -191,7 +191,7 @@ def test_a_worker_reconnecting_while_its_old_stream_looks_alive_gets_back_in_and
                     [w.connected_at.ToMilliseconds() for w in controller.workers() if w.id == "w-flaky"]
                     not in ([], connected)
                 ),
-                10,
+                30,
                 "the worker to be back on a new stream",
             )
             assert "ALREADY_EXISTS" not in worker.log()
