@@ -20,6 +20,7 @@ from omnirt.errors import ExecutionFailed, OmniRTError
 
 from .. import tracing
 from ..metrics import CONTENT_TYPE
+from ..request_bounds import echo
 from . import openai_images, openai_models, openai_videos
 from .errors import HttpError, bad_request, error_response, from_http_exception
 from .streams import send_download, send_sse, send_websocket
@@ -263,6 +264,6 @@ def too_large(request: web.Request) -> HttpError | None:
 def last_event_id(value: str) -> int:
     """An EventSource's `Last-Event-ID`: the sequence number of an event this gateway sent."""
     if not (value.isascii() and value.isdigit()) or len(value) > 20 or int(value) > MAX_SEQUENCE:
-        shown = value if len(value) <= 24 else f"{value[:20]}... ({len(value)} characters)"
-        raise bad_request(f"must be the id of an event, a sequence number (got {shown!r})", "Last-Event-ID")
+        reason = f"must be the id of an event, a sequence number (got {echo(value, 20)})"
+        raise bad_request(reason, "Last-Event-ID")
     return int(value)
