@@ -9,9 +9,9 @@ given. A mask must have the size of the image it goes with, checked before any r
 none is read. The path is resolved (symlinks, `..`) before the check; a path outside the roots
 and a missing one get the same answer, so a client learns nothing about the worker's files; only
 regular files are read (no `/dev/zero`, no FIFO), opened from the root down without following a
-link swapped in after the check, and at most `--input-max-bytes` of them (or the model's
-`limits.max_input_bytes`, when smaller). Other URI schemes (http, https, s3, ...) are not fetched
-by the worker at all.
+link swapped in after the check; at most `--input-max-bytes` of one file are read, and the model's
+`limits.max_input_bytes` bounds a request's inputs together (inline ones included). Other URI
+schemes (http, https, s3, ...) are not fetched by the worker at all.
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ _CHUNK_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class InputPolicy:
-    """Where `file://` inputs may be read from (real paths; none = refused) and their largest size."""
+    """Where `file://` inputs may be read from (real paths; none = refused), the largest file, and
+    the most bytes of one request's inputs together (the model's; 0 = no bound)."""
 
     roots: tuple[Path, ...] = ()
     max_bytes: int = DEFAULT_INPUT_MAX_BYTES
+    request_max_bytes: int = 0
 
     @classmethod
     def of(cls, config: WorkerConfig) -> InputPolicy:
@@ -52,16 +54,23 @@ class InputPolicy:
         return cls(roots=roots, max_bytes=config.input_max_bytes)
 
     def for_model(self, spec: t.ModelSpec) -> InputPolicy:
-        """This policy with the model's `limits.max_input_bytes` too, when it is set and smaller."""
-        limit = spec.limits.max_input_bytes
-        if 0 < limit < self.max_bytes:
-            return dataclasses.replace(self, max_bytes=limit)
-        return self
+        """This policy with the model's `limits.max_input_bytes` (one request's inputs together)."""
+        return dataclasses.replace(self, request_max_bytes=max(spec.limits.max_input_bytes, 0))
+
+    def file_limit(self, used: int) -> int:
+        """The most bytes one more file may have, `used` bytes of the request's inputs in already."""
+        if not self.request_max_bytes:
+            return self.max_bytes
+        return max(0, min(self.max_bytes, self.request_max_bytes - used))
 
 
-def read_uri(uri: str, where: str, policy: InputPolicy) -> bytes:
-    """The bytes behind input `where`'s URI; JobFailure(INVALID_ARGUMENT, field `where.uri`) if refused."""
+def read_uri(uri: str, where: str, policy: InputPolicy, used: int = 0) -> bytes:
+    """The bytes behind input `where`'s URI; JobFailure(INVALID_ARGUMENT, field `where.uri`) if refused.
+
+    `used`: bytes of the request's other inputs so far (they and this file share the model's bound).
+    """
     field = f"{where}.uri"
+    limit = policy.file_limit(used)
 
     def refuse(reason: str) -> JobFailure:
         return JobFailure(INVALID_ARGUMENT, f"{field}: {reason}", field)
@@ -90,19 +99,19 @@ def read_uri(uri: str, where: str, policy: InputPolicy) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise refuse("not a regular file")
         over = refuse(
-            f"the file is over the limit of {policy.max_bytes} bytes (the worker's --input-max-bytes "
-            "or the model's limits.max_input_bytes)"
+            f"the file is over the limit of {limit} bytes (the worker's --input-max-bytes, or what the "
+            "model's limits.max_input_bytes leaves of the request's inputs together)"
         )
-        if info.st_size > policy.max_bytes:
+        if info.st_size > limit:
             raise over
         chunks, total = [], 0
-        while total <= policy.max_bytes:  # the file may grow after fstat: never read past the limit
-            chunk = file.read(min(_CHUNK_BYTES, policy.max_bytes + 1 - total))
+        while total <= limit:  # the file may grow after fstat: never read past the limit
+            chunk = file.read(min(_CHUNK_BYTES, limit + 1 - total))
             if not chunk:
                 break
             chunks.append(chunk)
             total += len(chunk)
-        if total > policy.max_bytes:
+        if total > limit:
             raise over
     return b"".join(chunks)
 
@@ -124,33 +133,39 @@ def _open_beneath(root: Path, parts: tuple[str, ...]) -> int:
     return fd
 
 
-def input_bytes(media: t.MediaInput, where: str, policy: InputPolicy) -> bytes:
-    """The bytes of one input: its inline data, else what its URI names (see `read_uri`)."""
-    if media.data:
-        return media.data
-    if not media.uri:
-        raise JobFailure(INVALID_ARGUMENT, f"{where}: the input has neither data nor a uri", where)
-    return read_uri(media.uri, where, policy)
+class _Reader:
+    """Reads one request's URI inputs, all of them together within the model's bound."""
+
+    def __init__(self, inputs: list[t.MediaInput], policy: InputPolicy) -> None:
+        self.policy = policy
+        self.used = sum(len(media.data) for media in inputs)  # inline bytes count too
+
+    def read(self, media: t.MediaInput, where: str) -> t.MediaInput:
+        """`media` with its data: as it came, else read from its URI (see `read_uri`)."""
+        if media.data or not media.uri:
+            return media
+        data = read_uri(media.uri, where, self.policy, self.used)
+        self.used += len(data)
+        return dataclasses.replace(media, data=data, uri="")
 
 
 def with_uris_read(request: t.GenerateRequest, policy: InputPolicy) -> t.GenerateRequest:
     """`request` with every URI input replaced by its bytes (for code that reads `data` only)."""
     if all(media.data or not media.uri for media in request.inputs):
         return request
-    inputs = [
-        media
-        if media.data or not media.uri
-        else dataclasses.replace(media, data=read_uri(media.uri, f"inputs[{index}]", policy), uri="")
-        for index, media in enumerate(request.inputs)
-    ]
+    reader = _Reader(request.inputs, policy)
+    inputs = [reader.read(media, f"inputs[{index}]") for index, media in enumerate(request.inputs)]
     return dataclasses.replace(request, inputs=inputs)
 
 
-def decode_image(media: t.MediaInput, where: str, policy: InputPolicy) -> Any:
-    """The decoded image of `media` (RGB, or L for a mask); JobFailure naming `where` if it is not one."""
+def decode_image(media: t.MediaInput, where: str) -> Any:
+    """The decoded image of `media`'s data (RGB, or L for a mask); JobFailure naming `where` if it
+    is not one."""
     from PIL import Image, UnidentifiedImageError
 
-    raw = input_bytes(media, where, policy)
+    raw = media.data
+    if not raw:
+        raise JobFailure(INVALID_ARGUMENT, f"{where}: the input has neither data nor a uri", where)
     try:
         image = Image.open(io.BytesIO(raw))
         if image.width * image.height > MAX_INPUT_PIXELS:
@@ -188,12 +203,13 @@ def image_inputs(
 
     decoded: dict[str, Any] = {}
     where_of: dict[str, str] = {}
+    reader = _Reader(inputs, policy)
     for index, media in enumerate(inputs):
         argument = roles[media.role]
         where = f"inputs[{index}]"
         if argument in decoded:
             raise JobFailure(INVALID_ARGUMENT, f"a second {media.role.value} input; one is allowed", where)
-        decoded[argument] = decode_image(media, where, policy)
+        decoded[argument] = decode_image(reader.read(media, where), where)
         where_of[argument] = where
     image, mask = decoded.get("image"), decoded.get("mask_image")
     if image is not None and mask is not None and mask.size != image.size:

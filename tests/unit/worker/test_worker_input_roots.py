@@ -238,3 +238,32 @@ def test_a_folder_swapped_for_a_link_after_the_check_is_not_followed_out(
         read = media_inputs.read_uri((root / "sub" / "fox.png").as_uri(), "inputs[0]", policy)
         assert read != secret.read_bytes(), "the file outside the roots was read"
     assert refused.value.error.message == NOT_FOUND
+
+
+def test_the_models_input_limit_bounds_a_requests_files_together(root: Path) -> None:
+    """`limits.max_input_bytes` is "bytes of one request's inputs together": 16 files each just
+    under it were 16 times that in memory (and in the subprocess mode's job folder)."""
+    fox, mask = png(root / "fox.png"), png(root / "mask.png", colour=(255, 255, 255))
+    size = fox.stat().st_size
+    spec = t.ModelSpec(id="m", limits=t.ModelLimits(max_input_bytes=size + size // 2))
+    policy = media_inputs.InputPolicy(roots=(root.resolve(),)).for_model(spec)
+    inputs = [
+        t.MediaInput(role=t.MediaRole.IMAGE, uri=fox.as_uri()),
+        t.MediaInput(role=t.MediaRole.MASK, uri=mask.as_uri()),
+    ]
+    request = t.GenerateRequest(model="m", inputs=inputs)
+    for read in (
+        lambda: media_inputs.with_uris_read(request, policy),  # the subprocess mode
+        lambda: media_inputs.image_inputs(
+            inputs, {t.MediaRole.IMAGE: "image", t.MediaRole.MASK: "mask"}, None, policy
+        ),
+    ):
+        with pytest.raises(JobFailure) as refused:
+            read()
+        assert refused.value.error.field == "inputs[1].uri"
+        assert "over the limit" in refused.value.error.message and "together" in refused.value.error.message
+    # Each alone fits; inline bytes count against the same total.
+    assert media_inputs.with_uris_read(t.GenerateRequest(model="m", inputs=inputs[:1]), policy).inputs[0].data
+    inline = [t.MediaInput(role=t.MediaRole.IMAGE, data=fox.read_bytes()), inputs[1]]
+    with pytest.raises(JobFailure, match="over the limit"):
+        media_inputs.with_uris_read(t.GenerateRequest(model="m", inputs=inline), policy)
