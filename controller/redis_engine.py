@@ -46,7 +46,7 @@ from .engine import _fingerprint, batch_key, batch_limit, client_view, new_job, 
 from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics, Gauges
 from .redis_store import RedisJobStore, StoredJob, batch_key_id, raise_lost_cancel
-from .redis_upkeep import RedisUpkeep
+from .redis_upkeep import SLOW_TICK_S, RedisUpkeep
 from .request_bounds import check_id, echo
 from .tracing import JobTracing
 from .validation import Plan, validate
@@ -416,7 +416,7 @@ class RedisEngine:
         try:
             self.workers.check(info, lease_ms / 1000)
             try:
-                holder = await self.store.claim_worker(info, self.id, lease_ms)
+                holder = await self.store.claim_worker(info, self.id, self.claim_ms())
             except redis.exceptions.RedisError:
                 holder = None  # not checked while Redis is away: the upkeep tick claims it later
             if holder is not None:
@@ -435,9 +435,15 @@ class RedisEngine:
         for warning in handle.warnings:
             log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
         with contextlib.suppress(redis.exceptions.RedisError):  # else the next upkeep tick writes it
-            await self.store.put_workers([handle.snapshot()], self.id, lease_ms, _now_ms() + lease_ms)
+            await self.store.put_workers([handle.snapshot()], self.id, self.claim_ms(), _now_ms() + lease_ms)
         self.wake.set()
         return handle
+
+    def claim_ms(self) -> int:
+        """How long a worker id's claim lives past its last renewal: a lease, and at least three
+        upkeep ticks (it is renewed once a tick; a shorter life would lapse between renewals and
+        let a retrying twin in, and the two would then take the id from each other in turn)."""
+        return max(self.config.lease_timeout_ms, int(3000 * SLOW_TICK_S))
 
     def id_lost(self, handle: WorkerHandle) -> None:
         """Another process holds this worker's id now (its claim expired while Redis was away or

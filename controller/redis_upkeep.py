@@ -30,7 +30,7 @@ log = logging.getLogger("omnirt.controller")
 TICK_S = 0.1
 # How often the dispatcher looks at the queue without being woken (a lost notification).
 POLL_S = 0.5
-SLOW_TICK_S = 1.0
+SLOW_TICK_S = 1.0  # also renews worker-id claims: see RedisEngine.claim_ms
 ARTIFACT_SWEEP_S = 60.0
 SWEEP_PAGE = 500
 
@@ -270,10 +270,11 @@ class RedisUpkeep:
                         self.engine.notify(job_id)
                 self.engine.store_ok = True
                 # This controller's workers into the cluster's view, and their ids' claims renewed.
-                lease_ms = self.engine.config.lease_timeout_ms
+                expiry = _now_ms() + self.engine.config.lease_timeout_ms
                 handles = self.engine.workers.all()
+                snapshots = [w.snapshot() for w in handles]
                 lost = await self.engine.store.put_workers(
-                    [w.snapshot() for w in handles], self.engine.id, lease_ms, _now_ms() + lease_ms
+                    snapshots, self.engine.id, self.engine.claim_ms(), expiry
                 )
                 for handle in handles:
                     if handle.id in lost:
