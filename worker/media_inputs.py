@@ -94,7 +94,7 @@ def read_uri(uri: str, where: str, policy: InputPolicy, used: int = 0) -> bytes:
     except OSError as exc:
         log.info("%s: cannot open %s: %s", field, real, exc)
         raise not_found from None
-    with os.fdopen(fd, "rb", buffering=0) as file:
+    try:  # plain fd reads: os.fdopen of a folder's fd raised IsADirectoryError and left it open
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise refuse("not a regular file")
@@ -106,13 +106,15 @@ def read_uri(uri: str, where: str, policy: InputPolicy, used: int = 0) -> bytes:
             raise over
         chunks, total = [], 0
         while total <= limit:  # the file may grow after fstat: never read past the limit
-            chunk = file.read(min(_CHUNK_BYTES, limit + 1 - total))
+            chunk = os.read(fd, min(_CHUNK_BYTES, limit + 1 - total))
             if not chunk:
                 break
             chunks.append(chunk)
             total += len(chunk)
         if total > limit:
             raise over
+    finally:
+        os.close(fd)
     return b"".join(chunks)
 
 

@@ -131,6 +131,13 @@ def test_non_regular_files_are_refused_without_reading(executor: LegacyCallExecu
     assert "not a regular file" in message and str(root) not in message
     message = refusal(image2image(with_roots(executor, Path("/dev")), "file:///dev/zero"))
     assert "not a regular file" in message
+    # A folder (the root itself too) is refused the same way, and leaves no file descriptor open.
+    (root / "folder").mkdir()
+    open_fds = len(os.listdir("/proc/self/fd"))
+    for folder in (root / "folder", root):
+        message = refusal(image2image(with_roots(executor, root), folder.as_uri()))
+        assert "not a regular file" in message, message
+    assert len(os.listdir("/proc/self/fd")) == open_fds
     assert time.monotonic() - started < 30
 
 
