@@ -155,6 +155,8 @@ def error_for(
     """Build the typed error for a status code (or its name, as in `JobError.code`)."""
     if isinstance(code, str):
         code = grpc.StatusCode[code] if code in grpc.StatusCode.__members__ else grpc.StatusCode.UNKNOWN
+    if code is grpc.StatusCode.OK:  # a failure that calls itself OK (a worker's JobError) is unknown
+        code = grpc.StatusCode.UNKNOWN
     cls = _BY_SUBJECT.get(subject) if code is grpc.StatusCode.NOT_FOUND else None
     cls = cls or _BY_CODE.get(code, OmniRTError)
     err = cls(message, field=field, retry_after_s=retry_after_s)

@@ -280,3 +280,10 @@ def test_the_longest_field_validation_names_arrives_as_named() -> None:
     err = _call_raising(error)
     assert dict(err.trailing_metadata() or ())[errors.FIELD_KEY] == error.field
     assert err.details() == error.message
+
+
+def test_a_failure_named_ok_is_not_sent_as_ok() -> None:
+    # A job's error code comes from a worker: one saying "OK" made the status OK, which grpc
+    # cannot abort with, and the caller waited for its deadline (DEADLINE_EXCEEDED, no message).
+    err = _call_raising(errors.error_for("OK", "job failed"))
+    assert err.code() == grpc.StatusCode.UNKNOWN and err.details() == "job failed"
