@@ -75,7 +75,10 @@ def read_uri(uri: str, where: str, policy: InputPolicy, used: int = 0) -> bytes:
     def refuse(reason: str) -> JobFailure:
         return JobFailure(INVALID_ARGUMENT, f"{field}: {reason}", field)
 
-    parsed = urlparse(uri)
+    try:
+        parsed = urlparse(uri)
+    except ValueError:  # an unclosed IPv6 host (`file://[/x`)
+        raise refuse("not a URI the worker can parse") from None
     if parsed.scheme != "file":
         scheme = f"a {parsed.scheme[:16]}:// URI" if parsed.scheme else "a URI without a scheme"
         raise refuse(f"the worker reads only inline data or file:// URIs (got {scheme})")

@@ -274,3 +274,12 @@ def test_the_models_input_limit_bounds_a_requests_files_together(root: Path) -> 
     inline = [t.MediaInput(role=t.MediaRole.IMAGE, data=fox.read_bytes()), inputs[1]]
     with pytest.raises(JobFailure, match="over the limit"):
         media_inputs.with_uris_read(t.GenerateRequest(model="m", inputs=inline), policy)
+
+
+def test_a_uri_python_cannot_parse_is_the_clients_error(root: Path) -> None:
+    # urlparse raises ValueError on an unclosed IPv6 host: the job failed INTERNAL with it.
+    policy = media_inputs.InputPolicy(roots=(root.resolve(),))
+    for uri in ("file://[/x", "https://[::1/x"):
+        with pytest.raises(JobFailure) as refused:
+            media_inputs.read_uri(uri, "inputs[0]", policy)
+        assert refused.value.error.code == "INVALID_ARGUMENT" and refused.value.error.field == "inputs[0].uri"
