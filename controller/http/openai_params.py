@@ -14,11 +14,13 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from omnirt.types import GenerateRequest, Task
 
 from ..request_bounds import shown
 from .errors import HttpError, bad_request
+from .transcode import is_text
 
 # Image signatures -> MIME type (the controller does not decode images; the worker does).
 _MAGIC = (
@@ -170,8 +172,8 @@ async def read_params(request: web.Request, *, multipart: bool) -> tuple[Params,
         raise HttpError(415, f"expected Content-Type {wanted}, got {request.content_type or 'none'}")
     try:
         values, files = await _multipart(request)
-    except ValueError as exc:  # no boundary, a truncated body, a malformed part
-        raise bad_request(f"malformed multipart body: {exc}") from None
+    except (ValueError, HttpProcessingError) as exc:  # no boundary, a cut body, a bad part header
+        raise bad_request(f"malformed multipart body: {shown(str(exc).strip())}") from None
     return Params(values), files
 
 
@@ -198,10 +200,15 @@ async def _multipart(request: web.Request) -> tuple[dict[str, Any], dict[str, li
         if part.filename:
             files.setdefault(name, []).append(bytes(data))
             continue
+        charset = part.get_charset("utf-8")
         try:
-            values[name] = data.decode(part.get_charset("utf-8"))
+            text = data.decode(charset)
         except (UnicodeDecodeError, LookupError):
-            raise bad_request(f"not text in its charset ({shown(part.get_charset('utf-8'))})", name) from None
+            text = None
+        # A charset may decode to an unpaired surrogate (utf-7, unicode_escape): no protobuf holds it.
+        if text is None or not is_text(text):
+            raise bad_request(f"not text in its charset ({shown(charset)})", name)
+        values[name] = text
     return values, files
 
 

@@ -253,7 +253,7 @@ async def read_json(request: web.Request) -> dict[str, Any] | None:
 _SURROGATE = "not Unicode text (an unpaired surrogate escape such as \\ud800)"
 
 
-def _is_text(value: str) -> bool:
+def is_text(value: str) -> bool:
     """False for a string with an unpaired surrogate (isascii is O(1): most strings stop there)."""
     if value.isascii():
         return True
@@ -284,10 +284,10 @@ def check_json(data: Any) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
                 name = f"{path}.{k}" if path else k
-                if not _is_text(k):
+                if not is_text(k):
                     raise bad_request(_SURROGATE, ascii(name)[1:-1])
                 stack.append((v, name, depth + 1))
-        elif isinstance(value, str) and not _is_text(value):
+        elif isinstance(value, str) and not is_text(value):
             raise bad_request(_SURROGATE, path)
         elif isinstance(value, list):
             stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))

@@ -62,12 +62,14 @@ def raw(fields: bytes) -> dict[str, Any]:
     return {"content": b'{"model": "null", "prompt": "x", ' + fields + b"}", "headers": JSON}
 
 
-def form(*parts: tuple[str, bytes], boundary: str = "xx", cut: int = 0) -> dict[str, Any]:
-    """A multipart body; a part named `image` is a file. `cut` drops that many bytes at the end."""
+def form(*parts: tuple[str, bytes], boundary: str = "xx", cut: int = 0, charset: str = "") -> dict[str, Any]:
+    """A multipart body; a part named `image` is a file. `cut` drops that many bytes at the end;
+    `charset` is declared for the text parts."""
+    ctext = f"\r\nContent-Type: text/plain; charset={charset}".encode() if charset else b""
     body = (
         b"".join(
             f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"'.encode()
-            + (b'; filename="in.png"' if name == "image" else b"")
+            + (b'; filename="in.png"' if name == "image" else ctext)
             + b"\r\n\r\n"
             + value
             + b"\r\n"
@@ -185,6 +187,21 @@ ROWS = [
     row("POST", EDIT, 400, "image", **form(("model", b"null"), ("prompt", b"x"), ("image", b"GIF8"))),
     row(
         "POST", EDIT, 400, "n", **form(("model", b"null"), ("prompt", b"x"), ("n", b"9" * 40), ("image", PNG))
+    ),
+    row("POST", EDIT, 400, None, **form(("model", b"null"), ("pr\x00ompt", b"x"))),  # NUL in a part header
+    row(
+        "POST",
+        EDIT,
+        400,
+        "prompt",
+        **form(("model", b"null"), ("prompt", b"+2AA-"), ("image", PNG), charset="utf-7"),
+    ),
+    row(
+        "POST",
+        EDIT,
+        400,
+        "prompt",
+        **form(("model", b"null"), ("prompt", b"\\ud800"), ("image", PNG), charset="unicode_escape"),
     ),
     row("POST", EDIT, 415, None, json=OK),
     # ---- OpenAI videos ----
