@@ -13,7 +13,6 @@ import json
 import re
 import secrets
 import sys
-import threading
 from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,7 +264,11 @@ def _check_clip_skip(pipeline: Any, value: Any) -> None:
             "clip_skip", f"at most {min(layers) - 1} for this model's text encoder (got {value})"
         )
     encoder = encoders[0]
-    if encoder is not None and not hasattr(encoder, "text_model") and _uses_text_model(type(pipeline)):
+    if (
+        encoder is not None
+        and not hasattr(encoder, "text_model")
+        and _uses_text_model(type(pipeline).__module__)
+    ):
         # diffusers' SD pipelines apply `text_encoder.text_model.final_layer_norm` after the
         # skip; transformers 5 flattened CLIPTextModel (no `text_model`): every clip_skip failed.
         reason = (
@@ -275,22 +278,15 @@ def _check_clip_skip(pipeline: Any, value: Any) -> None:
         raise _bad_extra("clip_skip", reason, "FAILED_PRECONDITION")
 
 
-_USES_TEXT_MODEL: dict[type, bool] = {}
-_SOURCE_LOCK = threading.Lock()
-
-
-def _uses_text_model(cls: type) -> bool:
-    """Whether the module of pipeline class `cls` reaches into `text_encoder.text_model`."""
-    with _SOURCE_LOCK:  # read from the file, not inspect's line cache (shared, not thread-safe)
-        known = _USES_TEXT_MODEL.get(cls)
-        if known is None:
-            path = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
-            try:
-                known = "text_encoder.text_model" in Path(path).read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                known = False
-            _USES_TEXT_MODEL[cls] = known
-        return known
+@functools.cache  # two threads at once may both read the file: the same answer, harmless
+def _uses_text_model(module: str) -> bool:
+    """Whether a pipeline's `module` reaches into `text_encoder.text_model` (read from its file,
+    not through inspect's line cache, which is shared and not thread-safe)."""
+    path = getattr(sys.modules.get(module), "__file__", None) or ""
+    try:
+        return "text_encoder.text_model" in Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
 
 
 def resolved_config(plan: ItemPlan, extra: dict[str, Any]) -> dict[str, Any]:
