@@ -295,7 +295,8 @@ class WorkerDaemon:
                     first = await call.read()
                 if first is STREAM_END:
                     raise ConnectionError("the controller closed the stream before Welcome")
-                welcome = self._parse(protocol.controller_messages(first)[0])
+                messages = protocol.controller_messages(first)
+                welcome = self._parse(messages[0]) if messages else None
                 if not isinstance(welcome, Welcome):
                     raise ConnectionError(f"expected Welcome, got {type(welcome).__name__}")
                 self._on_welcome(welcome)

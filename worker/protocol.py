@@ -263,7 +263,8 @@ def controller_messages(data: bytes) -> list[gateway_pb2.ConnectResponse | Undec
     batch = [value for number, value in fields if number == _BATCH_FIELD and isinstance(value, bytes)]
     if not batch:
         return [_undecodable(fields, reason)]
-    for number, value in _wire_fields_or_empty(batch[-1]):
+    # A field that occurs more than once is one message merged from all (as protobuf reads it).
+    for number, value in _wire_fields_or_empty(b"".join(batch)):
         if number == _BATCH_MESSAGES_FIELD and isinstance(value, bytes):
             try:
                 out.append(gateway_pb2.ConnectResponse.FromString(value))
@@ -288,7 +289,7 @@ def _undecodable(fields: list[tuple[int, bytes | int]], reason: str) -> Undecoda
     if not assignment:
         return Undecodable("", [], reason)
     assignment_id, job_ids = "", []
-    for number, value in _wire_fields_or_empty(assignment[-1]):
+    for number, value in _wire_fields_or_empty(b"".join(assignment)):
         if number == _ASSIGNMENT_ID_FIELD and isinstance(value, bytes):
             assignment_id = value.decode("utf-8", "replace")
         elif number == _ITEMS_FIELD and isinstance(value, bytes):

@@ -220,3 +220,11 @@ def test_controller_messages_parse_each_message_of_a_batch_alone() -> None:
 def test_controller_bytes_that_are_no_message_become_one_undecodable_without_jobs(data: bytes) -> None:
     [undecodable] = protocol.controller_messages(data)
     assert isinstance(undecodable, protocol.Undecodable) and undecodable.job_ids == []
+
+
+def test_a_batch_written_in_two_parts_is_read_whole_as_protobuf_reads_it() -> None:
+    first, second = gateway_pb2.ConnectResponse(), gateway_pb2.ConnectResponse()
+    first.batch.messages.add().cancel.job_id = "j-1"
+    _deep_assignment(second.batch.messages.add(), "a-2", ["j-2"])
+    messages = protocol.controller_messages(first.SerializeToString() + second.SerializeToString())
+    assert [getattr(m, "job_ids", None) or [m.cancel.job_id] for m in messages] == [["j-1"], ["j-2"]]
