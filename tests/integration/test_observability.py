@@ -330,7 +330,7 @@ def test_redis_controllers_each_report_the_clusters_queue_per_model(
         # (read on its upkeep tick, once a second).
         wait_for(
             lambda: value(scrape(second + "/metrics")[1], "omnirt_queue_depth", model="unserved-sd") == 1,
-            10,
+            30,
             "the second controller to see the job queued",
         )
         _, got = scrape(second + "/metrics")
@@ -340,7 +340,7 @@ def test_redis_controllers_each_report_the_clusters_queue_per_model(
         httpx.delete(f"{first}/v1/jobs/{job['job']['id']}", timeout=10)
         wait_for(
             lambda: value(scrape(second + "/metrics")[1], "omnirt_queue_depth", model="unserved-sd") == 0,
-            10,
+            30,
             "the second controller to see the queue empty",
         )
     finally:
