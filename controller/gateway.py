@@ -18,7 +18,7 @@ from omnirt.worker.v1 import gateway_pb2_grpc
 
 from .convert import outbound_to_proto, worker_from_hello
 from .engine_client import EngineClient
-from .workers import Assignment, Outbound, WorkerHandle
+from .workers import Assignment, Outbound, WorkerHandle, WorkerLink
 
 log = logging.getLogger("omnirt.controller.gateway")
 _CLOSE = object()
@@ -48,6 +48,20 @@ class StreamLink:
             self._handle.in_transit(message)
         self._pending.append(message)
         self._ready.set()
+
+    def hand_over(self, other: WorkerLink) -> None:
+        """Send on `other`, the new stream of the same worker process, what this closed link has
+        not written: the messages still queued, and the assignments of a write not seen through
+        (one the worker got already it takes as the same assignment again, a no-op; a drain is
+        not resent that way, as a second one stops the worker's jobs)."""
+        unsent: list[object] = list(self._taken)
+        for message in self._pending:
+            if message is not _CLOSE:
+                unsent.append(message[1] if isinstance(message, tuple) else message)
+        self._pending = deque([_CLOSE])
+        self._taken.clear()
+        for message in unsent:
+            other.send(message)  # type: ignore[arg-type]
 
     def written(self) -> None:
         """The messages the last `take` returned were written to the worker."""

@@ -169,11 +169,14 @@ class WorkerHandle:
         return gone
 
     def take_over(self, old: WorkerHandle) -> None:
-        """Hold the jobs of the same worker process's previous stream (they still run there; an
-        assignment lost with that stream is left out of the heartbeats and released)."""
+        """Hold the jobs of the same worker process's previous stream (they still run there), and
+        send on this one what that one had not written yet."""
         for job_id, assignment_id in old.running.items():
             self.start(job_id, assignment_id, old._job_models.get(job_id, ""))
         old.release_all()
+        hand_over = getattr(old.link, "hand_over", None)  # what the old stream did not write
+        if hand_over is not None:
+            hand_over(self.link)
 
     def release_all(self) -> None:
         self.running.clear()

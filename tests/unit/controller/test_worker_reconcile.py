@@ -127,3 +127,24 @@ def test_a_result_that_comes_on_the_replaced_stream_frees_the_slot_of_the_new_on
     engine.worker_result(old, record.assignment_id, record.job.id, None, JobError("INTERNAL", "x"))
     assert record.job.state is JobState.FAILED
     assert new.busy_slots == 0 and new.running == {}
+
+
+def test_what_waits_for_a_replaced_stream_goes_out_on_the_new_one() -> None:
+    engine = make_engine()
+    info = WorkerInfo(id="w1", execution_mode="legacy_call", slots=1, instance_id="i1")
+    old_link = StreamLink()
+    engine.worker_connected(info, old_link)
+    record, _ = engine.submit(request())
+    engine.dispatch()  # the assignment waits in the old stream's queue (it was cut meanwhile)
+    new_link = StreamLink()
+    engine.worker_connected(
+        WorkerInfo(id="w1", execution_mode="legacy_call", slots=1, instance_id="i1"), new_link
+    )
+    assert asyncio.run(old_link.take(1)) is None, "the old stream writes nothing more"
+    resent = asyncio.run(new_link.take(8)) or []
+    assert [m.assignment.assignment_id for m in resent] == [record.assignment_id]
+    new_link.written()
+    handle = engine.workers.get("w1")
+    for _ in range(4):  # the worker runs it and says so: no attempt is spent on the reconnect
+        engine.worker_heartbeat(handle, [], False, {(record.job.id, record.assignment_id)})
+    assert record.job.state is JobState.RUNNING and record.job.attempts == 1
