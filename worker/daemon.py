@@ -103,6 +103,8 @@ class WorkerDaemon:
         self._tasks: set[asyncio.Task[None]] = set()
         # job id -> the assignment its result goes out under (the latest that offered it)
         self._active: dict[str, str] = {}
+        # job id -> its result while not yet written to a stream (kept across reconnects)
+        self._unsent: dict[str, Any] = {}
         # This process's own id: the controller lets a Hello with a connected worker's id in only
         # from the same process (a stream it has not yet noticed is gone), never from another.
         self._instance_id = uuid.uuid4().hex
@@ -386,9 +388,12 @@ class WorkerDaemon:
                 for item in reversed(items):  # reversed: kept results go back in their order
                     if not self._outbox.failed(item) and item.durable:
                         log.error("giving up on a result after %d failed writes", item.attempts)
+                        self._unsent.pop(item.message.result.job_id, None)
                 raise
             for item in items:
                 self._outbox.sent(item)
+                if item.durable:  # a result
+                    self._unsent.pop(item.message.result.job_id, None)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -509,6 +514,14 @@ class WorkerDaemon:
         return None
 
     def _accept(self, assignment: Assignment) -> None:
+        done = [item.job_id for item in assignment.items if item.job_id in self._unsent]
+        if done:
+            # Finished while its result waits for a stream (the controller that assigned it
+            # crashed): the result goes out under the new assignment instead of a second run.
+            log.info("re-addressing %d finished job(s) to %s", len(done), assignment.assignment_id)
+            for job_id in done:
+                self._unsent[job_id].result.assignment_id = assignment.assignment_id
+            assignment.items = [item for item in assignment.items if item.job_id not in done]
         duplicates = [item.job_id for item in assignment.items if item.job_id in self._active]
         if duplicates:
             # Offered again (a restarted controller requeued it): the run goes on, also while
@@ -573,7 +586,8 @@ class WorkerDaemon:
                     )
                 else:
                     log.debug("job %s succeeded", job_id)
-                self._send_result(self._active.get(job_id, assignment.assignment_id), outcome)
+                sent = self._send_result(self._active.get(job_id, assignment.assignment_id), outcome)
+                self._unsent[job_id] = sent  # a run's result (a refusal is judged again if offered again)
                 self._flags.clear(job_id)
                 self._active.pop(job_id, None)
 
@@ -584,7 +598,7 @@ class WorkerDaemon:
             assignment_id = self._active.get(event.job_id, assignment_id)  # it may have been adopted
             self._outbox.put(protocol.event_message(assignment_id, event))
 
-    def _send_result(self, assignment_id: str, outcome: ItemOutcome) -> None:
+    def _send_result(self, assignment_id: str, outcome: ItemOutcome) -> Any:
         try:
             msg = protocol.result_message(assignment_id, outcome)
             size = protocol.message_size(msg)
@@ -602,3 +616,4 @@ class WorkerDaemon:
             )
             msg = protocol.result_message(assignment_id, ItemOutcome(outcome.job_id, error=error))
         self._outbox.put(msg, durable=True)
+        return msg

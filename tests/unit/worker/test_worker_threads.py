@@ -104,3 +104,45 @@ def test_no_error_a_client_sees_names_a_folder_of_the_worker(tmp_path: Path) -> 
     assert str(tmp_path) not in raised and raised.endswith("FileNotFoundError: MODEL_DIR/sd/unet/config.json")
     # Other folders keep their last part only; the catalog's own source is no secret.
     assert returned == "rank 1: cannot open .../weights.bin (model /catalog/says/m)"
+
+
+class CountingCalls(Executor):
+    """Each job succeeds at once; counts the pipeline calls."""
+
+    mode = "legacy_call"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @property
+    def backend(self) -> str:
+        return "cpu"
+
+    async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        self.calls += 1
+        return [ItemOutcome(i.job_id, result=t.GenerateResult(job_id=i.job_id)) for i in assignment.items]
+
+
+def test_a_job_offered_again_while_its_result_waits_to_be_sent_is_not_run_twice(tmp_path: Path) -> None:
+    # The controller is down (port 1): the result of a-1 waits in the outbox, as after a crash
+    # of the controller that assigned it; a restarted one offers the job again as a-2.
+    config = WorkerConfig(controller="127.0.0.1:1", model_dir=str(tmp_path), worker_id="w-again", slots=2)
+    calls = CountingCalls()
+
+    async def scenario() -> list[tuple[str, str]]:
+        daemon = WorkerDaemon(config, calls)
+        runner = asyncio.create_task(daemon.run())
+        spec = t.ModelSpec(id="m", execution_mode="legacy_call")
+        daemon._handle(Assignment("a-1", spec, [AssignmentItem("job-1", t.GenerateRequest("m"))]))
+        while daemon._outbox.durable_pending() < 1:
+            await asyncio.sleep(0.02)
+        daemon._handle(Assignment("a-2", spec, [AssignmentItem("job-1", t.GenerateRequest("m"))]))
+        await asyncio.sleep(0.2)  # a second run, if one were started, would have finished
+        box = daemon._outbox
+        results = [(await box.get()).message.result for _ in range(box.durable_pending())]
+        daemon.request_drain("test")
+        await asyncio.wait_for(runner, 10)
+        return [(r.job_id, r.assignment_id) for r in results]
+
+    assert asyncio.run(scenario()) == [("job-1", "a-2")]
+    assert calls.calls == 1
