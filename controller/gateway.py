@@ -179,9 +179,18 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
     async def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest, reports_running: bool) -> None:
         kind = message.WhichOneof("message")
         if kind == "batch":
+            beat = None
             for one in message.batch.messages:
-                if one.WhichOneof("message") != "batch":  # never nested (a bad worker must not recurse)
+                inner = one.WhichOneof("message")
+                if inner == "heartbeat":
+                    # Only the last of a batch counts, once the rest is read: heartbeats queued
+                    # while the worker could not write may all predate an assignment it has not
+                    # read yet, and must not count as that many heartbeats leaving it out.
+                    beat = one
+                elif inner != "batch":  # never nested (a bad worker must not recurse)
                     await self._handle(handle, one, reports_running)
+            if beat is not None:
+                await self._handle(handle, beat, reports_running)
         elif kind == "heartbeat":
             hb = message.heartbeat
             # None from a worker that does not list its jobs (older): nothing is reconciled.

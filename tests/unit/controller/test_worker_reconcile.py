@@ -9,9 +9,11 @@ import time
 import pytest
 
 from omnirt.controller.engine import Engine
-from omnirt.controller.gateway import StreamLink
+from omnirt.controller.engine_client import MemoryEngineClient
+from omnirt.controller.gateway import StreamLink, WorkerGateway
 from omnirt.errors import AlreadyExists
 from omnirt.types import JobError, JobState, WorkerInfo
+from omnirt.worker.v1 import gateway_pb2 as pb
 from tests.unit.controller.test_engine import InProcessLink, make_engine, request
 
 
@@ -148,3 +150,24 @@ def test_what_waits_for_a_replaced_stream_goes_out_on_the_new_one() -> None:
     for _ in range(4):  # the worker runs it and says so: no attempt is spent on the reconnect
         engine.worker_heartbeat(handle, [], False, {(record.job.id, record.assignment_id)})
     assert record.job.state is JobState.RUNNING and record.job.attempts == 1
+
+
+def test_heartbeats_that_come_in_one_batch_count_once() -> None:
+    # Heartbeats the worker queued while its stream could not write (the one it built after a
+    # preload, the periodic one) may all predate an assignment it has not read yet.
+    engine = make_engine()
+    link = StreamLink()
+    info = WorkerInfo(id="w1", execution_mode="legacy_call", slots=1, instance_id="i1")
+    handle = engine.worker_connected(info, link)
+    record, _ = engine.submit(request())
+    engine.dispatch()
+    asyncio.run(link.take(1))
+    link.written()
+    gateway = WorkerGateway(MemoryEngineClient(engine))
+    beat = pb.ConnectRequest(heartbeat=pb.Heartbeat())
+    batch = pb.ConnectRequest(batch=pb.ConnectRequestBatch(messages=[beat, beat]))
+    asyncio.run(gateway._handle(handle, beat, True))  # may have left before the assignment came
+    asyncio.run(gateway._handle(handle, batch, True))  # two at once: left out once, not twice
+    assert record.job.state is JobState.RUNNING
+    asyncio.run(gateway._handle(handle, beat, True))
+    assert record.job.state is JobState.QUEUED
