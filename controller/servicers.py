@@ -24,6 +24,7 @@ from .engine_client import EngineClient
 
 CHUNK_BYTES = 1024 * 1024
 DEFAULT_PAGE = 100
+MAX_PAGE_TOKEN_DIGITS = 9  # offsets below 10**9: more jobs than any store keeps
 
 
 def _call_deadline_ms(context: grpc.aio.ServicerContext) -> int:
@@ -73,10 +74,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
     async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]
         states = [s for s in (c.state_from_proto(v) for v in request.states) if s is not None]
-        try:
-            offset = int(request.page_token or 0)
-        except ValueError:
-            raise InvalidRequest("page_token: not a token from ListJobs", field="page_token") from None
+        token = request.page_token or "0"
+        # A token is the offset ListJobs gave: a plain decimal within any list's reach.
+        if not (token.isascii() and token.isdigit() and len(token) <= MAX_PAGE_TOKEN_DIGITS):
+            raise InvalidRequest("page_token: not a token from ListJobs", field="page_token")
+        offset = int(token)
         jobs, next_offset = await self.engine.list_jobs(
             states, request.model, request.page_size or DEFAULT_PAGE, offset
         )

@@ -142,6 +142,9 @@ def test_poison_requests_are_refused_and_innocent_jobs_run(
         )
         drain = cluster_pb2.DrainWorkerRequest(worker_id="w" * 100_000)
         assert_invalid(lambda: cluster.DrainWorker(drain), "worker_id")
+        for token in ("-5", "9" * 30):  # a negative offset, one past any list or Redis index
+            page = generation_pb2.ListJobsRequest(page_token=token)
+            assert_invalid(lambda: generation.ListJobs(page), "page_token", f"page_token {token}")  # noqa: B023
 
         after = [client.submit(model="null", prompt=f"after {i}", num_inference_steps=2) for i in range(3)]
         innocent = {job.id for job in before + after}
