@@ -316,8 +316,9 @@ class ModelLimits:
     max_num_outputs: int = 0
     max_batch_size: int = 0
     # Characters of `prompt` and of `negative_prompt` each: far above any text encoder's window
-    # (CLIP reads 77 tokens, T5 512) and small enough that a queue of them fits in memory.
-    max_prompt_chars: int = 10_000
+    # (CLIP reads 77 tokens, T5 512), what OpenAI's images API takes for gpt-image-1, and small
+    # enough that a queue of them fits in memory.
+    max_prompt_chars: int = 32_000
     # Bytes of inline `inputs[].data` together, held in the controller while the job is queued.
     max_input_bytes: int = 32 * 1024 * 1024
 

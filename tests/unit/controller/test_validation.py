@@ -242,8 +242,8 @@ def test_extras_within_bounds_are_accepted(catalog: Catalog) -> None:
     ("changes", "field"),
     [
         ({"prompt": "x" * 50 * 1024 * 1024}, "prompt"),
-        ({"prompt": "x" * 10_001}, "prompt"),
-        ({"negative_prompt": "x" * 10_001}, "negative_prompt"),
+        ({"prompt": "x" * 32_001}, "prompt"),
+        ({"negative_prompt": "x" * 32_001}, "negative_prompt"),
         ({"scheduler": "S" * 300}, "scheduler"),
         ({"preset": "p" * 100_000}, "preset"),
         ({"output_format": "f" * 100_000}, "output.format"),
@@ -280,7 +280,7 @@ def test_a_catalog_sets_its_own_prompt_and_input_limits(tmp_path) -> None:  # ty
     assert validate(req(model="long", prompt="x" * 50_000), catalog).request.prompt == "x" * 50_000
     image = MediaInput(role=MediaRole.IMAGE, data=b"x" * 1001)
     invalid(req(model="long", task=Task.IMAGE2IMAGE, inputs=[image]), catalog, "inputs")
-    assert catalog.resolve("tiny-sd").limits.max_prompt_chars == 10_000  # the default
+    assert catalog.resolve("tiny-sd").limits.max_prompt_chars == 32_000  # the default
     # DescribeModel (and each Assignment) carries them.
     spec = catalog.resolve("long")
     assert c.model_from_proto(c.model_to_proto(spec)).limits == spec.limits
