@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 import grpc
 
 from omnirt import _convert as c
-from omnirt.errors import AlreadyExists
+from omnirt.errors import AlreadyExists, InvalidRequest
 from omnirt.types import JobError
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
 
 from .convert import outbound_to_proto, worker_from_hello
 from .engine_client import EngineClient
+from .request_bounds import check_id
 from .workers import Assignment, Outbound, WorkerHandle, WorkerLink
 
 log = logging.getLogger("omnirt.controller.gateway")
@@ -125,8 +126,9 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             return
         link = StreamLink()
         try:
+            check_id("worker_id", hello.worker_id)  # DrainWorker must be able to name it
             handle = await self.engine.worker_connected(worker_from_hello(hello), link)
-        except AlreadyExists as exc:
+        except (AlreadyExists, InvalidRequest) as exc:
             await context.abort(exc.code, exc.message, trailing_metadata=exc.trailing_metadata())
             return
         reader = asyncio.create_task(self._read(request_iterator, handle, link, hello.reports_running))

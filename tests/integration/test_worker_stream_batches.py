@@ -377,3 +377,17 @@ def test_a_result_the_controller_cannot_read_fails_that_job_alone_and_keeps_the_
         assert "raw-bad-result" in {w.id for w in client.list_workers()}  # the same stream, still there
     finally:
         worker.close()
+
+
+def test_a_hello_whose_worker_id_no_request_could_name_is_refused(controller: Controller) -> None:
+    # A worker's id must fit the bound on ids that requests name (DrainWorker), or it could never
+    # be drained; the refusal names the field, as a client's bad request does.
+    hello = pb.Hello(worker_id="w" * 300, execution_mode="legacy_call", backend="cpu", slots=1)
+    with grpc.insecure_channel(controller.address) as channel:
+        stream = gateway_pb2_grpc.WorkerGatewayServiceStub(channel).Connect(
+            iter([pb.ConnectRequest(hello=hello)]), timeout=10
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stream)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("worker_id: at most 256 characters")
