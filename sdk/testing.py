@@ -95,10 +95,13 @@ class Daemon:
 class Controller(Daemon):
     """`omnirt-controller` on a free port."""
 
-    def __init__(self, log_dir: Path, *extra: str, port: int | None = None) -> None:
+    def __init__(self, log_dir: Path, *extra: str, port: int | None = None, http: bool = False) -> None:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "omnirt.controller.main", "--listen", self.address, *extra]
+        # The HTTP gateway's base URL with `http=True` (on a free port of its own), else "".
+        self.http = f"http://127.0.0.1:{free_port()}" if http else ""
+        gateway = ["--http", self.http.removeprefix("http://")] if http else []
+        argv = [sys.executable, "-m", "omnirt.controller.main", "--listen", self.address, *gateway, *extra]
         super().__init__(f"controller-{self.port}", argv, log_dir)
 
     def start(self, timeout: float = 30) -> Self:

@@ -27,7 +27,7 @@ from google.protobuf import descriptor, message, struct_pb2
 
 import omnirt
 from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2, types_pb2
-from tests.daemons import Controller, Worker, free_port
+from tests.daemons import Controller, Worker
 
 SEED = 20261201
 GRPC_REQUESTS = 300
@@ -213,9 +213,7 @@ def _grpc_request(rng: random.Random, kind: type[message.Message]) -> message.Me
 
 @pytest.fixture(scope="module")
 def controller(log_dir: Path, user_catalog: Path) -> Iterator[Controller]:
-    port = free_port()
-    daemon = Controller(log_dir, "--catalog", str(user_catalog), "--http", f"127.0.0.1:{port}").start()
-    daemon.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    daemon = Controller(log_dir, "--catalog", str(user_catalog), http=True).start()
     yield daemon
     daemon.stop()
 
@@ -381,7 +379,7 @@ def test_malformed_http_requests_get_4xx_json_errors_and_hurt_nothing(
     controller: Controller, worker: Worker
 ) -> None:
     rng = random.Random(SEED + 1)
-    base = controller.http  # type: ignore[attr-defined]
+    base = controller.http
     faults: list[str] = []
     statuses: dict[int, int] = {}
     with httpx.Client(base_url=base, timeout=CALL_TIMEOUT_S) as http:

@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import USER_CATALOG
-from tests.daemons import Controller, Worker, free_port
+from tests.daemons import Controller, Worker
 
 # A text2video model run by the null pipeline: jobs run through the whole protocol (and can
 # be cancelled mid-run); they fail at export, the null pipeline writes no video.
@@ -66,22 +66,20 @@ MAX_QUEUE = 4
 def controller(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     catalog = tmp_path_factory.mktemp("catalog") / "user.toml"
     catalog.write_text(USER_CATALOG + VIDEO_CATALOG)
-    port = free_port()
     daemon = Controller(
         log_dir,
         "--catalog", str(catalog),
-        "--http", f"127.0.0.1:{port}",
         "--http-max-body-bytes", str(MAX_BODY),
         "--max-queue", str(MAX_QUEUE),
+        http=True,
     ).start()  # fmt: skip
-    daemon.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     yield daemon
     daemon.stop()
 
 
 @pytest.fixture(scope="module")
 def http(controller: Controller, worker: Worker) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=controller.http, timeout=60) as client:  # type: ignore[attr-defined]
+    with httpx.Client(base_url=controller.http, timeout=60) as client:
         yield client
 
 
@@ -356,7 +354,7 @@ def test_websocket_streams_events_takes_a_cancel_and_survives_bad_messages(http:
 
 @pytest.fixture(scope="module")
 def oai(controller: Controller, worker: Worker) -> openai.OpenAI:
-    return openai.OpenAI(base_url=controller.http + "/v1", api_key="unused", max_retries=0, timeout=120)  # type: ignore[attr-defined]
+    return openai.OpenAI(base_url=controller.http + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def test_openai_client_generates_images_as_b64_and_url(oai: openai.OpenAI, http: httpx.Client) -> None:

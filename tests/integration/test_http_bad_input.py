@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import USER_CATALOG
-from tests.daemons import Controller, Worker, free_port
+from tests.daemons import Controller, Worker
 from tests.integration.test_http import VIDEO_CATALOG
 
 MAX_BODY = 64 * 1024
@@ -35,21 +35,16 @@ BIG = 10**30
 def controller(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     catalog = tmp_path_factory.mktemp("catalog") / "user.toml"
     catalog.write_text(USER_CATALOG + VIDEO_CATALOG)
-    port = free_port()
     daemon = Controller(
-        log_dir,
-        "--catalog", str(catalog),
-        "--http", f"127.0.0.1:{port}",
-        "--http-max-body-bytes", str(MAX_BODY),
-    ).start()  # fmt: skip
-    daemon.http = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
+        log_dir, "--catalog", str(catalog), "--http-max-body-bytes", str(MAX_BODY), http=True
+    ).start()
     yield daemon
     daemon.stop()
 
 
 @pytest.fixture(scope="module")
 def http(controller: Controller, worker: Worker) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=f"http://{controller.http}", timeout=30) as client:  # type: ignore[attr-defined]
+    with httpx.Client(base_url=controller.http, timeout=30) as client:
         yield client
 
 
@@ -258,7 +253,7 @@ def test_a_huge_bad_value_is_quoted_bounded(http: httpx.Client, path: str, body:
 
 
 def test_a_declared_content_length_over_the_limit_is_413_before_the_body(controller: Controller) -> None:
-    host, _, port = controller.http.rpartition(":")  # type: ignore[attr-defined]
+    host, _, port = controller.http.removeprefix("http://").rpartition(":")
     cases = [(GEN, "application/json", ""), (EDIT, "multipart/form-data; boundary=x", "")]
     cases += [(GEN, "application/json", "Expect: 100-continue\r\n")]  # no go-ahead: the 413 at once
     for path, ctype, expect in cases:

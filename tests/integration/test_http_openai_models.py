@@ -13,21 +13,19 @@ import httpx
 import openai
 import pytest
 
-from tests.daemons import Controller, free_port
+from tests.daemons import Controller
 
 
 @pytest.fixture(scope="module")
 def controller(log_dir: Path, user_catalog: Path) -> Iterator[Controller]:
-    port = free_port()
-    daemon = Controller(log_dir, "--catalog", str(user_catalog), "--http", f"127.0.0.1:{port}").start()
-    daemon.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    daemon = Controller(log_dir, "--catalog", str(user_catalog), http=True).start()
     yield daemon
     daemon.stop()
 
 
 @pytest.fixture(scope="module")
 def oai(controller: Controller) -> openai.OpenAI:
-    return openai.OpenAI(base_url=controller.http + "/v1", api_key="x", max_retries=0, timeout=30)  # type: ignore[attr-defined]
+    return openai.OpenAI(base_url=controller.http + "/v1", api_key="x", max_retries=0, timeout=30)
 
 
 def test_the_openai_client_lists_the_catalog(oai: openai.OpenAI) -> None:
@@ -52,7 +50,7 @@ def test_the_openai_client_retrieves_one_model(oai: openai.OpenAI) -> None:
 
 
 def test_the_full_model_specs_stay_at_their_own_route(controller: Controller) -> None:
-    with httpx.Client(base_url=controller.http) as http:  # type: ignore[attr-defined]
+    with httpx.Client(base_url=controller.http) as http:
         models = {m["id"]: m for m in http.get("/v1/omnirt/models").json()["models"]}
         assert models["tiny-sd"]["tasks"] and "defaults" in models["tiny-sd"]
         described = http.get("/v1/omnirt/models/tiny-stable-diffusion").json()["model"]

@@ -106,10 +106,8 @@ def _otel_env(otlp: OtlpReceiver) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def controller(log_dir: Path, user_catalog: Path, otlp: OtlpReceiver) -> Iterator[Controller]:
-    port = free_port()
-    daemon = Controller(log_dir, "--catalog", str(user_catalog), "--http", f"127.0.0.1:{port}", "--log-json")
+    daemon = Controller(log_dir, "--catalog", str(user_catalog), "--log-json", http=True)
     daemon.env.update(_otel_env(otlp))
-    daemon.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     daemon.start()
     yield daemon
     daemon.stop()
@@ -141,7 +139,7 @@ def worker(controller: Controller, log_dir: Path, model_dir: Path, otlp: OtlpRec
 
 @pytest.fixture(scope="module")
 def http(controller: Controller, worker: Worker) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=controller.http, timeout=60) as client:  # type: ignore[attr-defined]
+    with httpx.Client(base_url=controller.http, timeout=60) as client:
         yield client
 
 
@@ -175,7 +173,7 @@ def promtool_check(text: str) -> None:
 
 
 def test_controller_metrics_move_with_real_traffic(http: httpx.Client, controller: Controller) -> None:
-    url = controller.http + "/metrics"  # type: ignore[attr-defined]
+    url = controller.http + "/metrics"
     _, before = scrape(url)
     for model in ("null", "tiny-sd", "unserved-sd", "broken-sd"):  # idle: a 0 per catalog model
         assert has(before, "omnirt_jobs_running", model=model), model

@@ -23,7 +23,7 @@ import omnirt
 from omnirt.errors import FIELD_KEY
 from omnirt.types import JobState
 from omnirt.v1 import cluster_pb2, cluster_pb2_grpc, generation_pb2, generation_pb2_grpc, types_pb2
-from tests.daemons import Controller, RedisServer, Worker, free_port
+from tests.daemons import Controller, Worker, job_store
 
 INT64_MAX = 2**63 - 1
 # An error's message names the field, says why and quotes at most a bounded part of the input.
@@ -33,21 +33,13 @@ MESSAGE_CHARS = 300
 @pytest.fixture(scope="module", params=["memory", "redis"])
 def store_args(request: pytest.FixtureRequest, log_dir: Path) -> Iterator[tuple[str, ...]]:
     """Every test of this module runs on both job stores (a real redis-server for the second)."""
-    if request.param == "memory":
-        yield ()
-        return
-    server = RedisServer(log_dir).start()
-    yield ("--store", server.url)
-    server.stop()
+    with job_store(request.param, log_dir) as flags:
+        yield flags
 
 
 @pytest.fixture(scope="module")
 def controller(log_dir: Path, user_catalog: Path, store_args: tuple[str, ...]) -> Iterator[Controller]:
-    port = free_port()
-    daemon = Controller(
-        log_dir, "--catalog", str(user_catalog), "--http", f"127.0.0.1:{port}", *store_args
-    ).start()
-    daemon.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    daemon = Controller(log_dir, "--catalog", str(user_catalog), *store_args, http=True).start()
     yield daemon
     daemon.stop()
 
@@ -155,6 +147,6 @@ def test_poison_requests_are_refused_and_innocent_jobs_run(
             job = jobs[job_id]
             assert job.state is JobState.SUCCEEDED and job.worker_id == "w-poison", job
         assert set(jobs) == innocent, "a refused request was stored"
-    listed = httpx.get(f"{controller.http}/v1/jobs", timeout=30)  # type: ignore[attr-defined]
+    listed = httpx.get(f"{controller.http}/v1/jobs", timeout=30)
     assert listed.status_code == 200, listed.text[:500]
     assert innocent <= {j["id"] for j in listed.json()["jobs"]}

@@ -22,7 +22,7 @@ import omnirt
 from omnirt import errors
 from omnirt.types import EventKind, Job, JobEvent, JobState, WorkerInfo, WorkerState
 from tests.conftest import UNSERVED_SD
-from tests.daemons import Controller, RedisServer, Worker, wait_for
+from tests.daemons import Controller, Worker, job_store, wait_for
 
 SCHEDULER_CATALOG = (
     UNSERVED_SD
@@ -62,12 +62,8 @@ SLOW_STEPS = 100
 @pytest.fixture(scope="module", params=["memory", "redis"])
 def store_args(request: pytest.FixtureRequest, log_dir: Path) -> Iterator[tuple[str, ...]]:
     """Every test of this module runs on both job stores (a real redis-server for the second)."""
-    if request.param == "memory":
-        yield ()
-        return
-    server = RedisServer(log_dir).start()
-    yield ("--store", server.url)
-    server.stop()
+    with job_store(request.param, log_dir) as flags:
+        yield flags
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import omnirt
 from omnirt.types import EventKind, JobState
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
-from tests.daemons import Controller, RedisServer, Worker, free_port, wait_for
+from tests.daemons import Controller, RedisServer, Worker, free_port, job_store, wait_for
 
 # About 5 s of steps.
 SLOW_NULL = {"model": "null", "num_inference_steps": 100, "extra": {"sleep_ms_per_step": 50}}
@@ -31,12 +31,8 @@ SLOW_NULL = {"model": "null", "num_inference_steps": 100, "extra": {"sleep_ms_pe
 
 @pytest.fixture(params=["memory", "redis"])
 def store(request: pytest.FixtureRequest, log_dir: Path) -> Iterator[tuple[str, ...]]:
-    if request.param == "memory":
-        yield ()
-        return
-    server = RedisServer(log_dir).start()
-    yield ("--store", server.url)
-    server.stop()
+    with job_store(request.param, log_dir) as flags:
+        yield flags
 
 
 def null_worker(log_dir: Path, address: str, worker_id: str, model_dir: Path, log_name: str) -> Worker:

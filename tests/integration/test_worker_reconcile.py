@@ -24,7 +24,7 @@ from omnirt import types as t
 from omnirt.types import EventKind, JobState
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
-from tests.daemons import Controller, RedisServer, Worker, wait_for
+from tests.daemons import Controller, RedisServer, Worker, job_store, wait_for
 
 # About 16 s of steps: long enough to outlive a kill, a lease expiry and a restart.
 SLOW_NULL = {"model": "null", "num_inference_steps": 320, "extra": {"sleep_ms_per_step": 50}}
@@ -78,12 +78,8 @@ def test_a_job_requeued_after_its_controller_crashed_is_adopted_by_the_worker_st
 
 @pytest.fixture(params=["memory", "redis"])
 def store(request: pytest.FixtureRequest, log_dir: Path) -> Iterator[tuple[str, ...]]:
-    if request.param == "memory":
-        yield ()
-        return
-    server = RedisServer(log_dir).start()
-    yield ("--store", server.url)
-    server.stop()
+    with job_store(request.param, log_dir) as flags:
+        yield flags
 
 
 class ForgetfulWorker:
