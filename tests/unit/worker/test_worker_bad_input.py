@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import re
 import shutil
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from options_testing import report, run_job
-from worker_testing import run_assignment
+from worker_testing import run_script_job
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import JobFailure, create_executor
+from omnirt.worker.executor import JobFailure
 from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipeline_args import ItemPlan, check_arguments
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
+from omnirt.worker.protocol import AssignmentItem, ItemOutcome
 from omnirt.worker.redact import redact_paths
 
 
@@ -212,23 +211,9 @@ FAILS = """
 
 
 def subprocess_job(tmp_path: Path, command: str) -> ItemOutcome:
-    scripts = tmp_path / "scripts"
-    scripts.mkdir(exist_ok=True)
-    (scripts / "fails.py").write_text(textwrap.dedent(FAILS))
-    config = WorkerConfig(
-        mode="subprocess",
-        model_dir=str(tmp_path / "models"),
-        worker_id="w-sub-bad",
-        script_dirs=[str(scripts)],
-    )
-    spec = t.ModelSpec(
-        id="script", tasks=[t.Task.TEXT2IMAGE], execution_mode="subprocess", runtime={"command": command}
-    )
-    job = Assignment(
-        "as-bad", spec, [AssignmentItem("job-bad", t.GenerateRequest(model="script", prompt="x"))]
-    )
-    [outcome], _ = run_assignment(create_executor(config), job)
-    return outcome
+    source = FAILS if command == "fails.py" else ""  # another name is a script that is not there
+    request = t.GenerateRequest(model="script", prompt="x")
+    return run_script_job(tmp_path, command, source, request, worker_id="w-sub-bad")
 
 
 def test_subprocess_errors_do_not_show_the_worker_folders(tmp_path: Path) -> None:

@@ -8,23 +8,22 @@ from __future__ import annotations
 
 import io
 import os
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from PIL import Image
-from worker_testing import run_assignment
+from worker_testing import run_assignment, run_script_job
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker import media_inputs
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import JobFailure, create_executor
+from omnirt.worker.executor import JobFailure
 from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.main import load_config
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome, assignment_from_proto
+from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 from omnirt.worker.v1 import gateway_pb2
 
 NOT_ALLOWED = "inputs[0].uri: file:// inputs are not allowed on this worker"
@@ -185,30 +184,12 @@ SAVE_INPUT = """
 
 
 def subprocess_job(tmp_path: Path, uri: str, roots: list[Path]) -> ItemOutcome:
-    scripts = tmp_path / "scripts"
-    scripts.mkdir(exist_ok=True)
-    (scripts / "save.py").write_text(textwrap.dedent(SAVE_INPUT))
-    config = WorkerConfig(
-        mode="subprocess",
-        model_dir=str(tmp_path / "models"),
-        worker_id="w-sub-uri",
-        script_dirs=[str(scripts)],
-        input_roots=[str(r) for r in roots],
-    )
-    spec = t.ModelSpec(
-        id="script-model",
-        tasks=[t.Task.IMAGE2IMAGE],
-        execution_mode="subprocess",
-        runtime={"command": "save.py"},
-    )
     request = t.GenerateRequest(
         model="script-model", task=t.Task.IMAGE2IMAGE, inputs=[t.MediaInput(role=t.MediaRole.IMAGE, uri=uri)]
     )
-    outcomes, _ = run_assignment(
-        create_executor(config), Assignment("as-s", spec, [AssignmentItem("job-s", request)])
+    return run_script_job(
+        tmp_path, "save.py", SAVE_INPUT, request, worker_id="w-sub-uri", input_roots=[str(r) for r in roots]
     )
-    [outcome] = outcomes
-    return outcome
 
 
 def test_the_subprocess_mode_follows_the_input_roots(tmp_path: Path, root: Path) -> None:

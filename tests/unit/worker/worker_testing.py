@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import textwrap
+from pathlib import Path
+from typing import Any
 
+from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
-from omnirt.worker.executor import CancelFlags
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.executor import CancelFlags, create_executor
 from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
+from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome, assignment_from_proto
 from omnirt.worker.v1 import gateway_pb2
 
 
@@ -76,3 +81,25 @@ def run_assignment(
 
     outcomes = asyncio.run(go())
     return outcomes, events
+
+
+def run_script_job(
+    tmp_path: Path, script: str, source: str, request: t.GenerateRequest, **config: Any
+) -> ItemOutcome:
+    """One job of the model `request.model` in the subprocess mode, whose command is `script`
+    (written from `source` into the worker's script folder; a name with no source is left out)."""
+    scripts = tmp_path / "scripts"
+    scripts.mkdir(exist_ok=True)
+    if source:
+        (scripts / script).write_text(textwrap.dedent(source))
+    worker = WorkerConfig(
+        mode="subprocess", model_dir=str(tmp_path / "models"), script_dirs=[str(scripts)], **config
+    )
+    spec = t.ModelSpec(
+        id=request.model, tasks=[request.task or t.Task.TEXT2IMAGE], execution_mode="subprocess",
+        runtime={"command": script},
+    )  # fmt: skip
+    [outcome], _ = run_assignment(
+        create_executor(worker), Assignment("as-script", spec, [AssignmentItem("job-script", request)])
+    )
+    return outcome
