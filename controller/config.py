@@ -74,3 +74,43 @@ class ControllerConfig:
     )
     log_json: bool = field(default=False, metadata={"help": "log one JSON object per line"})
     log_level: str = field(default="INFO", metadata={"help": "log level"})
+    # ---- security (docs/operations.md, "Securing a deployment") ----
+    tls_cert: str = field(
+        default="", metadata={"help": "PEM certificate chain: serve gRPC and HTTP over TLS (reloaded on SIGHUP)"}
+    )
+    tls_key: str = field(default="", metadata={"help": "PEM private key of --tls-cert"})
+    tls_client_ca: str = field(
+        default="",
+        metadata={
+            "help": "PEM CA bundle: require client certificates it signed on the worker port "
+            "(--worker-listen), or on the one port when there is no worker port"
+        },
+    )
+    tls_public_client_auth: bool = field(
+        default=False,
+        metadata={"help": "also require client certificates on the public API (gRPC and HTTP)"},
+    )
+    worker_listen: str = field(
+        default="",
+        metadata={"help": "serve the worker stream on its own HOST:PORT (empty = on --listen)"},
+    )
+    auth_keys: str = field(
+        default="",
+        metadata={"help": "TOML file of API keys (tenant, role, sha256, quotas); reloaded on SIGHUP"},
+    )
+    worker_token_file: str = field(
+        default="", metadata={"help": "file holding the token workers must present to connect"}
+    )
+    metrics_auth: bool = field(
+        default=False, metadata={"help": "/metrics needs an admin key (default: open, like /healthz)"}
+    )
+    insecure: bool = field(
+        default=False,
+        metadata={"help": "allow a non-loopback listen address without API keys or a worker token"},
+    )
+    cors_origin: tuple[str, ...] = field(
+        default=(), metadata={"help": "origin allowed to call the HTTP gateway from a browser"}
+    )
+    audit_log: str = field(
+        default="", metadata={"help": "file to append the JSON audit log to (empty = stderr)"}
+    )

@@ -26,6 +26,9 @@ from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 from .catalog import Catalog
 from .config import ControllerConfig
 from .engine import Engine
+from .edges.audit import AuditLog
+from .edges.auth import Authenticator
+from .edges.auth_interceptor import AuthInterceptor
 from .engine_client import EngineClient, MemoryEngineClient
 from .gateway import WorkerGateway
 from .interceptors import ErrorInterceptor
@@ -133,11 +136,13 @@ class ControllerServer:
 
     def __init__(self, config: ControllerConfig, catalog: Catalog | None = None) -> None:
         self.config = config
+        self.audit = AuditLog(config.audit_log)
+        self.auth = Authenticator(config.auth_keys, self.audit)  # KeyFileError: a bad key file
         self.engine = make_engine(config, catalog or Catalog.load(config.catalog))
         self._health_task: asyncio.Task[None] | None = None
         limit = config.max_message_bytes
         self.server = grpc.aio.server(
-            interceptors=[TraceInterceptor(), ErrorInterceptor()],
+            interceptors=[TraceInterceptor(), ErrorInterceptor(), AuthInterceptor(self.auth)],
             options=[
                 ("grpc.max_send_message_length", limit),
                 ("grpc.max_receive_message_length", limit),
@@ -172,6 +177,10 @@ class ControllerServer:
             from .http import HttpGateway
 
             self.http = HttpGateway(self.engine, public, config.http, config.http_max_body_bytes)
+
+    def reload(self) -> None:
+        """SIGHUP: read the key file again (a bad one keeps the keys in force)."""
+        self.auth.reload()
 
     async def start(self) -> None:
         await self.engine.start()

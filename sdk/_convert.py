@@ -294,6 +294,7 @@ def report_to_proto(r: t.RunReport) -> types_pb2.RunReport:
         warnings=r.warnings,
         pipeline_class=r.pipeline_class,
         omnirt_version=r.omnirt_version,
+        tenant=r.tenant,
     )
     for timing in r.timings:
         msg.timings.add(
@@ -335,6 +336,7 @@ def report_from_proto(m: types_pb2.RunReport) -> t.RunReport:
         finished_at=ts_from_proto(m, "finished_at"),
         pipeline_class=m.pipeline_class,
         omnirt_version=m.omnirt_version,
+        tenant=m.tenant,
     )
 
 
@@ -388,6 +390,7 @@ def job_to_proto(j: t.Job, *, with_result: bool = True) -> types_pb2.Job:
         waiting_reason=j.waiting_reason,
         deadline_ms=j.deadline_ms,
         queue_position=j.queue_position,
+        tenant=j.tenant,
     )
     ts_to_proto(j.created_at, msg.created_at)
     ts_to_proto(j.started_at, msg.started_at)
@@ -421,6 +424,7 @@ def job_from_proto(m: types_pb2.Job) -> t.Job:
         waiting_reason=m.waiting_reason,
         deadline_ms=m.deadline_ms,
         queue_position=m.queue_position,
+        tenant=m.tenant,
     )
 
 

@@ -124,6 +124,16 @@ class Unauthenticated(OmniRTError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class PermissionDenied(OmniRTError):
+    """Valid credentials whose role may not make this call (a user key on an admin RPC)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class QuotaExceeded(QueueFull):
+    """The tenant's quota (jobs queued and running) or rate limit is used up; retry later."""
+
+
 _BY_CODE: dict[grpc.StatusCode, type[OmniRTError]] = {
     cls.code: cls
     for cls in (
@@ -137,6 +147,7 @@ _BY_CODE: dict[grpc.StatusCode, type[OmniRTError]] = {
         FailedPrecondition,
         ExecutionFailed,
         Unauthenticated,
+        PermissionDenied,
     )
 }
 _BY_SUBJECT: dict[str, type[OmniRTError]] = {

@@ -194,6 +194,7 @@ class RunReport:
     finished_at: datetime | None = None
     pipeline_class: str = ""
     omnirt_version: str = ""
+    tenant: str = ""
 
     def timing(self, name: str) -> float | None:
         """Duration in ms of the stage `name`, or None when the run had no such stage."""
@@ -255,6 +256,7 @@ class Job:
     waiting_reason: str = ""
     deadline_ms: int = 0
     queue_position: int = 0
+    tenant: str = ""
 
 
 class EventKind(enum.StrEnum):

@@ -205,7 +205,7 @@ class StageTiming(_message.Message):
     def __init__(self, name: _Optional[str] = ..., duration_ms: _Optional[float] = ..., start_offset_ms: _Optional[float] = ...) -> None: ...
 
 class RunReport(_message.Message):
-    __slots__ = ("schema_version", "run_id", "job_id", "worker_id", "model", "task", "backend", "execution_mode", "device", "dtype", "queue_wait_ms", "timings", "execution_ms", "peak_memory_bytes", "config_resolved", "cold_start", "attempt", "batch_size", "batch_group_id", "seeds", "cache_hits", "trace_id", "warnings", "started_at", "finished_at", "pipeline_class", "omnirt_version")
+    __slots__ = ("schema_version", "run_id", "job_id", "worker_id", "model", "task", "backend", "execution_mode", "device", "dtype", "queue_wait_ms", "timings", "execution_ms", "peak_memory_bytes", "config_resolved", "cold_start", "attempt", "batch_size", "batch_group_id", "seeds", "cache_hits", "trace_id", "warnings", "started_at", "finished_at", "pipeline_class", "omnirt_version", "tenant")
     class CacheHitsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,7 @@ class RunReport(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_CLASS_FIELD_NUMBER: _ClassVar[int]
     OMNIRT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     schema_version: str
     run_id: str
     job_id: str
@@ -267,7 +268,8 @@ class RunReport(_message.Message):
     finished_at: _timestamp_pb2.Timestamp
     pipeline_class: str
     omnirt_version: str
-    def __init__(self, schema_version: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., backend: _Optional[str] = ..., execution_mode: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., queue_wait_ms: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., execution_ms: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., config_resolved: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., cold_start: _Optional[bool] = ..., attempt: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_group_id: _Optional[str] = ..., seeds: _Optional[_Iterable[int]] = ..., cache_hits: _Optional[_Mapping[str, int]] = ..., trace_id: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pipeline_class: _Optional[str] = ..., omnirt_version: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, schema_version: _Optional[str] = ..., run_id: _Optional[str] = ..., job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., backend: _Optional[str] = ..., execution_mode: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., queue_wait_ms: _Optional[float] = ..., timings: _Optional[_Iterable[_Union[StageTiming, _Mapping]]] = ..., execution_ms: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., config_resolved: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., cold_start: _Optional[bool] = ..., attempt: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_group_id: _Optional[str] = ..., seeds: _Optional[_Iterable[int]] = ..., cache_hits: _Optional[_Mapping[str, int]] = ..., trace_id: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pipeline_class: _Optional[str] = ..., omnirt_version: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class GenerateResult(_message.Message):
     __slots__ = ("job_id", "artifacts", "report")
@@ -300,7 +302,7 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "model", "task", "priority", "created_at", "started_at", "finished_at", "attempts", "worker_id", "error", "result", "progress", "idempotency_key", "labels", "waiting_reason", "deadline_ms", "queue_position")
+    __slots__ = ("id", "state", "model", "task", "priority", "created_at", "started_at", "finished_at", "attempts", "worker_id", "error", "result", "progress", "idempotency_key", "labels", "waiting_reason", "deadline_ms", "queue_position", "tenant")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +328,7 @@ class Job(_message.Message):
     WAITING_REASON_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: JobState
     model: str
@@ -344,7 +347,8 @@ class Job(_message.Message):
     waiting_reason: str
     deadline_ms: int
     queue_position: int
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., priority: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., worker_id: _Optional[str] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., waiting_reason: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., queue_position: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., priority: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., worker_id: _Optional[str] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., waiting_reason: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., queue_position: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class StageEvent(_message.Message):
     __slots__ = ("name", "finished", "duration_ms")

@@ -1,0 +1,1 @@
+"""The controller's edges: who may call (auth, audit); the servicers move here in the redesign."""

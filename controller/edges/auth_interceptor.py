@@ -1,0 +1,120 @@
+"""The gRPC side of auth: every method of the public services runs as an authenticated caller.
+
+Which methods need what is decided by service, from the descriptors, so a new RPC cannot be
+left open by mistake: every method of `GenerationService` and `ModelService` needs a key, every
+method of `ClusterService` (and any later management service named in `ADMIN_SERVICES`) an
+admin key. Health and reflection stay open (probes, grpcurl: they show nothing of anyone's
+jobs), and the worker stream is admitted by its own token (`worker_auth.py`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2
+
+from .auth import CURRENT, Authenticator
+
+USER_SERVICES = frozenset(
+    {
+        generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
+        models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+    }
+)
+ADMIN_SERVICES = frozenset({cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name})
+
+_FACTORIES = {
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}
+
+
+def needs(method: str) -> str:
+    """'admin', 'user' or '' (open) for a full method name `/package.Service/Method`."""
+    service = method.lstrip("/").rpartition("/")[0]
+    if service in ADMIN_SERVICES:
+        return "admin"
+    if service in USER_SERVICES:
+        return "user"
+    return ""
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates each call of the public services and runs it with `CURRENT` set.
+
+    Place it after the ErrorInterceptor: its refusals are OmniRTErrors that the ErrorInterceptor
+    turns into UNAUTHENTICATED / PERMISSION_DENIED with the standard details."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.auth = authenticator
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        level = needs(method)
+        if handler is None or not level:
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        attr, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+        fn = getattr(handler, attr)
+        if fn is None:
+            return handler
+        wrapped = factory(  # type: ignore[operator]
+            self._wrap(fn, method.rpartition("/")[2], level == "admin"),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, fn: Callable[..., Any], action: str, admin: bool) -> Callable[..., Any]:
+        auth = self.auth
+
+        def enter(context: grpc.aio.ServicerContext) -> Any:
+            peer = context.peer()
+            principal = auth.authenticate(context.invocation_metadata() or (), peer, action)
+            if admin:
+                auth.require_admin(principal, peer, action)
+                if auth.enabled:
+                    auth.audit.record(
+                        "admin", "allowed", tenant=principal.tenant, peer=peer, action=action,
+                        key=principal.key_name,
+                    )
+            return CURRENT.set(principal)
+
+        if inspect.isasyncgenfunction(fn):
+
+            async def generator(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                token = enter(context)
+                try:
+                    async for item in fn(request, context):
+                        yield item
+                finally:
+                    try:
+                        CURRENT.reset(token)
+                    except ValueError:  # closed from another context (the call's task is ending)
+                        pass
+
+            return generator
+
+        async def coroutine(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            token = enter(context)
+            try:
+                return await fn(request, context)
+            finally:
+                CURRENT.reset(token)
+
+        return coroutine
