@@ -9,8 +9,9 @@ input.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import HttpVersion11, web
@@ -40,6 +41,7 @@ from .transcode import (
 )
 
 if TYPE_CHECKING:
+    from ..edges.auth import Authenticator
     from ..engine_client import EngineClient
 
 log = logging.getLogger("omnirt.controller.http")
@@ -70,9 +72,22 @@ class HttpGateway:
     """Serves HTTP/JSON on `address` (HOST:PORT; port 0 picks one) next to the gRPC server."""
 
     def __init__(
-        self, engine: EngineClient, servicers: Mapping[str, Any], address: str, max_body_bytes: int
+        self,
+        engine: EngineClient,
+        servicers: Mapping[str, Any],
+        address: str,
+        max_body_bytes: int,
+        *,
+        auth: Authenticator | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        cors_origins: Sequence[str] = (),
+        metrics_auth: bool = False,
     ) -> None:
         self.engine = engine
+        self.auth = auth  # None: auth is off (every caller is the anonymous admin)
+        self.ssl_context = ssl_context
+        self.cors_origins = tuple(cors_origins)
+        self.metrics_auth = metrics_auth
         self.servicers = servicers  # full service name -> servicer
         host, _, port = address.rpartition(":")
         self.host, self.requested_port = host or "127.0.0.1", int(port)
@@ -99,7 +114,13 @@ class HttpGateway:
             self.app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.requested_port, reuse_address=True)
+        site = web.TCPSite(
+            self._runner,
+            self.host,
+            self.requested_port,
+            reuse_address=True,
+            ssl_context=self.ssl_context,
+        )
         await site.start()
         addresses = self._runner.addresses  # the real port when asked for :0
         self.port = int(addresses[0][1]) if addresses else self.requested_port
