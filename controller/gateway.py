@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 import grpc
 
 from omnirt import _convert as c
-from omnirt.errors import AlreadyExists, InvalidRequest
 from omnirt.types import JobError
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
 
 from .convert import outbound_to_proto, worker_from_hello
+from .edges.worker_auth import WorkerAdmission
 from .engine_client import EngineClient
 from .request_bounds import check_id
 from .workers import Assignment, Outbound, WorkerHandle, WorkerLink
@@ -107,10 +107,15 @@ class StreamLink:
 
 
 class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
-    """Translates the worker stream into Engine calls."""
+    """Translates the worker stream into Engine calls.
 
-    def __init__(self, engine: EngineClient) -> None:
+    With `admission`, a stream joins only once its Hello is admitted (token or client
+    certificate): a refused one is answered UNAUTHENTICATED before the engine hears of it, so
+    it never gets a job and cannot take or evict a live worker's id."""
+
+    def __init__(self, engine: EngineClient, admission: WorkerAdmission | None = None) -> None:
         self.engine = engine
+        self.admission = admission
         self._closing: set[asyncio.Future[None]] = set()
 
     async def Connect(
@@ -124,13 +129,14 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         if not hello.worker_id or hello.slots == 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a worker_id and slots > 0")
             return
+        check_id("worker_id", hello.worker_id)  # DrainWorker must be able to name it
+        if self.admission is not None:
+            # Unauthenticated here: the ErrorInterceptor answers it with the standard details.
+            self.admission.admit(
+                context.invocation_metadata() or (), context.auth_context(), context.peer(), hello.worker_id
+            )
         link = StreamLink()
-        try:
-            check_id("worker_id", hello.worker_id)  # DrainWorker must be able to name it
-            handle = await self.engine.worker_connected(worker_from_hello(hello), link)
-        except (AlreadyExists, InvalidRequest) as exc:
-            await context.abort(exc.code, exc.message, trailing_metadata=exc.trailing_metadata())
-            return
+        handle = await self.engine.worker_connected(worker_from_hello(hello), link)  # AlreadyExists
         reader = asyncio.create_task(self._read(request_iterator, handle, link, hello.reports_running))
         config = self.engine.config
         try:
