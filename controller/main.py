@@ -15,6 +15,7 @@ from omnirt._logging import setup_logging
 from . import tracing
 from .catalog import CatalogError
 from .config import ControllerConfig
+from .edges.exposure import exposure_error
 
 log = logging.getLogger("omnirt.controller")
 
@@ -33,10 +34,15 @@ async def serve(config: ControllerConfig) -> None:
     print(f"omnirt-controller listening on {server.address}", flush=True)
     if server.http is not None:
         print(f"omnirt-controller HTTP gateway on {server.http.address}", flush=True)
+    worker_address = getattr(server, "worker_address", None)
+    if worker_address:
+        print(f"omnirt-controller worker port on {worker_address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # SIGHUP: key file, worker token and certificates read again; streams stay open.
+    loop.add_signal_handler(signal.SIGHUP, server.reload)
     await stop.wait()
     log.info("shutting down")
     await server.stop()
@@ -50,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.log_level, config.log_json)
     for handler in logging.getLogger().handlers:
         handler.addFilter(tracing.JobTraceFilter())  # trace_id on every line that names a job
+    refusal = exposure_error(config)
+    if refusal:
+        print(f"omnirt-controller: {refusal}", file=sys.stderr)
+        return 2
     tracing.setup("omnirt-controller")
     from .server import ListenError  # after parsing: --help stays quick
 
@@ -57,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(config))
     except CatalogError as exc:
         print(f"omnirt-controller: bad catalog: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a key file, token file or certificate that cannot be used
+        print(f"omnirt-controller: {exc}", file=sys.stderr)
         return 2
     except ListenError as exc:
         print(f"omnirt-controller: {exc}", file=sys.stderr)

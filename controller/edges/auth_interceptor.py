@@ -90,7 +90,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 auth.require_admin(principal, peer, action)
                 if auth.enabled:
                     auth.audit.record(
-                        "admin", "allowed", tenant=principal.tenant, peer=peer, action=action,
+                        "admin",
+                        "allowed",
+                        tenant=principal.tenant,
+                        peer=peer,
+                        action=action,
                         key=principal.key_name,
                     )
             return CURRENT.set(principal)
