@@ -40,6 +40,17 @@ from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics, Gauges
 from .queue import JobQueue
 from .request_bounds import check_id, echo
+from .tenants import (
+    REASON_QUEUED,
+    REASON_RATE,
+    UNLIMITED,
+    Buckets,
+    FairClock,
+    RunTimes,
+    TenantPolicy,
+    queued_exceeded,
+    rate_exceeded,
+)
 from .tracing import JobTracing
 from .validation import Plan, validate
 from .workers import (
@@ -80,8 +91,9 @@ def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
     return (spec.id, r.task, shape, r.scheduler, adapters, output, json.dumps(r.extra, sort_keys=True))
 
 
-def new_job(plan: Plan, call_deadline_ms: int = 0) -> Job:
-    """A QUEUED job for a validated request; the request gets the job's effective deadline."""
+def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
+    """A QUEUED job of `tenant` for a validated request; the request gets the job's effective
+    deadline."""
     req = plan.request
     deadlines = [req.deadline_ms, call_deadline_ms]
     # Validation bounds timeout_ms (a year at most): the sum stays far inside the int64 field.
@@ -97,6 +109,7 @@ def new_job(plan: Plan, call_deadline_ms: int = 0) -> Job:
         idempotency_key=req.idempotency_key,
         labels=dict(req.labels),
         deadline_ms=min((d for d in deadlines if d), default=0),
+        tenant=tenant,
     )
     # Workers see one deadline per job: the effective one.
     req.deadline_ms = job.deadline_ms
@@ -145,6 +158,11 @@ class Engine:
         self.queue = JobQueue(config.max_queue, config.priority_aging_s)
         self.workers = WorkerRegistry()
         self._live: dict[str, JobRecord] = {}
+        # Tenant -> its jobs queued or running (max_queued, and the active-jobs gauge).
+        self._active: dict[str, int] = {}
+        self._buckets = Buckets()
+        self._fair = FairClock()
+        self.run_times = RunTimes()
         # (deadline_ms, job id) of live jobs with a deadline: the reaper looks at the due ones only.
         self._deadlines: list[tuple[int, str]] = []
         self._wake = asyncio.Event()
@@ -174,17 +192,27 @@ class Engine:
     def validate(self, request: GenerateRequest) -> Plan:
         return validate(request, self.catalog)
 
-    def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[JobRecord, bool]:
-        """Queue a request; returns the job and whether an idempotency key matched an existing one."""
+    def submit(
+        self,
+        request: GenerateRequest,
+        *,
+        tenant: str = "",
+        policy: TenantPolicy = UNLIMITED,
+        call_deadline_ms: int = 0,
+    ) -> tuple[JobRecord, bool]:
+        """Queue a request of `tenant`; returns the job and whether an idempotency key matched an
+        existing one of that tenant."""
         try:
-            record, deduplicated = self._submit(request, call_deadline_ms)
+            record, deduplicated = self._submit(request, tenant, policy, call_deadline_ms)
         except OmniRTError as exc:
-            self.metrics.request_rejected(request, exc)
+            self.metrics.request_rejected(request, exc, tenant)
             raise
         self.metrics.request_accepted(record)
         return record, deduplicated
 
-    def _submit(self, request: GenerateRequest, call_deadline_ms: int) -> tuple[JobRecord, bool]:
+    def _submit(
+        self, request: GenerateRequest, tenant: str, policy: TenantPolicy, call_deadline_ms: int
+    ) -> tuple[JobRecord, bool]:
         started_ns = time.time_ns()
         # Validation first, as on Redis: it bounds what the fingerprint hashes (a 50 MiB prompt).
         plan = self.validate(request)
@@ -192,7 +220,7 @@ class Engine:
         # Only an idempotency key is ever compared with it: no hashing for the other requests.
         fingerprint = _fingerprint(request) if request.idempotency_key else b""
         if request.idempotency_key:
-            existing = self.store.by_idempotency_key(request.idempotency_key)
+            existing = self.store.by_idempotency_key(tenant, request.idempotency_key)
             if existing is not None:
                 if existing.fingerprint != fingerprint:
                     raise InvalidRequest(
@@ -202,43 +230,68 @@ class Engine:
                     )
                 return existing, True
         self.queue.check_room()
-        job = new_job(plan, call_deadline_ms)
+        self._check_quota(tenant, policy)
+        job = new_job(plan, call_deadline_ms, tenant)
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
+        if tenant:
+            cost = self.run_times.estimate(job.model)
+            record.start_s = self._fair.start(tenant, job.priority, cost, policy.weight, record.enqueued_at)
         self.tracing.submitted(record, started_ns, validated_ns)
         self.store.add(record)
         self._live[job.id] = record
+        self._active[tenant] = self._active.get(tenant, 0) + 1
         if job.deadline_ms:
             heapq.heappush(self._deadlines, (job.deadline_ms, job.id))
         self.queue.push(record, self._batch_key(record))
         record.append(JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED))
-        log.debug("job queued", extra={"job_id": job.id, "model": job.model})
+        log.debug("job queued", extra={"job_id": job.id, "model": job.model, "tenant": tenant})
         self._wake.set()
         return record, False
+
+    def _check_quota(self, tenant: str, policy: TenantPolicy) -> None:
+        """QuotaExceeded when `tenant` is at `max_queued` or out of rate tokens (a token is
+        spent only by a submission that passes every other check)."""
+        active = self._active.get(tenant, 0)
+        if policy.max_queued and active >= policy.max_queued:
+            self.metrics.quota_refused(tenant, REASON_QUEUED)
+            raise queued_exceeded(tenant, active, policy)
+        wait_s = self._buckets.take(tenant, policy, time.monotonic())
+        if wait_s:
+            self.metrics.quota_refused(tenant, REASON_RATE)
+            raise rate_exceeded(tenant, policy, wait_s)
+
+    def record(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
+        """The job's record; with `tenant`, JobNotFound unless the job is that tenant's."""
+        check_id("job_id", job_id)
+        return self.store.get(job_id, tenant)
 
     async def wait(self, record: JobRecord) -> JobRecord:
         """Wait until the job is final."""
         await record.wait_final()
         return record
 
-    def get(self, job_id: str) -> Job:
+    def get(self, job_id: str, *, tenant: str | None = None) -> Job:
         """The job as clients see it (with queue position and waiting reason when queued)."""
-        check_id("job_id", job_id)
-        record = self.store.get(job_id)
+        record = self.record(job_id, tenant=tenant)
         job = record.job
         if job.state is JobState.QUEUED:
             job.queue_position = self.queue.position(job_id)
             job.waiting_reason = self._waiting_reason(record.plan.spec)
         return job
 
-    def list_jobs(self, states: list[JobState], model: str, limit: int, offset: int) -> tuple[list[Job], int]:
-        """Newest first; returns the page and the next offset (0 when there is no more)."""
-        page, more = self.store.list(states, model, limit, offset)
+    def list_jobs(
+        self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
+    ) -> tuple[list[Job], int]:
+        """Newest first, only `tenant`'s when given; returns the page and the next offset (0 when
+        there is no more)."""
+        page, more = self.store.list(states, model, limit, offset, tenant)
         return [r.job for r in page], (offset + limit if more else 0)
 
-    async def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]:
+    async def watch(
+        self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
+    ) -> AsyncIterator[JobEvent]:
         """The job's events after `after_sequence`, live, until its final state event."""
-        check_id("job_id", job_id)
-        record = self.store.get(job_id)
+        record = self.record(job_id, tenant=tenant)
         seq = after_sequence
         while True:
             events = await record.wait_after(seq)
@@ -248,10 +301,9 @@ class Engine:
             if record.job.state.terminal and seq >= len(record.events):
                 return
 
-    def cancel(self, job_id: str) -> tuple[Job, bool]:
+    def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
         """Cancel a queued or running job; a finished job is left as it is (returns False)."""
-        check_id("job_id", job_id)
-        record = self.store.get(job_id)
+        record = self.record(job_id, tenant=tenant)
         job = record.job
         if job.state.terminal:
             return job, False
@@ -275,10 +327,9 @@ class Engine:
         else:
             self.cancel(job_id)
 
-    def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]:
+    def artifact(self, job_id: str, index: int, *, tenant: str | None = None) -> tuple[bytes, GenerateResult]:
         """The full bytes of one artifact of a succeeded job."""
-        check_id("job_id", job_id)
-        record = self.store.get(job_id)
+        record = self.record(job_id, tenant=tenant)
         if record.result is None:
             raise FailedPrecondition(f"job {job_id} has no result (state {record.job.state.value})")
         if not 0 <= index < len(record.result.artifacts):
@@ -307,6 +358,7 @@ class Engine:
                 gauges.queued_by_priority[job.priority] = gauges.queued_by_priority.get(job.priority, 0) + 1
             elif job.state is JobState.RUNNING:
                 gauges.running_by_model[job.model] = gauges.running_by_model.get(job.model, 0) + 1
+        gauges.active_by_tenant.update(self._active)
         return gauges
 
     def drain_worker(self, worker_id: str) -> WorkerInfo:
@@ -390,6 +442,9 @@ class Engine:
             log.info("late result ignored", extra={"job_id": job_id, "worker_id": handle.id})
             return
         self.metrics.result_received(record)
+        if record.dispatched_at:
+            elapsed = time.monotonic() - record.dispatched_at
+            self.run_times.observe(record.job.model, elapsed, record.batch_size)
         if error is not None:
             if error.code == "UNAVAILABLE":  # the worker gave the job up (drain timeout): retry it
                 self._retry_or_fail(record, f"worker {handle.id} gave the job up: {error.message}")
@@ -401,6 +456,7 @@ class Engine:
         result.job_id = job_id
         # The controller's trace id is the job's, also for the jobs of a batch.
         result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
+        result.report.tenant = record.job.tenant  # the controller's word, not the worker's
         record.result = result
         record.job.result = self._client_view(record, result)
         if message is not None and _same_artifacts(message, record.job.result):
@@ -408,6 +464,7 @@ class Engine:
             # of converting the result back (with the controller's job id and trace id).
             message.job_id = job_id
             message.report.trace_id = result.report.trace_id
+            message.report.tenant = result.report.tenant
             record.result_message = message
         self._finish(record, JobState.SUCCEEDED)
 
@@ -461,14 +518,25 @@ class Engine:
         self._wake.set()
 
     def _finish(self, record: JobRecord, state: JobState, error: JobError | None = None) -> None:
-        self._live.pop(record.job.id, None)
+        if self._live.pop(record.job.id, None) is not None:  # once per job: it was active till now
+            tenant = record.job.tenant
+            left = self._active.get(tenant, 0) - 1
+            if left > 0:
+                self._active[tenant] = left
+            else:
+                self._active.pop(tenant, None)
         self.store.finish(record, state, error=error)
         self.metrics.finished(record)
         self.tracing.finished(record)
         self._freeze_soon(record.job.id)
         log.info(
             "job finished",
-            extra={"job_id": record.job.id, "state": state.value, "error": error.message if error else ""},
+            extra={
+                "job_id": record.job.id,
+                "tenant": record.job.tenant,
+                "state": state.value,
+                "error": error.message if error else "",
+            },
         )
 
     def _freeze_soon(self, job_id: str) -> None:
@@ -516,6 +584,9 @@ class Engine:
         batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
         assignment_id = "asg-" + uuid.uuid4().hex[:16]
         items = [self._start(r, handle, assignment_id) for r in batch]
+        now = time.monotonic()
+        for r in batch:
+            r.dispatched_at, r.batch_size = now, len(batch)
         self.metrics.dispatched(batch)
         self.tracing.dispatched(batch, handle.id, assignment_id)
         handle.link.send(

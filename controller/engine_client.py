@@ -27,6 +27,7 @@ from .catalog import Catalog
 from .config import ControllerConfig
 from .engine import Engine
 from .metrics import EngineMetrics
+from .tenants import UNLIMITED, TenantPolicy
 from .validation import Plan
 from .workers import WorkerHandle, WorkerLink
 
@@ -45,7 +46,23 @@ class EngineClient(Protocol):
         ...
 
     def validate(self, request: GenerateRequest) -> Plan: ...
-    async def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[Job, bool]: ...
+    async def submit(
+        self,
+        request: GenerateRequest,
+        *,
+        tenant: str = "",
+        policy: TenantPolicy = UNLIMITED,
+        call_deadline_ms: int = 0,
+    ) -> tuple[Job, bool]:
+        """Queue a job owned by `tenant`; returns it and whether an idempotency key matched.
+
+        Idempotency keys are per tenant. After validation and the idempotency lookup (a
+        deduplicated submission costs nothing) `policy`'s quotas apply: QuotaExceeded past
+        `max_queued` (the tenant's jobs queued or running) or `rate_per_s` (a token bucket of
+        `burst`). Jobs of a non-empty tenant share the queue fairly by `policy.weight`.
+        """
+        ...
+
     async def wait(self, job_id: str) -> Job:
         """The job once it is final."""
         ...
@@ -54,15 +71,21 @@ class EngineClient(Protocol):
         """A final job (from `wait`) as a message, result included."""
         ...
 
-    async def get(self, job_id: str) -> Job: ...
-    async def request_of(self, job_id: str) -> GenerateRequest: ...
+    # The reads below take `tenant`: None = any tenant (admins, auth off); a string = the job
+    # must be that tenant's, else the very JobNotFound an unknown id gets (no existence oracle).
+    async def get(self, job_id: str, *, tenant: str | None = None) -> Job: ...
+    async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest: ...
     async def list_jobs(
-        self, states: list[JobState], model: str, limit: int, offset: int
+        self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
     ) -> tuple[list[Job], int]: ...
-    def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]: ...
-    async def cancel(self, job_id: str) -> tuple[Job, bool]: ...
+    def watch(
+        self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
+    ) -> AsyncIterator[JobEvent]: ...
+    async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]: ...
     async def abandon(self, job_id: str) -> None: ...
-    async def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]: ...
+    async def artifact(
+        self, job_id: str, index: int, *, tenant: str | None = None
+    ) -> tuple[bytes, GenerateResult]: ...
     def list_models(self, task: Task | None = None) -> list[ModelSpec]: ...
     def describe_model(self, name: str) -> ModelSpec: ...
     async def list_workers(self) -> list[WorkerInfo]: ...
@@ -119,8 +142,17 @@ class MemoryEngineClient:
     def validate(self, request: GenerateRequest) -> Plan:
         return self.engine.validate(request)
 
-    async def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[Job, bool]:
-        record, deduplicated = self.engine.submit(request, call_deadline_ms=call_deadline_ms)
+    async def submit(
+        self,
+        request: GenerateRequest,
+        *,
+        tenant: str = "",
+        policy: TenantPolicy = UNLIMITED,
+        call_deadline_ms: int = 0,
+    ) -> tuple[Job, bool]:
+        record, deduplicated = self.engine.submit(
+            request, tenant=tenant, policy=policy, call_deadline_ms=call_deadline_ms
+        )
         return record.job, deduplicated
 
     async def wait(self, job_id: str) -> Job:
@@ -129,28 +161,32 @@ class MemoryEngineClient:
     def job_message(self, job: Job) -> types_pb2.Job:
         return self.engine.store.job_message(job)
 
-    async def get(self, job_id: str) -> Job:
-        return self.engine.get(job_id)
+    async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
+        return self.engine.get(job_id, tenant=tenant)
 
-    async def request_of(self, job_id: str) -> GenerateRequest:
-        return self.engine.store.get(job_id).plan.request
+    async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
+        return self.engine.record(job_id, tenant=tenant).plan.request
 
     async def list_jobs(
-        self, states: list[JobState], model: str, limit: int, offset: int
+        self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
     ) -> tuple[list[Job], int]:
-        return self.engine.list_jobs(states, model, limit, offset)
+        return self.engine.list_jobs(states, model, limit, offset, tenant=tenant)
 
-    def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]:
-        return self.engine.watch(job_id, after_sequence)
+    def watch(
+        self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
+    ) -> AsyncIterator[JobEvent]:
+        return self.engine.watch(job_id, after_sequence, tenant=tenant)
 
-    async def cancel(self, job_id: str) -> tuple[Job, bool]:
-        return self.engine.cancel(job_id)
+    async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
+        return self.engine.cancel(job_id, tenant=tenant)
 
     async def abandon(self, job_id: str) -> None:
         self.engine.abandon(job_id)
 
-    async def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]:
-        return self.engine.artifact(job_id, index)
+    async def artifact(
+        self, job_id: str, index: int, *, tenant: str | None = None
+    ) -> tuple[bytes, GenerateResult]:
+        return self.engine.artifact(job_id, index, tenant=tenant)
 
     def list_models(self, task: Task | None = None) -> list[ModelSpec]:
         return self.engine.list_models(task)

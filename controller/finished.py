@@ -27,6 +27,7 @@ class FinishedJob(NamedTuple):
     id: str
     state: JobState
     model: str
+    tenant: str
     idempotency_key: str
     fingerprint: bytes
     finished_at_monotonic: float
@@ -49,6 +50,7 @@ def freeze(record: JobRecord) -> FinishedJob:
         id=job.id,
         state=job.state,
         model=job.model,
+        tenant=job.tenant,
         idempotency_key=job.idempotency_key,
         fingerprint=record.fingerprint,
         finished_at_monotonic=record.finished_at_monotonic,

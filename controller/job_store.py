@@ -24,7 +24,8 @@ class JobStore:
 
     def __init__(self, max_finished: int = 10000, ttl_s: float = 3600.0) -> None:
         self._jobs: OrderedDict[str, JobRecord | FinishedJob] = OrderedDict()
-        self._by_key: dict[str, str] = {}
+        # (tenant, idempotency key) -> job id: keys are scoped per tenant
+        self._by_key: dict[tuple[str, str], str] = {}
         self._finished: OrderedDict[str, float] = OrderedDict()
         self.max_finished = max_finished
         self.ttl_s = ttl_s
@@ -32,22 +33,30 @@ class JobStore:
     def add(self, record: JobRecord) -> None:
         self._jobs[record.job.id] = record
         if record.job.idempotency_key:
-            self._by_key[record.job.idempotency_key] = record.job.id
+            self._by_key[record.job.tenant, record.job.idempotency_key] = record.job.id
 
-    def get(self, job_id: str) -> JobRecord:
+    def get(self, job_id: str, tenant: str | None = None) -> JobRecord:
+        """The job; with `tenant`, only when it is that tenant's (else the same JobNotFound as an
+        unknown id: a caller learns nothing about other tenants' ids)."""
         entry = self._jobs.get(job_id)
-        if entry is None:
+        if entry is None or (tenant is not None and entry.tenant != tenant):
             raise JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
         return thaw(entry) if isinstance(entry, FinishedJob) else entry
 
-    def by_idempotency_key(self, key: str) -> JobRecord | None:
-        job_id = self._by_key.get(key)
+    def by_idempotency_key(self, tenant: str, key: str) -> JobRecord | None:
+        job_id = self._by_key.get((tenant, key))
         return self.get(job_id) if job_id and job_id in self._jobs else None
 
     def list(
-        self, states: Iterable[JobState] = (), model: str = "", limit: int = 0, offset: int = 0
+        self,
+        states: Iterable[JobState] = (),
+        model: str = "",
+        limit: int = 0,
+        offset: int = 0,
+        tenant: str | None = None,
     ) -> tuple[list[JobRecord], bool]:
-        """Jobs newest first, filtered by state and model; a page of them and whether more follow.
+        """Jobs newest first, filtered by state, model and tenant (None = any); a page of them and
+        whether more follow.
 
         `limit` 0 means all after `offset`. Only the page's frozen jobs are thawed.
         """
@@ -55,7 +64,9 @@ class JobStore:
         matching = [
             entry
             for entry in reversed(self._jobs.values())
-            if (not wanted or entry.state in wanted) and (not model or entry.model == model)
+            if (not wanted or entry.state in wanted)
+            and (not model or entry.model == model)
+            and (tenant is None or entry.tenant == tenant)
         ]
         end = offset + limit if limit else len(matching)
         page = [thaw(e) if isinstance(e, FinishedJob) else e for e in matching[offset:end]]
@@ -113,7 +124,7 @@ class JobStore:
             self._finished.pop(job_id)
             entry = self._jobs.pop(job_id, None)
             if entry is not None and entry.idempotency_key:
-                self._by_key.pop(entry.idempotency_key, None)
+                self._by_key.pop((entry.tenant, entry.idempotency_key), None)
             dropped += 1
         return dropped
 

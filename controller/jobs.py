@@ -33,7 +33,13 @@ class JobRecord:
     enqueued_at: float = field(default_factory=time.monotonic)
     # Kept across requeues, so a retried job keeps its place (and its aging).
     first_enqueued_at: float = field(default_factory=time.monotonic)
+    # Fair share's start tag (monotonic s, see tenants.py); 0 for the tenant "" (FIFO as before).
+    start_s: float = 0.0
     assignment_id: str = ""
+    # When the current attempt was sent to a worker (monotonic) and with how many jobs in all:
+    # the run-time estimate fair share charges learns from it.
+    dispatched_at: float = 0.0
+    batch_size: int = 1
     finished_at_monotonic: float = 0.0
     # Made only when someone waits (most jobs have no watcher: the hot path skips the churn).
     _changed: asyncio.Event | None = None
@@ -47,6 +53,10 @@ class JobRecord:
     @property
     def model(self) -> str:
         return self.job.model
+
+    @property
+    def tenant(self) -> str:
+        return self.job.tenant
 
     @property
     def idempotency_key(self) -> str:

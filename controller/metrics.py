@@ -44,6 +44,8 @@ class Gauges:
     queued_by_priority: dict[int, int] = field(default_factory=dict)
     running_by_model: dict[str, int] = field(default_factory=dict)
     workers: list[WorkerInfo] = field(default_factory=list)  # this controller's own
+    # Jobs queued or running, by tenant ("" when auth is off).
+    active_by_tenant: dict[str, int] = field(default_factory=dict)
 
 
 class Observed(Protocol):
@@ -93,6 +95,7 @@ class _StateCollector(Collector):
     def __init__(self, engine: Observed) -> None:
         self.engine = engine
         self._priorities: set[int] = {0}  # priorities once seen report 0, not vanish
+        self._tenants: set[str] = set()  # likewise tenants (from the key file: a bounded set)
 
     def collect(self) -> Iterator[Metric]:
         gauges = self.engine.gauge_snapshot()
@@ -114,6 +117,13 @@ class _StateCollector(Collector):
         for model in sorted(set(models) | gauges.running_by_model.keys()):
             running.add_metric([model], gauges.running_by_model.get(model, 0))
         yield running
+        self._tenants.update(gauges.active_by_tenant)
+        active = GaugeMetricFamily(
+            "omnirt_tenant_active_jobs", "Jobs queued or running, by tenant", labels=["tenant"]
+        )
+        for tenant in sorted(self._tenants):
+            active.add_metric([tenant], gauges.active_by_tenant.get(tenant, 0))
+        yield active
         workers = gauges.workers
         by_state = Tally(w.state for w in workers)
         gauge = GaugeMetricFamily("omnirt_workers", "Connected workers by state", labels=["state"])
@@ -142,11 +152,17 @@ class EngineMetrics:
         self.requests = Counter(
             "omnirt_requests",
             "Generation requests (Generate, Submit) by outcome code (OK or the error)",
-            ["model", "task", "code"],
+            ["model", "task", "code", "tenant"],
             registry=r,
         )
         self.jobs = Counter(
-            "omnirt_jobs", "Jobs that reached a final state", ["model", "task", "state"], registry=r
+            "omnirt_jobs", "Jobs that reached a final state", ["model", "task", "state", "tenant"], registry=r
+        )
+        self.quota_refusals = Counter(
+            "omnirt_quota_refusals",
+            "Submissions refused by a tenant's quota (reason: max_queued or rate)",
+            ["tenant", "reason"],
+            registry=r,
         )
         self.failures = Counter(
             "omnirt_job_failures", "Failed jobs by error code", ["model", "task", "code"], registry=r
@@ -231,10 +247,15 @@ class EngineMetrics:
         return spec.id, _task(request.task or (spec.tasks[0] if spec.tasks else ""))
 
     def request_accepted(self, record: JobRecord) -> None:
-        self._series(self.requests, record.job.model, _task(record.job.task), "OK").inc()
+        job = record.job
+        self._series(self.requests, job.model, _task(job.task), "OK", job.tenant).inc()
 
-    def request_rejected(self, request: GenerateRequest, error: OmniRTError) -> None:
-        self._series(self.requests, *self._labels(request), error.code.name).inc()
+    def request_rejected(self, request: GenerateRequest, error: OmniRTError, tenant: str = "") -> None:
+        self._series(self.requests, *self._labels(request), error.code.name, tenant).inc()
+
+    def quota_refused(self, tenant: str, reason: str) -> None:
+        """A submission of `tenant` refused by its quota (`tenants.REASON_*`)."""
+        self._series(self.quota_refusals, tenant, reason).inc()
 
     def dispatched(self, records: list[JobRecord]) -> None:
         now = time.monotonic()
@@ -266,7 +287,7 @@ class EngineMetrics:
     def finished(self, record: JobRecord) -> None:
         job = record.job
         model, task, state = job.model, _task(job.task), job.state.value
-        self._series(self.jobs, model, task, state).inc()
+        self._series(self.jobs, model, task, state, job.tenant).inc()
         if job.state is JobState.FAILED:
             self._series(self.failures, model, task, job.error.code if job.error else "UNKNOWN").inc()
         self._series(self.latency, model, task, state).observe(time.monotonic() - record.first_enqueued_at)

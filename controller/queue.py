@@ -4,6 +4,11 @@ Order: higher priority first, FIFO within a priority, and waiting raises a job's
 priority by one level every `aging_s` seconds so nothing starves. Because every job ages at the
 same rate, comparing `priority + (now - enqueued) / aging_s` between two jobs does not depend on
 `now`: the heap key `enqueued / aging_s - priority` is fixed at push time and the heap stays valid.
+
+Jobs of a named tenant use their fair-share start tag (`JobRecord.start_s`, see tenants.py)
+where the others use the enqueue time, and with `aging_s` 0 the tag orders a priority's jobs:
+tenants that wait at the same priority interleave by weight, each tenant's own jobs stay FIFO.
+Jobs of the tenant "" (auth off) rank exactly as before tenants existed.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from omnirt.errors import QueueFull
 
 from .jobs import JobRecord
 
+# A heap entry: (rank, fair-share start tag or 0.0, push sequence, job id).
+Entry = tuple[float, float, int, str]
+
 
 class JobQueue:
     """Priority queue with aging, a size bound, lazy removal and an index of batchable jobs."""
@@ -23,13 +31,13 @@ class JobQueue:
     def __init__(self, max_size: int, aging_s: float = 0.0) -> None:
         self.max_size = max_size
         self.aging_s = aging_s
-        self._heap: list[tuple[float, int, str]] = []
+        self._heap: list[Entry] = []
         self._live: dict[str, JobRecord] = {}
-        # job id -> its current heap entry (rank, sequence, job id)
-        self._entries: dict[str, tuple[float, int, str]] = {}
+        # job id -> its current heap entry (rank, fair-share tag, sequence, job id)
+        self._entries: dict[str, Entry] = {}
         # batch key -> queued jobs with that key, and a heap of them in queue order
         self._by_key: dict[Hashable, dict[str, JobRecord]] = {}
-        self._key_heaps: dict[Hashable, list[tuple[float, int, str]]] = {}
+        self._key_heaps: dict[Hashable, list[Entry]] = {}
         self._keys: dict[str, Hashable] = {}
         self._counter = itertools.count()
 
@@ -44,16 +52,20 @@ class JobQueue:
         if len(self._live) >= self.max_size:
             raise QueueFull(f"queue is full ({self.max_size} jobs waiting); retry later", retry_after_s=1.0)
 
-    def _rank(self, record: JobRecord) -> float:
-        aging = record.first_enqueued_at / self.aging_s if self.aging_s > 0 else 0.0
-        return aging - record.job.priority
+    def _entry(self, record: JobRecord) -> Entry:
+        # A named tenant's job ranks by its start tag; with no aging the tag is the tie-break
+        # within a priority. The tenant "" has no tag (0.0): the push sequence orders it, as before.
+        fair = record.start_s if record.job.tenant else 0.0
+        waited_from = fair or record.first_enqueued_at
+        aging = waited_from / self.aging_s if self.aging_s > 0 else 0.0
+        return (aging - record.job.priority, fair, next(self._counter), record.job.id)
 
     def push(self, record: JobRecord, batch_key: Hashable | None = None) -> None:
         """Queue a job; `batch_key` files it with the jobs it may share a pipeline call with."""
         self.check_room()
         job_id = record.job.id
         self._live[job_id] = record
-        entry = (self._rank(record), next(self._counter), job_id)
+        entry = self._entry(record)
         self._entries[job_id] = entry
         heapq.heappush(self._heap, entry)
         if batch_key is not None:
@@ -88,7 +100,7 @@ class JobQueue:
         peers: list[JobRecord] = []
         heap = self._key_heaps.get(key) if key is not None else None
         while heap and len(peers) < limit:
-            other = heapq.heappop(heap)[2]
+            other = heapq.heappop(heap)[-1]
             record = self._by_key[key].get(other)
             if record is None or other == job_id:
                 continue  # stale (already gone), or the job itself, which the caller removes
@@ -99,7 +111,7 @@ class JobQueue:
 
     def records(self) -> Iterator[JobRecord]:
         """Live records in dispatch order (sorts a copy: for inspection, not the hot path)."""
-        for _, _, job_id in sorted(self._heap):
+        for *_, job_id in sorted(self._heap):
             record = self._live.get(job_id)
             if record is not None:
                 yield record
@@ -118,14 +130,15 @@ class JobQueue:
         it took along, with `remove`); jobs it refuses keep their position.
         """
         placed = 0
-        refused: list[tuple[float, int, str]] = []
+        refused: list[Entry] = []
         while self._heap and placed < budget:
             entry = heapq.heappop(self._heap)
-            record = self._live.get(entry[2])
-            if record is None or self._entries.get(entry[2]) != entry:
+            job_id = entry[-1]
+            record = self._live.get(job_id)
+            if record is None or self._entries.get(job_id) != entry:
                 continue  # removed earlier (cancelled, expired, taken along in a batch) or requeued
             if place(record):
-                self.remove(entry[2])
+                self.remove(job_id)
                 placed += 1
             else:
                 refused.append(entry)

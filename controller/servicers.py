@@ -1,4 +1,9 @@
-"""Public services: each method translates proto -> engine call -> proto, nothing more."""
+"""Public services: each method translates proto -> engine call -> proto, nothing more.
+
+Every job call is the caller's (`edges.auth.caller()`, set by the gRPC interceptor and by the
+HTTP middleware, which calls these servicers too): a submission is owned by the caller's
+tenant under its quotas, and reads see only that tenant's jobs (all of them for an admin).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from omnirt.v1 import (
     types_pb2,
 )
 
+from .edges.auth import caller
 from .engine_client import EngineClient
 
 CHUNK_BYTES = 1024 * 1024
@@ -43,7 +49,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self.engine = engine
 
     async def Generate(self, request, context):  # type: ignore[no-untyped-def]
-        job, _ = await self.engine.submit(_request(request), call_deadline_ms=_call_deadline_ms(context))
+        principal = caller()
+        job, _ = await self.engine.submit(
+            _request(request),
+            tenant=principal.tenant,
+            policy=principal.policy,
+            call_deadline_ms=_call_deadline_ms(context),
+        )
         try:
             job = await self.engine.wait(job.id)
         except asyncio.CancelledError:
@@ -64,13 +76,17 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         return response
 
     async def Submit(self, request, context):  # type: ignore[no-untyped-def]
-        job, dedup = await self.engine.submit(_request(request.request))
+        principal = caller()
+        job, dedup = await self.engine.submit(
+            _request(request.request), tenant=principal.tenant, policy=principal.policy
+        )
         return generation_pb2.SubmitResponse(
             job=c.job_to_proto(await self.engine.get(job.id)), deduplicated=dedup
         )
 
     async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
-        return generation_pb2.GetJobResponse(job=c.job_to_proto(await self.engine.get(request.job_id)))
+        job = await self.engine.get(request.job_id, tenant=caller().scope)
+        return generation_pb2.GetJobResponse(job=c.job_to_proto(job))
 
     async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]
         states = [s for s in (c.state_from_proto(v) for v in request.states) if s is not None]
@@ -80,18 +96,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             raise InvalidRequest("page_token: not a token from ListJobs", field="page_token")
         offset = int(token)
         jobs, next_offset = await self.engine.list_jobs(
-            states, request.model, request.page_size or DEFAULT_PAGE, offset
+            states, request.model, request.page_size or DEFAULT_PAGE, offset, tenant=caller().scope
         )
         return generation_pb2.ListJobsResponse(
             jobs=[c.job_to_proto(j) for j in jobs], next_page_token=str(next_offset) if next_offset else ""
         )
 
     async def WatchJob(self, request, context) -> AsyncIterator[generation_pb2.WatchJobResponse]:  # type: ignore[no-untyped-def]
-        async for event in self.engine.watch(request.job_id, request.after_sequence):
+        events = self.engine.watch(request.job_id, request.after_sequence, tenant=caller().scope)
+        async for event in events:
             yield generation_pb2.WatchJobResponse(event=c.event_to_proto(event))
 
     async def CancelJob(self, request, context):  # type: ignore[no-untyped-def]
-        job, cancelled = await self.engine.cancel(request.job_id)
+        job, cancelled = await self.engine.cancel(request.job_id, tenant=caller().scope)
         return generation_pb2.CancelJobResponse(job=c.job_to_proto(job), cancelled=cancelled)
 
     async def Validate(self, request, context):  # type: ignore[no-untyped-def]
@@ -105,7 +122,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         )
 
     async def DownloadArtifact(self, request, context):  # type: ignore[no-untyped-def]
-        data, result = await self.engine.artifact(request.job_id, request.index)
+        data, result = await self.engine.artifact(request.job_id, request.index, tenant=caller().scope)
         meta = c.artifact_to_proto(result.artifacts[request.index])
         meta.ClearField("data")
         for start in range(0, max(len(data), 1), CHUNK_BYTES):

@@ -265,6 +265,7 @@ class JobTracing:
                 "omnirt.model": job.model,
                 "omnirt.task": str(job.task.value if job.task else ""),
                 "omnirt.priority": job.priority,
+                "omnirt.tenant": job.tenant,
             },
         )
         spans = _Spans(job=span)
@@ -313,6 +314,7 @@ class JobTracing:
                 "omnirt.assignment_id": assignment_id,
                 "omnirt.attempt": record.job.attempts,
                 "omnirt.batch_size": len(records),
+                "omnirt.tenant": record.job.tenant,
             }
             spans.queue = None
             if self._records(spans):

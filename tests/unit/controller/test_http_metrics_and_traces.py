@@ -74,7 +74,7 @@ def test_one_job_makes_its_spans_metrics_and_trace_id() -> None:
     assert job.attributes is not None and job.attributes["omnirt.state"] == "succeeded"
 
     got = samples(engine)
-    labels = {("model", "tiny-sd"), ("task", "text2image")}
+    labels = {("model", "tiny-sd"), ("task", "text2image"), ("tenant", "")}
     assert got[("omnirt_jobs_total", frozenset(labels | {("state", "succeeded")}))] == 1
     assert got[("omnirt_requests_total", frozenset(labels | {("code", "OK")}))] == 1
     assert (
@@ -118,7 +118,14 @@ def test_a_rejected_request_is_counted_with_its_code() -> None:
         got[
             (
                 "omnirt_requests_total",
-                frozenset({("model", "tiny-sd"), ("task", "text2image"), ("code", "INVALID_ARGUMENT")}),
+                frozenset(
+                    {
+                        ("model", "tiny-sd"),
+                        ("task", "text2image"),
+                        ("code", "INVALID_ARGUMENT"),
+                        ("tenant", ""),
+                    }
+                ),
             )
         ]
         == 1
@@ -128,7 +135,7 @@ def test_a_rejected_request_is_counted_with_its_code() -> None:
             (
                 "omnirt_requests_total",
                 # no task asked and no model to take it from: the task label stays empty
-                frozenset({("model", "unknown"), ("task", ""), ("code", "NOT_FOUND")}),
+                frozenset({("model", "unknown"), ("task", ""), ("code", "NOT_FOUND"), ("tenant", "")}),
             )
         ]
         == 1
