@@ -1,9 +1,11 @@
 """`HttpGateway`: the aiohttp server in the controller's event loop, over the same servicers.
 
 Routes: the transcoded public API (`transcode.ROUTES`), the OpenAI-compatible models, images and
-videos routes, `/metrics` (Prometheus) and `/healthz`. One middleware maps every error once
-(native or OpenAI JSON shape by path), counts requests, and keeps the server serving after bad
-input.
+videos routes, `/metrics` (Prometheus) and `/healthz`. One middleware admits each request (its
+origin, its key, its body's type and size: `security.py`) and runs the handler as that caller
+(`CURRENT`, which the servicers read), maps every error once (native or OpenAI JSON shape by
+path), counts requests, and keeps the server serving after bad input. Every response gets the
+security headers as it starts.
 """
 
 from __future__ import annotations
@@ -17,13 +19,25 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import HttpVersion11, web
 from google.protobuf.message import Message
 
-from omnirt.errors import ExecutionFailed, OmniRTError
+from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
 
 from .. import tracing
+from ..edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
 from ..metrics import CONTENT_TYPE
 from ..request_bounds import echo
 from . import openai_images, openai_models, openai_videos
 from .errors import HttpError, bad_request, error_response, from_http_exception
+from .security import (
+    METRICS_PATH,
+    Cors,
+    action_of,
+    check_body_type,
+    check_origin,
+    is_open,
+    peer_of,
+    rpc_level,
+    secure,
+)
 from .streams import send_download, send_sse, send_websocket
 from .transcode import (
     ASYNC_KEY,
@@ -63,6 +77,9 @@ class CallContext:
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return tuple((k.lower(), v) for k, v in self.request.headers.items())
 
+    def peer(self) -> str:
+        return peer_of(self.request)
+
 
 def is_openai(path: str) -> bool:
     return path.startswith(OPENAI_PREFIXES)
@@ -88,6 +105,8 @@ class HttpGateway:
         self.ssl_context = ssl_context
         self.cors_origins = tuple(cors_origins)
         self.metrics_auth = metrics_auth
+        self.cors = Cors(self.cors_origins)
+        self._levels: dict[str, str] = {}  # rpc -> what it needs ('admin', 'user', '')
         self.servicers = servicers  # full service name -> servicer
         host, _, port = address.rpartition(":")
         self.host, self.requested_port = host or "127.0.0.1", int(port)
@@ -102,6 +121,7 @@ class HttpGateway:
         openai_models.register(self.app, self)
         openai_images.register(self.app, self)
         openai_videos.register(self.app, self)
+        self.app.on_response_prepare.append(self._on_prepare)
         self._runner: web.AppRunner | None = None
 
     # ---- life cycle -----------------------------------------------------------------------
@@ -136,19 +156,21 @@ class HttpGateway:
 
     # ---- calls into the servicers ---------------------------------------------------------
 
-    def _rpc(self, rpc: str) -> tuple[Any, Callable[..., Any]]:
+    def _rpc(self, rpc: str, request: web.Request) -> Callable[..., Any]:
+        """The servicer's method; every route reaches a servicer here, so the admin check is here."""
+        self._require(rpc, request, audit=True)
         method = method_of(rpc)
         servicer = self.servicers[method.containing_service.full_name]
-        return method, getattr(servicer, method.name)
+        return getattr(servicer, method.name)  # type: ignore[no-any-return]
 
     async def call(self, rpc: str, msg: Message, request: web.Request) -> Any:
-        """Run a unary RPC in-process, with the caller's trace context."""
-        _, fn = self._rpc(rpc)
+        """Run a unary RPC in-process, as the request's caller, with its trace context."""
+        fn = self._rpc(rpc, request)
         with tracing.remote_parent(request.headers):
             return await fn(msg, CallContext(request))
 
     def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncIterator[Any]:
-        _, fn = self._rpc(rpc)
+        fn = self._rpc(rpc, request)
         return fn(msg, CallContext(request))  # type: ignore[no-any-return]
 
     def request_type(self, rpc: str) -> Any:
@@ -158,6 +180,8 @@ class HttpGateway:
 
     def _handler(self, route: Route) -> Handler:
         async def handle(request: web.Request) -> web.StreamResponse:
+            for rpc in filter(None, (route.rpc, route.async_rpc)):
+                self._require(rpc, request, audit=False)  # a user's 403 before its body is read
             body = await read_json(request) if route.body else None
             rpc, binding = route.rpc, route.body
             if route.async_rpc:
@@ -203,6 +227,11 @@ class HttpGateway:
 
         return {"cancel": cancel, "ping": ping}
 
+    async def _on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every response, streams, WebSocket handshakes and errors included, as it starts."""
+        secure(response.headers, request.path, tls=self.ssl_context is not None)
+        self.cors.mark(request, response.headers)
+
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
@@ -227,9 +256,14 @@ class HttpGateway:
     async def _respond(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The handler's response, or the error it raised as JSON (native or OpenAI shape)."""
         try:
-            if (too_big := too_large(request)) is not None:
-                raise too_big
-            return await handler(request)
+            if self.cors.is_preflight(request):
+                return self.cors.preflight(request)  # a browser's, before the request: no key yet
+            principal = self._admit(request)
+            token = CURRENT.set(principal)  # the servicers' caller() for this request
+            try:
+                return await handler(request)
+            finally:
+                CURRENT.reset(token)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -246,15 +280,68 @@ class HttpGateway:
             response.force_close()  # the rest of the body is not read
         return response
 
+    # ---- who may call ---------------------------------------------------------------------
+
+    def _admit(self, request: web.Request) -> Principal:
+        """The request's caller, after the checks every route shares (in this order):
+        a foreign Origin (403), the key (401; 403 for /metrics with a user key under
+        --metrics-auth), the body's type (415) and declared size (413). Nothing of the body
+        has been read, and no job made, when one of them refuses."""
+        check_origin(request, self.cors)
+        principal = self._authenticate(request)
+        check_body_type(request)
+        if (too_big := too_large(request)) is not None:
+            raise too_big
+        return principal
+
+    def _authenticate(self, request: web.Request) -> Principal:
+        if is_open(request, self.metrics_auth):
+            return NOBODY  # a probe: the handler reads no one's jobs (caller() would refuse)
+        if self.auth is None:
+            return ANONYMOUS
+        peer, action = peer_of(request), action_of(request)
+        principal = self.auth.authenticate(request.headers.items(), peer, action)
+        if request.path == METRICS_PATH:
+            self.auth.require_admin(principal, peer, action)
+        return principal
+
+    def _require(self, rpc: str, request: web.Request, *, audit: bool) -> None:
+        """PermissionDenied (audited) unless the caller may call `rpc`: ClusterService RPCs,
+        and any service `auth_interceptor.needs` says is for admins, need an admin key."""
+        level = self._levels.get(rpc)
+        if level is None:
+            level = self._levels[rpc] = rpc_level(rpc)
+        if level != "admin":
+            return
+        principal = caller()
+        name = rpc.rpartition(".")[2]
+        if not principal.is_admin:
+            if self.auth is not None:
+                self.auth.require_admin(principal, peer_of(request), name)  # audited; raises
+            raise PermissionDenied(f"{name} needs an admin key")
+        if audit and self.auth is not None and self.auth.enabled:
+            self.auth.audit.record(
+                "admin",
+                "allowed",
+                tenant=principal.tenant,
+                peer=peer_of(request),
+                action=name,
+                key=principal.key_name,
+                route=action_of(request),
+            )
+
     async def expect_continue(self, request: web.Request) -> web.StreamResponse | None:
-        """`Expect: 100-continue`: a declared body over the limit is the 413 now, not a go-ahead.
+        """`Expect: 100-continue`: a refused request (no key, wrong type, a declared body over the
+        limit) is answered now, not with a go-ahead.
 
         aiohttp answers the expectation before any middleware; its own handler would send
         `100 Continue` and the client the whole body, to get the 413 after it.
         """
-        if (error := too_large(request)) is not None:
-            self._count(request, 413, time.monotonic())
+        try:
+            self._admit(request)  # a refusal now, not a go-ahead for a body it will not read
+        except OmniRTError as error:
             response = error_response(error, openai=is_openai(request.path))
+            self._count(request, response.status, time.monotonic())
             response.force_close()
             return response
         if request.version == HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":

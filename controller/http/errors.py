@@ -2,7 +2,8 @@
 
 The native routes answer `{"error": {"code": "INVALID_ARGUMENT", "message": ..., "field": ...}}`;
 the OpenAI-compatible routes answer OpenAI's `{"error": {"message", "type", "param", "code"}}`.
-A RESOURCE_EXHAUSTED answer carries `Retry-After` (seconds).
+A RESOURCE_EXHAUSTED answer (a full queue, a tenant's quota or rate) carries `Retry-After` in
+whole seconds; an UNAUTHENTICATED one `WWW-Authenticate: Bearer` (RFC 6750).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
 # What the gateway itself answers for HTTP-level faults (no gRPC status behind them).
 GATEWAY_CODES: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     405: grpc.StatusCode.UNIMPLEMENTED,
     413: grpc.StatusCode.INVALID_ARGUMENT,
@@ -65,9 +68,12 @@ def status_of(error: OmniRTError) -> int:
 
 
 def _headers(error: OmniRTError) -> dict[str, str]:
-    if error.retry_after_s is None:
-        return {}
-    return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+    headers: dict[str, str] = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    if error.code == grpc.StatusCode.UNAUTHENTICATED:
+        headers["WWW-Authenticate"] = 'Bearer realm="omnirt"'
+    return headers
 
 
 def native_body(error: OmniRTError) -> dict[str, Any]:
@@ -87,11 +93,18 @@ def openai_body(error: OmniRTError) -> dict[str, Any]:
         kind = "rate_limit_error"
     elif status == 401:
         kind = "authentication_error"
+    elif status == 403:
+        kind = "permission_error"
     elif status >= 500 or status == 499:
         kind = "server_error"
     else:
         kind = "invalid_request_error"
-    code = "model_not_found" if error.subject == "model" else error.code.name.lower()
+    if error.subject == "model":
+        code = "model_not_found"
+    elif status == 401:
+        code = "invalid_api_key"  # OpenAI's code for a missing or wrong key
+    else:
+        code = error.code.name.lower()
     return {"error": {"message": error.message, "type": kind, "param": error.field or None, "code": code}}
 
 

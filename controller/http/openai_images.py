@@ -18,6 +18,7 @@ from omnirt import _convert
 from omnirt.types import GenerateRequest, MediaInput, MediaRole, Task
 from omnirt.v1 import generation_pb2  # the edge builds its own request messages, like a servicer
 
+from ..edges.auth import caller
 from .errors import bad_request
 from .openai_params import Params, generate_request, png_size, read_params, sniff_image
 from .transcode import artifact_url
@@ -80,7 +81,12 @@ async def _run(
         if response_format == "url":
             data.append({"url": artifact_url(request, answer.job.id, artifact.index)})
         else:
-            raw = artifact.data or (await gateway.engine.artifact(answer.job.id, artifact.index))[0]
+            # The job was made by this caller just now; its artifact is still read in its scope.
+            scope = caller().scope
+            raw = (
+                artifact.data
+                or (await gateway.engine.artifact(answer.job.id, artifact.index, tenant=scope))[0]
+            )
             data.append({"b64_json": base64.b64encode(raw).decode()})
     body: dict[str, Any] = {"created": int(time.time()), "data": data}
     if result.artifacts:

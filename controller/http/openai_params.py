@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -165,8 +164,6 @@ async def read_params(request: web.Request, *, multipart: bool) -> tuple[Params,
         from .transcode import read_json
 
         return Params(await read_json(request) or {}), {}
-    if request.content_type == "application/x-www-form-urlencoded":
-        return Params(_urlencoded(await request.read())), {}
     if request.content_type != "multipart/form-data":
         wanted = "multipart/form-data" if multipart else "application/json or multipart/form-data"
         raise HttpError(415, f"expected Content-Type {wanted}, got {request.content_type or 'none'}")
@@ -210,21 +207,3 @@ async def _multipart(request: web.Request) -> tuple[dict[str, Any], dict[str, li
             raise bad_request(f"not text in its charset ({shown(charset)})", name)
         values[name] = text
     return values, files
-
-
-def _urlencoded(raw: bytes) -> dict[str, str]:
-    """An urlencoded form; a value that is not UTF-8 is a 400 naming its field.
-
-    (aiohttp's `request.post()` replaces such bytes with U+FFFD without a word.)
-    """
-    values: dict[str, str] = {}
-    for pair in raw.split(b"&"):
-        if not pair.strip():
-            continue
-        key, _, value = (unquote_to_bytes(x.replace(b"+", b" ")) for x in pair.strip().partition(b"="))
-        name = key.decode("utf-8", "replace").removesuffix("[]")
-        try:
-            values[name] = value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise bad_request("not UTF-8 text", name) from None
-    return values
