@@ -89,6 +89,31 @@ class WorkerConfig:
     )
     log_json: bool = field(default=False, metadata={"help": "log one JSON object per line"})
     log_level: str = field(default="INFO", metadata={"help": "log level: DEBUG, INFO, WARNING, ERROR"})
+    # ---- security (docs/worker.md, "Joining a secured controller") ----
+    token_file: str = field(
+        default="",
+        metadata={
+            "help": "file holding the token the controller admits workers by (re-read at each reconnect)"
+        },
+    )
+    tls: bool = field(
+        default=False, metadata={"help": "connect over TLS, verifying the controller against the system CAs"}
+    )
+    tls_ca: str = field(
+        default="",
+        metadata={"help": "PEM CA bundle the controller's certificate must chain to (implies --tls)"},
+    )
+    tls_cert: str = field(
+        default="", metadata={"help": "PEM client certificate for mTLS, with --tls-key (implies --tls)"}
+    )
+    tls_key: str = field(default="", metadata={"help": "PEM private key of --tls-cert"})
+    tls_server_name: str = field(
+        default="",
+        metadata={
+            "help": "name the controller's certificate must carry, when --controller names it "
+            "otherwise (an IP address) (implies --tls)"
+        },
+    )
 
     def __post_init__(self) -> None:
         # Frozen: normalized values are written once, here, so every reader sees the same.
@@ -98,6 +123,8 @@ class WorkerConfig:
         roots = [os.path.abspath(os.path.expanduser(r)) for r in self.input_roots]
         object.__setattr__(self, "input_roots", roots)
         object.__setattr__(self, "log_level", self.log_level.upper())
+        if self.tls_ca or self.tls_cert or self.tls_key or self.tls_server_name:
+            object.__setattr__(self, "tls", True)
         if self.preload is None:  # a resident group takes long to start: start it before any user waits
             object.__setattr__(self, "preload", self.mode == "persistent_worker")
         if self.mode not in EXECUTION_MODES:
@@ -118,3 +145,5 @@ class WorkerConfig:
             raise ValueError(f"input_max_bytes must be at least 1, not {self.input_max_bytes}")
         if self.model_cache_bytes < 0:
             raise ValueError(f"model_cache_bytes must be >= 0, not {self.model_cache_bytes}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: the client certificate needs its key")

@@ -13,6 +13,12 @@ asks the controller's ModelService (DescribeModel, over the same channel) for th
 entry of each of its `--models` and has the executor make it warm, in the background: jobs
 are taken meanwhile (a job for a model still loading waits for it and is reported cold), and
 `loaded_models` names a model only once it is warm.
+
+Admission (`worker/credentials.py`): the stream carries the worker's token (`--token-file`),
+over TLS when asked (`--tls-ca`, `--tls`, a client certificate with `--tls-cert`). A
+controller that refuses the worker (UNAUTHENTICATED, PERMISSION_DENIED) is not retried: a
+wrong token does not fix itself, so `run()` ends with exit code 2 (an orchestrator restarts
+the worker with the new secret). A controller not reached, TLS failures included, is retried.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from omnirt import types as t
 from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker import protocol, redact
 from omnirt.worker.config import WorkerConfig
+from omnirt.worker.credentials import WorkerCredentials
 from omnirt.worker.executor import CancelFlags, Executor, create_executor
 from omnirt.worker.log import job_context
 from omnirt.worker.memory import current_rss_bytes
@@ -71,6 +78,25 @@ DESCRIBE_TIMEOUT_S = 10.0
 # reads batches): one stream write per batch instead of one per event.
 BATCH_MAX_MESSAGES = 256
 BATCH_MAX_BYTES = 1024 * 1024
+# The controller's answers that reconnecting does not change: the worker exits with EXIT_REFUSED.
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+EXIT_REFUSED = 2
+
+
+def failure_hint(exc: grpc.aio.AioRpcError, tls: bool) -> str:
+    """What to check, for a connection failure whose grpc text alone leaves one guessing."""
+    details = exc.details() or ""
+    if "Hostname Verification" in details:
+        return " (the controller's certificate does not name this address: pass --tls-server-name NAME)"
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return " (the controller's certificate is not signed by a CA this worker trusts: check --tls-ca)"
+    if "WRONG_VERSION_NUMBER" in details:
+        return " (the controller does not serve TLS on this port: drop --tls/--tls-ca, or check the port)"
+    if "Socket closed" in details:
+        if not tls:
+            return " (if the controller serves TLS, pass --tls-ca FILE or --tls)"
+        return " (if the controller requires client certificates, pass --tls-cert and --tls-key)"
+    return ""
 
 
 def backoff_delay(
@@ -108,6 +134,8 @@ class WorkerDaemon:
         # This process's own id: the controller lets a Hello with a connected worker's id in only
         # from the same process (a stream it has not yet noticed is gone), never from another.
         self._instance_id = uuid.uuid4().hex
+        self._credentials = WorkerCredentials(config)  # CredentialError (a ValueError): exit 2
+        self._exit_code = 0
         self._busy = 0
         self._draining = False
         self._closing = False
@@ -153,7 +181,8 @@ class WorkerDaemon:
         return self._busy
 
     async def run(self) -> int:
-        """Serve until drained; returns the exit code (0). Raises when the executor cannot start."""
+        """Serve until drained; returns the exit code: 0, or EXIT_REFUSED when the controller
+        refused this worker. Raises when the executor cannot start."""
         # Executors run pipeline calls with asyncio.to_thread: one thread per busy slot, plus loads.
         asyncio.get_running_loop().set_default_executor(thread_pool(self.config.slots))
         await self.executor.start()
@@ -174,7 +203,8 @@ class WorkerDaemon:
         try:
             await self._drain_requested.wait()
             await self._finish_running()
-            await self._flush()
+            if not self._exit_code:  # refused: no stream will take the results
+                await self._flush()
         finally:
             self._closing = True
             await self._close_stream(connection)
@@ -183,7 +213,7 @@ class WorkerDaemon:
                     task.cancel()
             await self.executor.close()
         log.info("worker %s stopped", self.worker_id)
-        return 0
+        return self._exit_code
 
     def request_drain(self, reason: str) -> None:
         """Start draining (idempotent); a second request stops running jobs without waiting."""
@@ -261,7 +291,10 @@ class WorkerDaemon:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                failure = f"{exc.code().name} {exc.details()}"
+                if exc.code() in REFUSALS:
+                    self._refused(exc)
+                    return
+                failure = f"{exc.code().name} {exc.details()}{failure_hint(exc, self.config.tls)}"
             except Exception as exc:
                 failure = f"{type(exc).__name__}: {exc}"
             else:
@@ -280,9 +313,24 @@ class WorkerDaemon:
             log.log(level, "stream to %s: %s; reconnecting in %.2f s", self.config.controller, failure, delay)
             await asyncio.sleep(delay)
 
+    def _refused(self, exc: grpc.aio.AioRpcError) -> None:
+        """The controller will not take this worker: stop now, with EXIT_REFUSED."""
+        log.error(
+            "controller %s refused this worker: %s %s; not reconnecting (check --token-file or the "
+            "client certificate, then restart the worker)",
+            self.config.controller,
+            exc.code().name,
+            exc.details(),
+        )
+        self._exit_code = EXIT_REFUSED
+        self._draining = True
+        self._hurry.set()  # jobs still running cannot report to anyone: stop them at once
+        self._drain_requested.set()
+
     async def _session(self) -> None:
         describing: asyncio.Task[None] | None = None
-        async with grpc.aio.insecure_channel(self.config.controller, options=CHANNEL_OPTIONS) as channel:
+        self._credentials.refresh()  # a rotated token or renewed certificate is used from now on
+        async with self._credentials.channel(CHANNEL_OPTIONS) as channel:
             # Raw bytes in: the read loop parses each message itself (protocol.controller_messages),
             # so one the worker cannot decode fails its own jobs, not the stream and all it runs.
             connect: Any = channel.stream_stream(
@@ -290,7 +338,7 @@ class WorkerDaemon:
                 request_serializer=gateway_pb2.ConnectRequest.SerializeToString,
                 response_deserializer=None,
             )
-            call = connect()
+            call = connect(metadata=self._credentials.metadata())
             try:
                 await call.write(self._hello())
                 async with asyncio.timeout(WELCOME_TIMEOUT_S):
@@ -446,6 +494,17 @@ class WorkerDaemon:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                     log.warning("preload: the controller has no model %r (%s)", model_id, exc.details())
+                    self._preloads[model_id] = None
+                elif exc.code() in REFUSALS:
+                    # The catalog is behind API keys, which are not the worker's token: the model
+                    # loads at its first job instead (asked again at each session, it would fail
+                    # the same way and fill the audit log).
+                    log.warning(
+                        "preload: the controller does not describe model %r to this worker (%s); "
+                        "it loads at its first job",
+                        model_id,
+                        exc.code().name,
+                    )
                     self._preloads[model_id] = None
                 else:  # the controller is away: the next session asks again
                     log.warning("preload: cannot describe model %r: %s", model_id, exc.code().name)

@@ -1,14 +1,16 @@
 """Worker admission: who may open the worker stream and so receive users' jobs.
 
-A worker is admitted at Hello, before the engine hears of it, by one of:
+A worker is admitted at Hello, before the engine hears of it, by:
 
 - the **token** of `--worker-token-file`, sent as `authorization: Bearer TOKEN` metadata on the
   Connect stream. The file holds one token per line (blank lines and `#` comments ignored):
   two lines let old and new token both work while workers are rolled to the new one. It is
   read again on SIGHUP; a file that became unreadable or empty keeps the tokens in force.
-- a **client certificate**, with `--tls-client-ca`: the TLS handshake of the worker port
-  requires one and verifies it against that CA, so a certificate in the call's auth context
-  is one the CA signed, and stands for the token.
+- else, with `--tls-client-ca` and no token file, its **client certificate**: the TLS
+  handshake of the worker port requires one and verifies it against that CA (grpc puts a peer
+  certificate in the auth context only then), so a certificate there is one the CA signed,
+  and stands for the token. With a token file too, the token is required all the same: the CA
+  may also sign the public API's clients (`--tls-public-client-auth`), who are not workers.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, against every token of the
 file: the time a check takes says nothing about the token. API keys (`--auth-keys`) and worker
@@ -134,14 +136,13 @@ class WorkerAdmission:
         if not self.enabled:
             return "open"
         identity = certificate_identity(auth_context) if self.client_ca else ""
-        if identity:
-            self.audit.record(
-                "worker", "admitted", peer=peer, worker_id=worker_id, by="certificate", identity=identity
-            )
+        seen = {"identity": identity} if identity else {}
+        if not self.path and identity:
+            self.audit.record("worker", "admitted", peer=peer, worker_id=worker_id, by="certificate", **seen)
             return "certificate"
         token = bearer(metadata)
         if self.path and token is not None and len(token) <= MAX_KEY_CHARS and self._token_matches(token):
-            self.audit.record("worker", "admitted", peer=peer, worker_id=worker_id, by="token")
+            self.audit.record("worker", "admitted", peer=peer, worker_id=worker_id, by="token", **seen)
             return "token"
         if not self.path:
             reason, message = (
@@ -157,5 +158,5 @@ class WorkerAdmission:
             )
         else:
             reason, message = "invalid_token", "the worker token is not valid"
-        self.audit.failure("worker", "refused", peer=peer, worker_id=worker_id, reason=reason)
+        self.audit.failure("worker", "refused", peer=peer, worker_id=worker_id, reason=reason, **seen)
         raise Unauthenticated(message)
