@@ -20,6 +20,7 @@ from omnirt.client import Client
 from omnirt.errors import OmniRTError
 from omnirt.types import GenerateRequest
 
+from . import connection
 from .bench_stats import Sample
 from .output import print_fields, print_json, print_table
 from .progress import show_progress
@@ -184,7 +185,8 @@ async def _bench(client: Client, requests: list[GenerateRequest], args: argparse
     from .bench_stats import bench_report
 
     limits = {"concurrency": args.concurrency, "limit_s": args.duration, "grace_s": args.grace}
-    async with AsyncClient(client.address, metadata=client.metadata) as aio:
+    settings = connection.client_settings(args)
+    async with AsyncClient(client.address, metadata=client.metadata, **settings) as aio:
         with LoadBar(enabled=show_progress(args.json)) as bar:
             bar.start("warmup", args.warmup)
             warm = await run_phase(aio, requests, count=args.warmup, on_sample=bar.advance, **limits)

@@ -14,14 +14,16 @@ from collections.abc import Sequence
 from omnirt import __version__
 from omnirt.errors import OmniRTError
 
-from . import bench, generate, jobs, models, validate, workers
+from . import bench, connection, generate, jobs, models, validate, workers
 from .output import error_object, print_error, print_json
 
 GROUPS = (generate, validate, bench, models, jobs, workers)
 
 
 def _common(*, top: bool) -> argparse.ArgumentParser:
-    """--controller and --json; on subcommands they default to SUPPRESS so the top level's wins."""
+    """--controller, --json, TLS and the API key.
+
+    On subcommands they default to SUPPRESS so the top level's win."""
     parser = argparse.ArgumentParser(add_help=False)
     default_controller = os.environ.get("OMNIRT_CONTROLLER") if top else argparse.SUPPRESS
     parser.add_argument(
@@ -37,6 +39,7 @@ def _common(*, top: bool) -> argparse.ArgumentParser:
         default=False if top else argparse.SUPPRESS,
         help="print JSON for machines instead of text",
     )
+    connection.add_options(parser, top=top)
     return parser
 
 
@@ -66,7 +69,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     json_output = bool(getattr(args, "json", False))
     try:
-        with Client(args.controller) as client:
+        client = Client(args.controller, **connection.client_settings(args))
+    except (ValueError, OSError) as exc:  # a CA file that is missing or not PEM, a bad key
+        message = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        print(f"error: {message}", file=sys.stderr)
+        if json_output:
+            print_json(error_object("INVALID_ARGUMENT", message), compact=True)
+        return 2
+    try:
+        with client:
             status: int = args.handler(args, client)
             return status
     except OmniRTError as exc:

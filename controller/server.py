@@ -1,4 +1,8 @@
-"""The controller's gRPC server: public services, the worker gateway, health and reflection."""
+"""The controller's gRPC server: public services, the worker gateway, health and reflection.
+
+With `--worker-listen` the worker stream has a port (and grpc server) of its own, so the public
+port and the worker port can have different TLS policies (mTLS for workers only).
+"""
 
 from __future__ import annotations
 
@@ -25,10 +29,12 @@ from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 
 from .catalog import Catalog
 from .config import ControllerConfig
-from .engine import Engine
 from .edges.audit import AuditLog
 from .edges.auth import Authenticator
 from .edges.auth_interceptor import AuthInterceptor
+from .edges.tls import ServerTls
+from .edges.worker_auth import WorkerAdmission
+from .engine import Engine
 from .engine_client import EngineClient, MemoryEngineClient
 from .gateway import WorkerGateway
 from .interceptors import ErrorInterceptor
@@ -132,23 +138,19 @@ def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineClient:
 
 
 class ControllerServer:
-    """Owns the engine and the grpc.aio server around it."""
+    """Owns the engine and the grpc.aio server(s) around it."""
 
     def __init__(self, config: ControllerConfig, catalog: Catalog | None = None) -> None:
         self.config = config
+        self.tls = ServerTls.from_config(config)  # TlsError (a ValueError): unusable flags or files
         self.audit = AuditLog(config.audit_log)
         self.auth = Authenticator(config.auth_keys, self.audit)  # KeyFileError: a bad key file
+        self.admission = WorkerAdmission(
+            config.worker_token_file, self.audit, client_ca=bool(config.tls_client_ca)
+        )
         self.engine = make_engine(config, catalog or Catalog.load(config.catalog))
         self._health_task: asyncio.Task[None] | None = None
-        limit = config.max_message_bytes
-        self.server = grpc.aio.server(
-            interceptors=[TraceInterceptor(), ErrorInterceptor(), AuthInterceptor(self.auth)],
-            options=[
-                ("grpc.max_send_message_length", limit),
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
+        self.server = self._grpc_server([AuthInterceptor(self.auth)])
         public = {
             SERVICE_NAMES[0]: GenerationServicer(self.engine),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
@@ -157,34 +159,108 @@ class ControllerServer:
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(public[SERVICE_NAMES[0]], self.server)
         models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(public[SERVICE_NAMES[2]], self.server)
-        gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(WorkerGateway(self.engine), self.server)
+        gateway = WorkerGateway(self.engine, self.admission)
+        # One health servicer on both ports: a probe of either sees the same status.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.worker_server: grpc.aio.Server | None = None
+        if config.worker_listen:
+            self.worker_server = self._grpc_server([])
+            gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(gateway, self.worker_server)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.worker_server)
+        else:
+            gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(gateway, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
+        served = SERVICE_NAMES if not config.worker_listen else SERVICE_NAMES[:3]
+        names = (*served, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
         reflector = reflection.aio.ReflectionServicer(names)  # type: ignore[attr-defined]
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, self.server)
         add_reflection_v1(reflector, self.server)
-        check_bindable(config.listen)
-        try:
-            self.port = self.server.add_insecure_port(config.listen)
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise ListenError(f"cannot listen on {config.listen}")
+        self.port = self._bind(self.server, config.listen, self._public_credentials())
+        self.worker_port = 0
+        if self.worker_server is not None:
+            worker_creds = (
+                self.tls.grpc_credentials(require_client_auth=bool(config.tls_client_ca))
+                if self.tls
+                else None
+            )
+            self.worker_port = self._bind(self.worker_server, config.worker_listen, worker_creds)
         # The HTTP gateway calls the same servicers, so HTTP and gRPC share every code path.
         self.http: HttpGateway | None = None
         if config.http:
             from .http import HttpGateway
 
-            self.http = HttpGateway(self.engine, public, config.http, config.http_max_body_bytes)
+            ssl_context = (
+                self.tls.ssl_context(require_client_auth=config.tls_public_client_auth) if self.tls else None
+            )
+            self.http = HttpGateway(
+                self.engine,
+                public,
+                config.http,
+                config.http_max_body_bytes,
+                auth=self.auth,
+                ssl_context=ssl_context,
+                cors_origins=config.cors_origin,
+                metrics_auth=config.metrics_auth,
+            )
+
+    def _grpc_server(self, interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
+        limit = self.config.max_message_bytes
+        return grpc.aio.server(
+            interceptors=[TraceInterceptor(), ErrorInterceptor(), *interceptors],
+            options=[
+                ("grpc.max_send_message_length", limit),
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+
+    def _public_credentials(self) -> grpc.ServerCredentials | None:
+        """The public port's TLS: client certificates required on it only when asked for.
+
+        grpc Python can only require client certificates on a port or not ask for them, so
+        without a worker port of its own, mTLS for workers means mTLS for every caller."""
+        config = self.config
+        if self.tls is None:
+            return None
+        require = config.tls_public_client_auth or (bool(config.tls_client_ca) and not config.worker_listen)
+        if require and not config.tls_public_client_auth:
+            log.warning(
+                "--tls-client-ca without --worker-listen: client certificates are required on %s for "
+                "every caller, not only workers (grpc asks for them per port; give workers a port of "
+                "their own with --worker-listen to keep the public API on plain TLS)",
+                config.listen,
+            )
+        return self.tls.grpc_credentials(require_client_auth=require)
+
+    @staticmethod
+    def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+        check_bindable(address)
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise ListenError(f"cannot listen on {address}")
+        return port
 
     def reload(self) -> None:
-        """SIGHUP: read the key file again (a bad one keeps the keys in force)."""
+        """SIGHUP: read the key file, the worker token file and the TLS files again.
+
+        A bad file keeps what is in force; open streams are not dropped (TLS: new handshakes
+        use the new certificate, connections made before keep theirs)."""
         self.auth.reload()
+        self.admission.reload()
+        if self.tls is not None:
+            self.tls.reload()
 
     async def start(self) -> None:
         await self.engine.start()
         await self.server.start()
+        if self.worker_server is not None:
+            await self.worker_server.start()
         if self.http is not None:
             try:
                 await self.http.start()
@@ -197,13 +273,26 @@ class ControllerServer:
         await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._health_task = asyncio.create_task(self._watch_health())
         log.info(
-            "controller listening on %s (%d models in the catalog)", self.address, len(self.engine.catalog)
+            "controller listening on %s%s (%d models in the catalog)",
+            self.address,
+            " over TLS" if self.tls else "",
+            len(self.engine.catalog),
         )
+        if self.worker_server is not None:
+            log.info("worker stream on %s", self.worker_address)
 
     @property
     def address(self) -> str:
         host = self.config.listen.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
+
+    @property
+    def worker_address(self) -> str:
+        """The worker stream's own HOST:PORT with --worker-listen, else "" (it is on `address`)."""
+        if not self.worker_port:
+            return ""
+        host = self.config.worker_listen.rsplit(":", 1)[0]
+        return f"{host}:{self.worker_port}"
 
     async def _set_health(self, ready: bool) -> None:
         status = (
@@ -231,4 +320,5 @@ class ControllerServer:
         if self.http is not None:
             await self.http.stop()
         await self.engine.stop()
-        await self.server.stop(grace_s)
+        servers = [self.server] if self.worker_server is None else [self.server, self.worker_server]
+        await asyncio.gather(*(server.stop(grace_s) for server in servers))

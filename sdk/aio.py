@@ -39,9 +39,13 @@ from .client import (
     CancelResult,
     JobFollower,
     Metadata,
+    PathArg,
     RequestFields,
+    api_key_or_env,
     artifact_file_name,
+    bearer_entry,
     build_request,
+    channel_credentials,
     channel_options,
     default_address,
     map_rpc_error,
@@ -55,11 +59,61 @@ from .client import (
 __all__ = ["AsyncClient"]
 
 
+class _BearerKey:
+    """Adds `authorization: Bearer KEY` to a call's metadata (see `omnirt.client.BearerKeyInterceptor`)."""
+
+    def __init__(self, api_key: str) -> None:
+        self._entry = bearer_entry(api_key)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(<key>)"
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._entry)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+
+
+# grpc.aio files an interceptor under the first call kind it implements: one class per kind.
+class _UnaryUnaryKey(_BearerKey, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return await continuation(self._details(client_call_details), request)
+
+
+class _UnaryStreamKey(_BearerKey, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return await continuation(self._details(client_call_details), request)
+
+
+class _StreamUnaryKey(_BearerKey, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+class _StreamStreamKey(_BearerKey, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        return await continuation(self._details(client_call_details), request_iterator)
+
+
+def key_interceptors(api_key: str) -> list[Any]:
+    """The interceptors that send `api_key` with every call of a grpc.aio channel (none without one)."""
+    if not api_key:
+        return []
+    return [kind(api_key) for kind in (_UnaryUnaryKey, _UnaryStreamKey, _StreamUnaryKey, _StreamStreamKey)]
+
+
 class AsyncClient:
     """An asyncio connection to one controller; the same methods as `omnirt.Client`, awaited.
 
     Create it inside a running event loop, and close it with `await client.close()` or
-    `async with AsyncClient() as client:`. `watch` is an async iterator.
+    `async with AsyncClient() as client:`. `watch` is an async iterator. TLS (`tls`, `ca`,
+    `cert`, `key`, `$OMNIRT_TLS_CA`) and the API key (`api_key`, `$OMNIRT_API_KEY`) work as
+    for `omnirt.Client`.
     """
 
     def __init__(
@@ -70,15 +124,28 @@ class AsyncClient:
         metadata: Metadata = (),
         options: Sequence[tuple[str, Any]] = (),
         credentials: grpc.ChannelCredentials | None = None,
+        tls: bool | None = None,
+        ca: PathArg | None = None,
+        cert: PathArg | None = None,
+        key: PathArg | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.address = address or default_address()
         self.timeout = timeout
         self.metadata = tuple(metadata)
         opts = channel_options(options)
+        if credentials is not None and (tls or ca is not None or cert is not None):
+            raise ValueError("give credentials= or tls=/ca=/cert=/key=, not both")
         if credentials is None:
-            self.channel = grpc.aio.insecure_channel(self.address, options=opts)
+            credentials = channel_credentials(tls, ca, cert, key)
+        self.tls = credentials is not None
+        interceptors = key_interceptors(api_key_or_env(api_key))
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(self.address, options=opts, interceptors=interceptors)
         else:
-            self.channel = grpc.aio.secure_channel(self.address, credentials, options=opts)
+            self.channel = grpc.aio.secure_channel(
+                self.address, credentials, options=opts, interceptors=interceptors
+            )
         self.generation = generation_pb2_grpc.GenerationServiceStub(self.channel)
         self.models = models_pb2_grpc.ModelServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
@@ -94,7 +161,7 @@ class AsyncClient:
         await self.channel.close(None)
 
     def __repr__(self) -> str:
-        return f"AsyncClient({self.address!r})"
+        return f"AsyncClient({self.address!r}{', tls=True' if self.tls else ''})"  # never the key
 
     async def _call(self, method: Any, message: Any, timeout: float | None = None) -> Any:
         try:

@@ -8,9 +8,11 @@ with `omnirt.aio.AsyncClient`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import mimetypes
 import os
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -48,11 +50,14 @@ from omnirt.v1 import (
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 ADDRESS_ENV = "OMNIRT_CONTROLLER"
+TLS_CA_ENV = "OMNIRT_TLS_CA"  # a CA file: connect over TLS and trust it
+API_KEY_ENV = "OMNIRT_API_KEY"
 # Inline artifacts (a batch of images, a short video) easily pass gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 Media = bytes | str | os.PathLike[str]
 Metadata = Sequence[tuple[str, str]]
+PathArg = str | os.PathLike[str]
 
 
 class RequestFields(TypedDict, total=False):
@@ -112,6 +117,122 @@ def channel_options(options: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, 
     }
     merged.update(dict(options))
     return list(merged.items())
+
+
+def _refuse_password() -> bytes:
+    # Without a callback OpenSSL would stop and prompt on the terminal for an encrypted key.
+    raise ValueError("key: the private key is encrypted; give an unencrypted PEM key")
+
+
+def channel_credentials(
+    tls: bool | None, ca: PathArg | None, cert: PathArg | None, key: PathArg | None
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials from a client's `tls`, `ca`, `cert` and `key` arguments, or None (plaintext).
+
+    `ca` defaults to `$OMNIRT_TLS_CA` unless `tls=False`; a CA or a client certificate implies
+    TLS; `tls=True` alone trusts the system's root certificates. The files are read here, once,
+    and checked (ValueError naming the argument and the file), so a wrong file is not a
+    handshake failure later. An unreadable file raises its OSError."""
+    if ca is None and tls is not False:
+        ca = os.environ.get(TLS_CA_ENV) or None
+    if (cert is None) != (key is None):
+        raise ValueError("cert= and key= go together: a client certificate and its private key")
+    if tls is None:
+        tls = ca is not None or cert is not None
+    if not tls:
+        if ca is not None or cert is not None:
+            raise ValueError("ca=, cert= and key= need TLS, and tls=False was given")
+        return None
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    roots = None
+    if ca is not None:
+        roots = Path(ca).read_bytes()
+        try:
+            probe.load_verify_locations(cadata=roots.decode("ascii"))
+        except (ssl.SSLError, UnicodeDecodeError, ValueError):
+            raise ValueError(f"ca: {os.fspath(ca)}: not a PEM certificate bundle") from None
+    chain = private = None
+    if cert is not None and key is not None:
+        chain, private = Path(cert).read_bytes(), Path(key).read_bytes()
+        try:
+            probe.load_cert_chain(cert, key, password=_refuse_password)
+        except ssl.SSLError as exc:
+            what = (
+                "does not match the certificate"
+                if "KEY_VALUES_MISMATCH" in str(exc).upper()
+                else "is not PEM"
+            )
+            raise ValueError(f"cert/key: {os.fspath(cert)} / {os.fspath(key)}: the key {what}") from None
+    return grpc.ssl_channel_credentials(root_certificates=roots, private_key=private, certificate_chain=chain)
+
+
+def api_key_or_env(api_key: str | None) -> str:
+    """The API key to send: `api_key`, else `$OMNIRT_API_KEY`, else "" (none; "" also turns off the env).
+
+    ValueError when it cannot travel as a gRPC header (never with the key in the message)."""
+    key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
+    key = key.strip()
+    if key and not (key.isascii() and key.isprintable() and " " not in key):
+        raise ValueError("api_key: must be printable ASCII without spaces")
+    return key
+
+
+def bearer_entry(api_key: str) -> tuple[str, str]:
+    """The metadata entry that carries `api_key`."""
+    return ("authorization", f"Bearer {api_key}")
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    """A call's details with other metadata (grpc's own class cannot be built)."""
+
+
+class BearerKeyInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer KEY` to every call of a channel, the raw stubs' included.
+
+    An interceptor rather than call credentials: grpc sends those only over TLS, and a
+    controller on loopback may check keys without TLS."""
+
+    def __init__(self, api_key: str) -> None:
+        self._entry = bearer_entry(api_key)
+
+    def __repr__(self) -> str:
+        return "BearerKeyInterceptor(<key>)"
+
+    def _details(self, details: Any) -> _CallDetails:
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            (*(details.metadata or ()), self._entry),
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(
+        self, continuation: Any, client_call_details: Any, request_iterator: Any
+    ) -> Any:
+        return continuation(self._details(client_call_details), request_iterator)
 
 
 def media_input(role: MediaRole | str, value: Media) -> MediaInput:
@@ -274,9 +395,15 @@ class Client:
     """A connection to one controller.
 
     `address` defaults to `$OMNIRT_CONTROLLER`, else 127.0.0.1:50051. `timeout` (seconds)
-    is the default deadline of unary calls; `metadata` goes with every call (e.g. an
-    authorization header); `options` are extra gRPC channel options; `credentials` switch to
-    TLS. The generated stubs stay reachable as `generation`, `models` and `cluster`.
+    is the default deadline of unary calls; `metadata` goes with every call; `options` are
+    extra gRPC channel options. The generated stubs stay reachable as `generation`, `models`
+    and `cluster` (the API key goes with their calls too).
+
+    TLS: `ca` (a PEM CA file, default `$OMNIRT_TLS_CA`) connects over TLS and trusts that CA;
+    `tls=True` alone trusts the system's roots; `cert` and `key` (PEM files) are a client
+    certificate for a controller that asks for one; `tls=False` stays plaintext whatever the
+    environment says; `credentials` (grpc's own) replaces all four. `api_key` (default
+    `$OMNIRT_API_KEY`) is sent as `authorization: Bearer KEY` on every call, over TLS or not.
     """
 
     def __init__(
@@ -287,15 +414,30 @@ class Client:
         metadata: Metadata = (),
         options: Sequence[tuple[str, Any]] = (),
         credentials: grpc.ChannelCredentials | None = None,
+        tls: bool | None = None,
+        ca: PathArg | None = None,
+        cert: PathArg | None = None,
+        key: PathArg | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.address = address or default_address()
         self.timeout = timeout
         self.metadata = tuple(metadata)
         opts = channel_options(options)
+        if credentials is not None and (tls or ca is not None or cert is not None):
+            raise ValueError("give credentials= or tls=/ca=/cert=/key=, not both")
         if credentials is None:
-            self.channel = grpc.insecure_channel(self.address, options=opts)
+            credentials = channel_credentials(tls, ca, cert, key)
+        self.tls = credentials is not None
+        key_value = api_key_or_env(api_key)
+        if credentials is None:
+            channel = grpc.insecure_channel(self.address, options=opts)
         else:
-            self.channel = grpc.secure_channel(self.address, credentials, options=opts)
+            channel = grpc.secure_channel(self.address, credentials, options=opts)
+        self._raw_channel = channel
+        self.channel = (
+            grpc.intercept_channel(channel, BearerKeyInterceptor(key_value)) if key_value else channel
+        )
         self.generation = generation_pb2_grpc.GenerationServiceStub(self.channel)
         self.models = models_pb2_grpc.ModelServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
@@ -308,10 +450,10 @@ class Client:
 
     def close(self) -> None:
         """Close the channel; calls in flight are cancelled."""
-        self.channel.close()
+        self._raw_channel.close()
 
     def __repr__(self) -> str:
-        return f"Client({self.address!r})"
+        return f"Client({self.address!r}{', tls=True' if self.tls else ''})"  # never the key
 
     def _call(self, method: Any, message: Any, timeout: float | None = None) -> Any:
         try:

@@ -19,11 +19,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
 from omnirt.v1 import cluster_pb2, cluster_pb2_grpc
+
+if TYPE_CHECKING:
+    from omnirt.client import Client
 
 
 def free_port() -> int:
@@ -93,22 +96,61 @@ class Daemon:
 
 
 class Controller(Daemon):
-    """`omnirt-controller` on a free port."""
+    """`omnirt-controller` on a free port.
 
-    def __init__(self, log_dir: Path, *extra: str, port: int | None = None, http: bool = False) -> None:
+    With `tls_ca` (the CA file that signed the controller's `--tls-cert`, passed in `extra`)
+    the readiness check and `workers()` connect over TLS, and `http` is an https:// URL; with
+    `api_key` (an admin key of its `--auth-keys`) they send it. `client()` is an
+    `omnirt.Client` with the same settings."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        *extra: str,
+        port: int | None = None,
+        http: bool = False,
+        tls_ca: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.tls_ca = tls_ca
+        self.api_key = api_key
         # The HTTP gateway's base URL with `http=True` (on a free port of its own), else "".
-        self.http = f"http://127.0.0.1:{free_port()}" if http else ""
-        gateway = ["--http", self.http.removeprefix("http://")] if http else []
+        scheme = "https" if tls_ca else "http"
+        self.http = f"{scheme}://127.0.0.1:{free_port()}" if http else ""
+        gateway = ["--http", self.http.split("://", 1)[1]] if http else []
         argv = [sys.executable, "-m", "omnirt.controller.main", "--listen", self.address, *gateway, *extra]
         super().__init__(f"controller-{self.port}", argv, log_dir)
+
+    def channel(self) -> grpc.Channel:
+        """A new channel to the controller: TLS when `tls_ca` was given (close it after use)."""
+        if self.tls_ca is None:
+            return grpc.insecure_channel(self.address)
+        roots = Path(self.tls_ca).read_bytes()
+        return grpc.secure_channel(self.address, grpc.ssl_channel_credentials(root_certificates=roots))
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+
+    def client(self, **kwargs: Any) -> Client:
+        """An `omnirt.Client` to this controller with its CA and key (keywords override them).
+
+        The environment's `OMNIRT_TLS_CA` / `OMNIRT_API_KEY` do not apply: the test says."""
+        from omnirt.client import Client
+
+        settings: dict[str, Any] = {
+            "tls": self.tls_ca is not None,
+            "ca": self.tls_ca,
+            "api_key": self.api_key or "",
+        }
+        return Client(self.address, **{**settings, **kwargs})
 
     def start(self, timeout: float = 30) -> Self:
         from grpc_health.v1 import health_pb2, health_pb2_grpc  # the [controller] extra
 
         super().start()
-        channel = grpc.insecure_channel(self.address)
+        channel = self.channel()
         stub = health_pb2_grpc.HealthStub(channel)
         serving = health_pb2.HealthCheckResponse.SERVING
 
@@ -124,9 +166,10 @@ class Controller(Daemon):
         return self
 
     def workers(self) -> list[cluster_pb2.WorkerInfo]:
-        with grpc.insecure_channel(self.address) as channel:
+        with self.channel() as channel:
             stub = cluster_pb2_grpc.ClusterServiceStub(channel)
-            return list(stub.ListWorkers(cluster_pb2.ListWorkersRequest(), timeout=5).workers)
+            request = cluster_pb2.ListWorkersRequest()
+            return list(stub.ListWorkers(request, timeout=5, metadata=self.metadata()).workers)
 
     def worker_ids(self) -> set[str]:
         return {w.id for w in self.workers()}
