@@ -168,7 +168,7 @@ def details(exc: grpc.RpcError) -> dict[str, Any]:
 
 def seen(exc: grpc.RpcError, job_id: str) -> tuple[Any, ...]:
     """What a caller sees of a refusal, the id it asked for left out."""
-    return (exc.code(), exc.details().replace(job_id, "<id>"), sorted(details(exc)))
+    return (exc.code(), (exc.details() or "").replace(job_id, "<id>"), sorted(details(exc)))
 
 
 def ns(timestamp: Any) -> int:
@@ -244,7 +244,7 @@ def test_max_queued_refuses_with_retry_info_and_spares_others_and_retries(api: A
     api.submit("carol")
     got = refusal(lambda: api.submit("carol"))
     assert got.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "tenant 'carol' has 2 jobs queued or running (max_queued 2)" in got.details()
+    assert "tenant 'carol' has 2 jobs queued or running (max_queued 2)" in (got.details() or "")
     assert details(got)["RetryInfo"].retry_delay.ToMilliseconds() == 1000
     assert api.submit("carol", keyed).deduplicated  # the same job asked again: no new one, no refusal
     api.submit("alice")  # another tenant is not held by carol's quota
@@ -259,7 +259,7 @@ def test_rate_limit_refuses_with_the_wait_until_a_token(api: Api) -> None:
     api.submit("dave")
     got = refusal(lambda: api.submit("dave"))
     assert got.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "tenant 'dave' is over its rate limit" in got.details()
+    assert "tenant 'dave' is over its rate limit" in (got.details() or "")
     delay_ms = details(got)["RetryInfo"].retry_delay.ToMilliseconds()
     assert 15_000 <= delay_ms <= 20_000  # a token every 20 s, the first two spent just now
     assert api.submit("dave", keyed).deduplicated

@@ -141,7 +141,7 @@ def test_rate_limit_refuses_with_the_wait_and_spares_dedup_and_others() -> None:
     engine.submit(request(), tenant="dave", policy=policy)
     with pytest.raises(QuotaExceeded) as info:
         engine.submit(request(), tenant="dave", policy=policy)
-    assert 99 < info.value.retry_after_s <= 100
+    assert 99 < (info.value.retry_after_s or 0) <= 100
     assert engine.submit(request(idempotency_key="a"), tenant="dave", policy=policy)[1]
     engine.submit(request(), tenant="erin", policy=policy)
     got = samples(engine)

@@ -35,7 +35,12 @@ def record(
 
 def order(queue: JobQueue) -> list[str]:
     taken: list[str] = []
-    queue.take(lambda r: taken.append(r.job.id) or True, len(queue))
+
+    def place(r: JobRecord) -> bool:
+        taken.append(r.job.id)
+        return True
+
+    queue.take(place, len(queue))
     return taken
 
 
