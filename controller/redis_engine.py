@@ -23,7 +23,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import redis.exceptions
 
 from omnirt import _convert as c
-from omnirt.errors import AlreadyExists, FailedPrecondition, InvalidRequest, OmniRTError, Unavailable
+from omnirt.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidRequest,
+    OmniRTError,
+    QuotaExceeded,
+    Unavailable,
+)
 from omnirt.types import (
     EventKind,
     GenerateRequest,
@@ -45,9 +52,10 @@ from .config import ControllerConfig
 from .engine import _fingerprint, batch_key, batch_limit, client_view, new_job, waiting_reason
 from .jobs import JobRecord, utcnow
 from .metrics import EngineMetrics, Gauges
-from .redis_store import RedisJobStore, StoredJob, batch_key_id, raise_lost_cancel
+from .redis_store import QuotaRefusal, RedisJobStore, StoredJob, batch_key_id, raise_lost_cancel
 from .redis_upkeep import SLOW_TICK_S, RedisUpkeep
 from .request_bounds import check_id, echo
+from .tenants import REASON_RATE, UNLIMITED, RunTimes, TenantPolicy, queued_exceeded, rate_exceeded
 from .tracing import JobTracing
 from .validation import Plan, validate
 from .workers import (
@@ -87,6 +95,9 @@ class RedisEngine:
         self.workers = WorkerRegistry()
         self.metrics = EngineMetrics(self)
         self.tracing = JobTracing()
+        # Each model's run time per job as this controller's workers saw it: what fair share
+        # charges a tenant per job (passed to Redis with each submission).
+        self.run_times = RunTimes()
         # Jobs this controller takes part in (submitted here, or running on one of its workers).
         self.records: dict[str, JobRecord] = {}
         self.running: dict[str, JobRecord] = {}
@@ -131,21 +142,30 @@ class RedisEngine:
     def validate(self, request: GenerateRequest) -> Plan:
         return validate(request, self.catalog)
 
-    async def submit(self, request: GenerateRequest, *, call_deadline_ms: int = 0) -> tuple[Job, bool]:
+    async def submit(
+        self,
+        request: GenerateRequest,
+        *,
+        tenant: str = "",
+        policy: TenantPolicy = UNLIMITED,
+        call_deadline_ms: int = 0,
+    ) -> tuple[Job, bool]:
         try:
-            job, deduplicated = await self._submit(request, call_deadline_ms)
+            job, deduplicated = await self._submit(request, tenant, policy, call_deadline_ms)
         except OmniRTError as exc:
-            self.metrics.request_rejected(request, exc)
+            self.metrics.request_rejected(request, exc, tenant)
             raise
         return job, deduplicated
 
-    async def _submit(self, request: GenerateRequest, call_deadline_ms: int) -> tuple[Job, bool]:
+    async def _submit(
+        self, request: GenerateRequest, tenant: str, policy: TenantPolicy, call_deadline_ms: int
+    ) -> tuple[Job, bool]:
         started_ns = time.time_ns()
         plan = self.validate(request)
         validated_ns = time.time_ns()
         # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs).
         fingerprint = _fingerprint(request)
-        job = new_job(plan, call_deadline_ms)
+        job = new_job(plan, call_deadline_ms, tenant)
         aging = self.config.priority_aging_s
         rank = (time.time() / aging if aging > 0 else 0.0) - job.priority
         key = batch_key_id(batch_key(plan, batch_limit(self.config, plan.spec)))
@@ -157,7 +177,17 @@ class RedisEngine:
         try:
             with self._guard():
                 existing = await self.store.submit(
-                    job, plan.request, fingerprint, key, rank, self.config.max_queue, queued, traceparent
+                    job,
+                    plan.request,
+                    fingerprint,
+                    key,
+                    rank,
+                    self.config.max_queue,
+                    queued,
+                    traceparent,
+                    policy=policy,
+                    cost_s=self.run_times.estimate(job.model),
+                    aging_s=aging,
                 )
                 if existing is not None:
                     stored = await self.store.load(existing)
@@ -169,19 +199,32 @@ class RedisEngine:
                         )
                     self.tracing.discard(job.id)
                     return stored.job, True
+        except QuotaRefusal as refusal:
+            self.tracing.discard(job.id)
+            raise self._quota_error(tenant, policy, refusal) from None
         except BaseException:
             self.tracing.discard(job.id)
             raise
         self.records[job.id] = record
         self.metrics.request_accepted(record)
-        log.debug("job queued", extra={"job_id": job.id, "model": job.model})
+        log.debug("job queued", extra={"job_id": job.id, "model": job.model, "tenant": tenant})
         self.wake.set()
         return job, False
 
-    async def _load(self, job_id: str) -> StoredJob:
+    def _quota_error(self, tenant: str, policy: TenantPolicy, refusal: QuotaRefusal) -> QuotaExceeded:
+        """The client's error for a refusal SUBMIT decided in Redis (the memory engine's words)."""
+        self.metrics.quota_refused(tenant, refusal.reason)
+        log.info("submission refused by quota", extra={"tenant": tenant, "reason": refusal.reason})
+        if refusal.reason == REASON_RATE:
+            return rate_exceeded(tenant, policy, refusal.wait_s)
+        return queued_exceeded(tenant, refusal.active, policy)
+
+    async def _load(self, job_id: str, tenant: str | None = None) -> StoredJob:
+        """The job; with `tenant`, NOT_FOUND unless it is that tenant's (the same error as an
+        unknown id: nobody learns that another tenant's job exists)."""
         check_id("job_id", job_id)  # every lookup of a client's job id comes here
         with self._guard():
-            return await self.store.load(job_id)
+            return await self.store.load(job_id, tenant)
 
     def _waiter(self, job_id: str) -> asyncio.Event:
         event = asyncio.Event()
@@ -220,8 +263,8 @@ class RedisEngine:
     def job_message(self, job: Job) -> types_pb2.Job:
         return c.job_to_proto(job)
 
-    async def get(self, job_id: str) -> Job:
-        stored = await self._load(job_id)
+    async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
+        stored = await self._load(job_id, tenant)
         job = stored.job
         if job.state is JobState.QUEUED:
             with self._guard():
@@ -231,24 +274,26 @@ class RedisEngine:
                 job.waiting_reason = waiting_reason(spec, self._serving(spec))
         return job
 
-    async def request_of(self, job_id: str) -> GenerateRequest:
-        return (await self._load(job_id)).request
+    async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
+        return (await self._load(job_id, tenant)).request
 
     async def list_jobs(
-        self, states: list[JobState], model: str, limit: int, offset: int
+        self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
     ) -> tuple[list[Job], int]:
         with self._guard():
-            ids, more = await self.store.list_ids(states, model, limit, offset)
+            ids, more = await self.store.list_ids(states, model, limit, offset, tenant)
         jobs = []
         for job_id in ids:
             with contextlib.suppress(OmniRTError):  # expired between the listing and now
-                jobs.append(await self.get(job_id))
+                jobs.append(await self.get(job_id, tenant=tenant))
         return jobs, (offset + limit if more else 0)
 
-    async def watch(self, job_id: str, after_sequence: int = 0) -> AsyncIterator[JobEvent]:
+    async def watch(
+        self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
+    ) -> AsyncIterator[JobEvent]:
         changed = self._waiter(job_id)
         try:
-            await self._load(job_id)  # NOT_FOUND for an unknown job
+            await self._load(job_id, tenant)  # NOT_FOUND for an unknown job (or another tenant's)
             seq = after_sequence
             while True:
                 with self._guard():
@@ -271,12 +316,15 @@ class RedisEngine:
         finally:
             self._unwait(job_id, changed)
 
-    async def cancel(self, job_id: str) -> tuple[Job, bool]:
-        return await self.end(job_id, JobState.CANCELLED, JobError("CANCELLED", "cancelled by the client"))
+    async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
+        error = JobError("CANCELLED", "cancelled by the client")
+        return await self.end(job_id, JobState.CANCELLED, error, tenant=tenant)
 
-    async def end(self, job_id: str, state: JobState, error: JobError) -> tuple[Job, bool]:
+    async def end(
+        self, job_id: str, state: JobState, error: JobError, *, tenant: str | None = None
+    ) -> tuple[Job, bool]:
         """Cancel or expire a queued or running job; a running one is told to stop."""
-        stored = await self._load(job_id)
+        stored = await self._load(job_id, tenant)
         if stored.job.state.terminal:
             return stored.job, False
         event = JobEvent(
@@ -324,7 +372,12 @@ class RedisEngine:
         self.tracing.finished(record)
         log.info(
             "job finished",
-            extra={"job_id": job_id, "state": state.value, "error": error.message if error else ""},
+            extra={
+                "job_id": job_id,
+                "tenant": record.job.tenant,
+                "state": state.value,
+                "error": error.message if error else "",
+            },
         )
 
     async def abandon(self, job_id: str) -> None:
@@ -337,8 +390,10 @@ class RedisEngine:
         else:
             await self.cancel(job_id)
 
-    async def artifact(self, job_id: str, index: int) -> tuple[bytes, GenerateResult]:
-        stored = await self._load(job_id)
+    async def artifact(
+        self, job_id: str, index: int, *, tenant: str | None = None
+    ) -> tuple[bytes, GenerateResult]:
+        stored = await self._load(job_id, tenant)
         result = stored.job.result
         if result is None:
             raise FailedPrecondition(f"job {job_id} has no result (state {stored.job.state.value})")
@@ -508,6 +563,9 @@ class RedisEngine:
         if record is not None and record.assignment_id == assignment_id:
             del self.running[job_id]
             self.metrics.result_received(record)
+            if record.dispatched_at:
+                elapsed = time.monotonic() - record.dispatched_at
+                self.run_times.observe(record.job.model, elapsed, record.batch_size)
 
         async def store() -> None:
             await self._store_result(handle.id, assignment_id, job_id, result, error)
@@ -542,10 +600,12 @@ class RedisEngine:
             result.job_id = job_id
             result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
             try:
-                request = (await self.store.load(job_id)).request
+                stored = await self.store.load(job_id)
             except OmniRTError:
                 log.info("result of an unknown or expired job ignored", extra={"job_id": job_id})
                 return
+            request = stored.request
+            result.report.tenant = stored.job.tenant  # the controller's word, not the worker's
             view = client_view(result, job_id, request.inline_limit_bytes or self.config.inline_limit_bytes)
             artifacts = {
                 a.index: a.data for a, v in zip(result.artifacts, view.artifacts, strict=True) if not v.data
@@ -592,7 +652,8 @@ class RedisEngine:
         )
         record = self.running.pop(job_id, None)
         if outcome == "queued":
-            log.info("job requeued", extra={"job_id": job_id, "reason": message})
+            tenant = record.job.tenant if record is not None else ""
+            log.info("job requeued", extra={"job_id": job_id, "tenant": tenant, "reason": message})
             if record is not None:
                 self.metrics.requeued(record)
                 self.tracing.requeued(record, message)

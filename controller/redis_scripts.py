@@ -6,7 +6,7 @@ and the state it found. Keys (P is the prefix, `{omnirt}:` by default; the brace
 Cluster hash tag, so every key lives in one slot):
 
     P job:ID          hash: static (Job proto of the fixed fields), request (GenerateRequest
-                      proto), fingerprint, model, bkey (batch key), rank, priority, state,
+                      proto), fingerprint, model, bkey (batch key), rank, priority, tenant, state,
                       attempts, assignment, owner, worker, enqueued_ms, started_ms, finished_ms,
                       error / progress / result (protos), artifact:N (bytes) or artifact_path:N
     P events:ID       stream of JobEvent protos; entry id 0-N is the event's sequence N
@@ -17,14 +17,28 @@ Cluster hash tag, so every key lives in one slot):
     P running         zset job -> lease expiry (ms); the holder renews it
     P deadlines       zset job -> deadline (ms) of jobs not final yet
     P jobs            zset job -> creation time (ms): the listing
-    P idem:KEY        string: the job of an idempotency key (its own TTL)
+    P jobs:t:TENANT   zset: the same for one (named) tenant's jobs
+    P idem:KEY        string: the job of an idempotency key of the tenant "" (its own TTL)
+    P idem@TENANT:KEY string: the same for a named tenant (tenant names hold no ':' or '@',
+                      and no key of the tenant "" starts `idem@`: the two layouts never meet)
+    P tenants         set of the tenants that submitted jobs ("" included)
+    P active:TENANT   set of the tenant's jobs QUEUED or RUNNING: max_queued, the active gauge
+    P bucket:TENANT   hash tokens, at (s): the tenant's rate_per_s token bucket
+    P fair            hash "TENANT|PRIORITY" -> F (s): fair share's finish tags
     P workers         hash worker id -> WorkerInfo proto (+ P workers:seen zset id -> expiry)
     P worker-claim:ID hash instance, owner, host, pid: the process that holds worker id ID and
                       the controller it is connected to; expires a lease after its last renewal
     P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID has a new event),
                       "c ID ASSIGNMENT OWNER REASON" (stop a running job), "d WORKER" (drain)
 
-Rank = enqueued_seconds / aging_s - priority: lower runs first, as in the in-memory queue.
+Rank = enqueued_seconds / aging_s - priority: lower runs first, as in the in-memory queue. A job
+of a named tenant uses its fair-share start tag S where the others use the enqueue time (see
+`controller/tenants.py`): S = max(now, F[tenant, priority]), then F = S + q / weight; with no
+aging its rank is S / 2**32 - priority (an aging of 136 years: S orders a priority's jobs, and
+the rank stays in its priority's band). The tenant "" ranks exactly as before tenants existed.
+
+Numbers that go back into Redis are written with '%.17g' (Lua's own tostring keeps 14 digits):
+F and the bucket read back exactly what was computed, so the ranks equal the Python formula's.
 """
 
 from __future__ import annotations
@@ -49,10 +63,13 @@ local function add_event(p, id, event)
   if event ~= '' then redis.call('XADD', p .. 'events:' .. id, '0-*', 'e', event) end
 end
 
--- Move a job to a final state; returns the state, owner and assignment it had.
+-- Move a job to a final state; returns the state, owner and assignment it had. The job leaves
+-- its tenant's active set here, the one way every final state goes: counted out exactly once.
 local function finish(p, id, state, now, ttl, error, result, result_event, state_event)
   local jk = p .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'state', 'owner', 'assignment', 'model', 'bkey', 'priority', 'worker')
+  local f = redis.call('HMGET', jk, 'state', 'owner', 'assignment', 'model', 'bkey', 'priority', 'worker',
+    'tenant')
+  if f[1] == 'QUEUED' or f[1] == 'RUNNING' then redis.call('SREM', p .. 'active:' .. (f[8] or ''), id) end
   if f[1] == 'QUEUED' then dequeue(p, id, f[4], f[5], f[6]) end
   if f[1] == 'RUNNING' then
     redis.call('ZREM', p .. 'running', id)
@@ -71,23 +88,77 @@ local function finish(p, id, state, now, ttl, error, result, result_event, state
 end
 """
 
-# ARGV: p, id, idem_key, idem_ttl_s, max_queue, static, request, fingerprint, model, bkey, rank,
-#       now_ms, deadline_ms, priority, queued_event
+# Prepended to SUBMIT (with PRELUDE). The tenant's token bucket (`tenants.TokenBucket`: the same
+# arithmetic on the same numbers): 0 when a token was taken, else the seconds until one is there
+# (nothing taken). `at` never goes back: a controller whose clock is behind another's refills
+# nothing, not a second time.
+QUOTAS = r"""
+local function take_token(key, rate, size, now)
+  local b = redis.call('HMGET', key, 'tokens', 'at')
+  local tokens, at = tonumber(b[1] or '') or size, tonumber(b[2] or '') or now
+  tokens = math.min(size, tokens + math.max(0, now - at) * rate)
+  if now > at then at = now end
+  local wait = 0
+  if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens), 'at', string.format('%.17g', at))
+  -- A bucket left alone this long is full again: the key may go.
+  redis.call('PEXPIRE', key, math.ceil(size / rate * 1000) + 1000)
+  return wait
+end
+
+-- Fair share (`tenants.FairClock`): the job's start tag S and its tenant's new finish tag.
+local function fair_rank(p, tenant, priority, now, cost, weight, aging)
+  local key = tenant .. '|' .. priority
+  local s = now
+  local f = tonumber(redis.call('HGET', p .. 'fair', key) or '')
+  if f and f > s then s = f end
+  redis.call('HSET', p .. 'fair', key, string.format('%.17g', s + cost / weight))
+  if aging <= 0 then aging = 4294967296 end
+  return s / aging - tonumber(priority)
+end
+"""
+
+# ARGV: p, id, idem_key, idem_ttl_s, max_queue, static, request, fingerprint, model, bkey, rank
+#       (used for the tenant ""), now_ms, deadline_ms, priority, queued_event, traceparent,
+#       tenant, max_queued (0 = none), rate_per_s (0 = none), bucket size, cost_s (q), weight,
+#       aging_s. Returns {'ok'}, {'dup', ID}, {'full'}, {'quota', 'max_queued', ACTIVE} or
+#       {'quota', 'rate', WAIT_S}: quotas after the idempotency lookup (a duplicate costs
+#       nothing), a token spent only by a job that is queued.
 SUBMIT = r"""
-local p, id, idem = ARGV[1], ARGV[2], ARGV[3]
+local p, id, idem, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[17]
 if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return {'ok'} end  -- a retried call
+local ik = p .. 'idem:' .. idem
+if tenant ~= '' then ik = p .. 'idem@' .. tenant .. ':' .. idem end
 if idem ~= '' then
-  local existing = redis.call('GET', p .. 'idem:' .. idem)
+  local existing = redis.call('GET', ik)
   if existing and redis.call('EXISTS', p .. 'job:' .. existing) == 1 then return {'dup', existing} end
 end
 if redis.call('ZCARD', p .. 'queue') >= tonumber(ARGV[5]) then return {'full'} end
+local active = p .. 'active:' .. tenant
+local max_queued, rate = tonumber(ARGV[18]), tonumber(ARGV[19])
+if max_queued > 0 then
+  local n = redis.call('SCARD', active)
+  if n >= max_queued then return {'quota', 'max_queued', n} end
+end
+if rate > 0 then
+  local wait = take_token(p .. 'bucket:' .. tenant, rate, tonumber(ARGV[20]), tonumber(ARGV[12]) / 1000)
+  if wait > 0 then return {'quota', 'rate', string.format('%.17g', wait)} end
+end
+local rank = ARGV[11]
+if tenant ~= '' then
+  rank = fair_rank(p, tenant, ARGV[14], tonumber(ARGV[12]) / 1000, tonumber(ARGV[21]),
+    tonumber(ARGV[22]), tonumber(ARGV[23]))
+end
 redis.call('HSET', p .. 'job:' .. id, 'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
-  'model', ARGV[9], 'bkey', ARGV[10], 'rank', ARGV[11], 'priority', ARGV[14], 'state', 'QUEUED',
-  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16])
-enqueue(p, id, ARGV[9], ARGV[10], ARGV[11], ARGV[14])
+  'model', ARGV[9], 'bkey', ARGV[10], 'rank', rank, 'priority', ARGV[14], 'state', 'QUEUED',
+  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16], 'tenant', tenant)
+enqueue(p, id, ARGV[9], ARGV[10], rank, ARGV[14])
 if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
 redis.call('ZADD', p .. 'jobs', ARGV[12], id)
-if idem ~= '' then redis.call('SET', p .. 'idem:' .. idem, id, 'EX', ARGV[4]) end
+if tenant ~= '' then redis.call('ZADD', p .. 'jobs:t:' .. tenant, ARGV[12], id) end
+redis.call('SADD', active, id)
+redis.call('SADD', p .. 'tenants', tenant)
+if idem ~= '' then redis.call('SET', ik, id, 'EX', ARGV[4]) end
 add_event(p, id, ARGV[15])
 redis.call('PUBLISH', p .. 'notify', 'q')
 return {'ok'}
@@ -98,7 +169,7 @@ return {'ok'}
 # ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, busy_window_ms (the window while jobs
 # of the model run, when longer), then model, limit pairs.
 # Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
-# {'ok', model, id1, attempts1, request1, enqueued_ms1, traceparent1, id2, ...}.
+# {'ok', model, id1, attempts1, request1, enqueued_ms1, traceparent1, tenant1, id2, ...}.
 CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -128,7 +199,8 @@ end
 local out = {'ok', model}
 for _, id in ipairs(ids) do
   local jk = p .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent')
+  local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent',
+    'tenant')
   dequeue(p, id, f[1], f[2], f[3])
   local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
   redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
@@ -140,6 +212,7 @@ for _, id in ipairs(ids) do
   table.insert(out, f[4])
   table.insert(out, f[5])
   table.insert(out, f[6] or '')
+  table.insert(out, f[7] or '')
 end
 return out
 """
@@ -274,4 +347,63 @@ redis.call('DEL', k)
 redis.call('HDEL', p .. 'workers', id)
 redis.call('ZREM', p .. 'workers:seen', id)
 return 1
+"""
+
+
+# ---- tidying, from every controller's upkeep (each run is small: Redis serves meanwhile) ----
+
+# Listing entries (`P jobs`, `P jobs:t:TENANT`) whose job expired or was evicted. Only entries
+# created before max_score (a job younger than the job TTL cannot have expired) are looked at,
+# `count` from `offset` on: the offset moves past the live ones (long queued or running jobs)
+# and starts over at the end. ARGV: p, listing key (without p), max_score, offset, count.
+# Returns {next offset, entries removed}.
+SWEEP_LISTING = r"""
+local p, key = ARGV[1], ARGV[1] .. ARGV[2]
+local offset, count = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ids = redis.call('ZRANGEBYSCORE', key, '-inf', ARGV[3], 'LIMIT', offset, count)
+local gone = 0
+for _, id in ipairs(ids) do
+  if redis.call('EXISTS', p .. 'job:' .. id) == 0 then
+    redis.call('ZREM', key, id)
+    gone = gone + 1
+  end
+end
+if #ids < count then return {0, gone} end
+return {offset + #ids - gone, gone}
+"""
+
+# Members of a tenant's active set that are no longer QUEUED or RUNNING: a job evicted from
+# Redis (maxmemory), or finished by an older controller that does not know tenants. Every
+# other way out of the set is `finish` in the PRELUDE. ARGV: p, tenant, SSCAN cursor, count.
+# Returns {next cursor, members removed}.
+SWEEP_ACTIVE = r"""
+local p = ARGV[1]
+local key = p .. 'active:' .. ARGV[2]
+local scan = redis.call('SSCAN', key, ARGV[3], 'COUNT', ARGV[4])
+local gone = 0
+for _, id in ipairs(scan[2]) do
+  local state = redis.call('HGET', p .. 'job:' .. id, 'state')
+  if state ~= 'QUEUED' and state ~= 'RUNNING' then
+    redis.call('SREM', key, id)
+    gone = gone + 1
+  end
+end
+return {scan[1], gone}
+"""
+
+# Fair-share finish tags at or before now hold no one back (S = max(now, F)): they go, so
+# `P fair` stays as small as the set of (tenant, priority) pairs with work queued ahead.
+# ARGV: p, now (s). Returns the entries removed.
+PRUNE_FAIR = r"""
+local key = ARGV[1] .. 'fair'
+local now = tonumber(ARGV[2])
+local all = redis.call('HGETALL', key)
+local gone = 0
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) <= now then
+    redis.call('HDEL', key, all[i])
+    gone = gone + 1
+  end
+end
+return gone
 """

@@ -37,6 +37,8 @@ from omnirt.types import (
 from omnirt.v1 import cluster_pb2, types_pb2
 
 from . import redis_scripts as scripts
+from .metrics import Gauges
+from .tenants import UNLIMITED, TenantPolicy, bucket_size
 
 PREFIX = "{omnirt}:"
 LIST_PAGE = 256
@@ -48,6 +50,20 @@ def _ms_to_dt(value: bytes | None) -> datetime | None:
 
 def _bytes(msg: Any) -> bytes:
     return bytes(msg.SerializeToString()) if msg is not None else b""
+
+
+def job_not_found(job_id: str) -> JobNotFound:
+    """What an unknown id gets, and as well a known one of another tenant (no existence oracle)."""
+    return JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
+
+
+class QuotaRefusal(Exception):
+    """SUBMIT refused a job by its tenant's quota: `reason` is `tenants.REASON_*`; `active` the
+    tenant's jobs queued or running (max_queued), `wait_s` the time until a token (rate)."""
+
+    def __init__(self, reason: str, active: int = 0, wait_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.reason, self.active, self.wait_s = reason, active, wait_s
 
 
 def batch_key_id(key: Hashable | None) -> str:
@@ -90,6 +106,7 @@ class Claimed:
     request: GenerateRequest
     enqueued_ms: int
     traceparent: str = ""  # of the job's span on the controller that accepted it
+    tenant: str = ""
 
 
 def raise_lost_cancel() -> None:
@@ -141,11 +158,22 @@ class RedisJobStore:
         self.artifact_dir = Path(artifact_dir or os.path.join(tempfile.gettempdir(), "omnirt-artifacts"))
         self._scripts = {
             name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
-            for name in ("SUBMIT", "CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
+            for name in ("CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
         }
-        self._worker_scripts = {
+        self._scripts["SUBMIT"] = self.redis.register_script(
+            scripts.PRELUDE + scripts.QUOTAS + scripts.SUBMIT
+        )
+        # The scripts that need none of the PRELUDE's functions: workers' claims, the tidying.
+        self._plain_scripts = {
             name: self.redis.register_script(getattr(scripts, name))
-            for name in ("CLAIM_WORKER", "WORKERS_SEEN", "DROP_WORKER")
+            for name in (
+                "CLAIM_WORKER",
+                "WORKERS_SEEN",
+                "DROP_WORKER",
+                "SWEEP_LISTING",
+                "SWEEP_ACTIVE",
+                "PRUNE_FAIR",
+            )
         }
 
     async def close(self) -> None:
@@ -169,9 +197,20 @@ class RedisJobStore:
         max_queue: int,
         queued: JobEvent,
         traceparent: str = "",
+        *,
+        policy: TenantPolicy = UNLIMITED,
+        cost_s: float = 1.0,
+        aging_s: float = 0.0,
     ) -> str | None:
-        """Store and queue a new job; returns the id of an existing job with the same key, else None."""
+        """Store and queue a new job of `job.tenant`; returns the id of an existing job of that
+        tenant with the same idempotency key, else None.
+
+        `rank` is the job's for the tenant ""; a named tenant's is computed in Redis from its
+        fair-share clock, `cost_s` (the model's expected run time per job) and `policy.weight`.
+        Raises QueueFull, or QuotaRefusal when `policy` refuses the job.
+        """
         now_ms = int(job.created_at.timestamp() * 1000) if job.created_at else 0
+        rate = policy.rate_per_s
         answer = await self._run(
             "SUBMIT",
             job.id,
@@ -189,22 +228,38 @@ class RedisJobStore:
             job.priority,
             _bytes(c.event_to_proto(queued)),
             traceparent,
+            job.tenant,
+            policy.max_queued,
+            repr(rate),
+            bucket_size(policy) if rate > 0 else 0,
+            repr(cost_s),
+            repr(policy.weight),
+            repr(aging_s),
         )
         kind = answer[0].decode()
         if kind == "dup":
             return str(answer[1].decode())
         if kind == "full":
             raise QueueFull(f"queue is full ({max_queue} jobs waiting); retry later", retry_after_s=1.0)
+        if kind == "quota":
+            reason = answer[1].decode()
+            if reason == "rate":
+                raise QuotaRefusal(reason, wait_s=float(answer[2]))
+            raise QuotaRefusal(reason, active=int(answer[2]))
         return None
 
-    async def load(self, job_id: str) -> StoredJob:
+    async def load(self, job_id: str, tenant: str | None = None) -> StoredJob:
+        """The job; with `tenant`, JobNotFound unless it is that tenant's (as for an unknown id)."""
         fields: dict[bytes, bytes] = await self.redis.hgetall(self.p + "job:" + job_id)
         if not fields or b"static" not in fields:
-            raise JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
+            raise job_not_found(job_id)
+        if tenant is not None and fields.get(b"tenant", b"").decode() != tenant:
+            raise job_not_found(job_id)
         return self._decode(fields)
 
     def _decode(self, f: dict[bytes, bytes]) -> StoredJob:
         job = c.job_from_proto(types_pb2.Job.FromString(f[b"static"]))
+        job.tenant = f.get(b"tenant", b"").decode()  # the same as in `static`; older jobs have neither
         job.state = JobState[f[b"state"].decode()]
         job.attempts = int(f.get(b"attempts", b"0"))
         job.worker_id = f.get(b"worker", b"").decode()
@@ -244,30 +299,34 @@ class RedisJobStore:
         return int(rank or 0)
 
     async def list_ids(
-        self, states: Sequence[JobState], model: str, limit: int, offset: int
+        self, states: Sequence[JobState], model: str, limit: int, offset: int, tenant: str | None = None
     ) -> tuple[list[str], bool]:
-        """Job ids newest first, filtered; returns the page and whether more follow."""
+        """Job ids newest first, filtered (`tenant`: only that tenant's, from its own listing, so
+        a tenant's page costs the same however many jobs the others have); returns the page and
+        whether more follow."""
         wanted = {s.name.encode() for s in states}
+        listing = self.listing_key(tenant)
         picked: list[str] = []
         skipped, start = 0, 0
         while len(picked) <= limit:
-            ids = await self.redis.zrevrange(self.p + "jobs", start, start + LIST_PAGE - 1)
+            ids = await self.redis.zrevrange(self.p + listing, start, start + LIST_PAGE - 1)
             if not ids:
                 break
             start += len(ids)
             async with self.redis.pipeline(transaction=False) as pipe:
                 for job_id in ids:
-                    pipe.hmget(self.p + "job:" + job_id.decode(), "state", "model")
+                    pipe.hmget(self.p + "job:" + job_id.decode(), "state", "model", "tenant")
                 rows = await pipe.execute()
-            gone = [job_id for job_id, (state, _) in zip(ids, rows, strict=True) if state is None]
+            gone = [job_id for job_id, (state, *_) in zip(ids, rows, strict=True) if state is None]
             if gone:  # expired jobs leave the listing
-                await self.redis.zrem(self.p + "jobs", *gone)
+                await self.redis.zrem(self.p + listing, *gone)
                 start -= len(gone)
-            for job_id, (state, job_model) in zip(ids, rows, strict=True):
+            for job_id, (state, job_model, job_tenant) in zip(ids, rows, strict=True):
                 if (
                     state is None
                     or (wanted and state not in wanted)
                     or (model and job_model.decode() != model)
+                    or (tenant is not None and (job_tenant or b"").decode() != tenant)
                 ):
                     continue
                 if skipped < offset:
@@ -275,6 +334,11 @@ class RedisJobStore:
                     continue
                 picked.append(job_id.decode())
         return picked[:limit], len(picked) > limit
+
+    @staticmethod
+    def listing_key(tenant: str | None) -> str:
+        """The listing zset (without the prefix) that holds `tenant`'s jobs (None or "": all)."""
+        return "jobs:t:" + tenant if tenant else "jobs"
 
     async def events(self, job_id: str, after: int, count: int = 512) -> list[JobEvent]:
         """Events with a sequence above `after` (the stream entry id is 0-SEQUENCE)."""
@@ -316,10 +380,17 @@ class RedisJobStore:
             return model, int(answer[2])
         claimed = []
         rest = answer[2:]
-        for i in range(0, len(rest), 5):
+        for i in range(0, len(rest), 6):
             request = c.request_from_proto(types_pb2.GenerateRequest.FromString(rest[i + 2]))
             claimed.append(
-                Claimed(rest[i].decode(), int(rest[i + 1]), request, int(rest[i + 3]), rest[i + 4].decode())
+                Claimed(
+                    rest[i].decode(),
+                    int(rest[i + 1]),
+                    request,
+                    int(rest[i + 3]),
+                    rest[i + 4].decode(),
+                    rest[i + 5].decode(),
+                )
             )
         return model, claimed
 
@@ -382,7 +453,7 @@ class RedisJobStore:
         )
         kind = answer[0].decode()
         if kind == "missing":
-            raise JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
+            raise job_not_found(job_id)
         before = JobState[answer[1].decode()]
         if kind == "no":
             return False, before, "", ""
@@ -457,24 +528,57 @@ class RedisJobStore:
 
     # ---- gauges and the cluster's workers ----------------------------------------------
 
-    async def depth(self, models: Sequence[str]) -> tuple[dict[str, int], dict[int, int], dict[str, int]]:
-        """Queued jobs by model (of `models`) and by priority, running jobs by model: the cluster's."""
+    async def depth(self, models: Sequence[str]) -> Gauges:
+        """Queued jobs by model (of `models`) and by priority, running jobs by model, active jobs
+        by tenant: the cluster's."""
+        tenants = await self.tenants()
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.p + "qdepth")
             pipe.hgetall(self.p + "runmodels")
             for model in models:
                 pipe.zcard(self.p + "queue:m:" + model)
-            queued, running, *per_model = await pipe.execute()
-        return (
-            {model: int(n) for model, n in zip(models, per_model, strict=True)},
-            {int(k): int(v) for k, v in queued.items() if int(v) > 0},
-            {k.decode(): int(v) for k, v in running.items() if int(v) > 0},
+            for tenant in tenants:
+                pipe.scard(self.p + "active:" + tenant)
+            queued, running, *counts = await pipe.execute()
+        per_model, per_tenant = counts[: len(models)], counts[len(models) :]
+        return Gauges(
+            queued_by_model={model: int(n) for model, n in zip(models, per_model, strict=True)},
+            queued_by_priority={int(k): int(v) for k, v in queued.items() if int(v) > 0},
+            running_by_model={k.decode(): int(v) for k, v in running.items() if int(v) > 0},
+            active_by_tenant={t: int(n) for t, n in zip(tenants, per_tenant, strict=True)},
         )
+
+    async def active(self, tenant: str) -> int:
+        """The tenant's jobs queued or running (what max_queued counts), on every controller."""
+        return int(await self.redis.scard(self.p + "active:" + tenant))
+
+    # ---- tidying (the upkeep's) ---------------------------------------------------------
+
+    async def tenants(self) -> list[str]:
+        return sorted(t.decode() for t in await self.redis.smembers(self.p + "tenants"))
+
+    async def sweep_listing(
+        self, tenant: str | None, max_score_ms: int, offset: int, count: int
+    ) -> tuple[int, int]:
+        """Drop expired or evicted jobs from a listing (see SWEEP_LISTING): (next offset, removed)."""
+        answer = await self._plain_scripts["SWEEP_LISTING"](
+            keys=[], args=[self.p, self.listing_key(tenant), max_score_ms, offset, count]
+        )
+        return int(answer[0]), int(answer[1])
+
+    async def sweep_active(self, tenant: str, cursor: int, count: int) -> tuple[int, int]:
+        """Drop jobs no longer active from the tenant's set (see SWEEP_ACTIVE): (cursor, removed)."""
+        answer = await self._plain_scripts["SWEEP_ACTIVE"](keys=[], args=[self.p, tenant, cursor, count])
+        return int(answer[0]), int(answer[1])
+
+    async def prune_fair(self, now_s: float) -> int:
+        """Drop the fair-share finish tags at or before `now_s`; how many."""
+        return int(await self._plain_scripts["PRUNE_FAIR"](keys=[], args=[self.p, repr(now_s)]))
 
     async def claim_worker(self, info: WorkerInfo, owner: str, lease_ms: int) -> tuple[str, int] | None:
         """Take worker id `info.id` for its process (`info.instance_id`) on controller `owner`;
         None when taken, else the (host, pid) of the other live process that holds it."""
-        answer = await self._worker_scripts["CLAIM_WORKER"](
+        answer = await self._plain_scripts["CLAIM_WORKER"](
             keys=[], args=[self.p, info.id, info.instance_id, owner, info.hostname, info.pid, lease_ms]
         )
         if answer[0] == b"ok":
@@ -491,12 +595,12 @@ class RedisJobStore:
         args: list[Any] = [self.p, owner, lease_ms, expiry_ms]
         for w in workers:
             args += [w.id, w.instance_id, w.hostname, w.pid, _bytes(c.worker_to_proto(w))]
-        lost = await self._worker_scripts["WORKERS_SEEN"](keys=[], args=args)
+        lost = await self._plain_scripts["WORKERS_SEEN"](keys=[], args=args)
         return [worker_id.decode() for worker_id in lost]
 
     async def drop_worker(self, info: WorkerInfo, owner: str) -> None:
         """Forget a worker `owner` held (claim and listing), unless another one holds its id now."""
-        await self._worker_scripts["DROP_WORKER"](keys=[], args=[self.p, owner, info.id, info.instance_id])
+        await self._plain_scripts["DROP_WORKER"](keys=[], args=[self.p, owner, info.id, info.instance_id])
 
     async def workers(self, now_ms: int) -> list[WorkerInfo]:
         """Workers connected to any controller (their controller refreshed them lately)."""

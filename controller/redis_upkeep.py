@@ -18,7 +18,6 @@ from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec
 
 from .engine import batch_limit
 from .jobs import JobRecord, utcnow
-from .metrics import Gauges
 from .redis_store import Claimed, raise_lost_cancel
 from .validation import Plan
 from .workers import Assignment, AssignmentItem
@@ -33,6 +32,7 @@ POLL_S = 0.5
 SLOW_TICK_S = 1.0  # also renews worker-id claims: see RedisEngine.claim_ms
 ARTIFACT_SWEEP_S = 60.0
 SWEEP_PAGE = 500
+TIDY_S = 5.0  # how often the fair-share tags, tenants' active sets and listings are tidied
 
 
 def _now_ms() -> int:
@@ -48,6 +48,11 @@ class RedisUpkeep:
         self._window_due = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
+        # Where the tidying of each tenant's active set and listing goes on (SSCAN cursor,
+        # offset), and when it last ran (monotonic).
+        self._active_cursors: dict[str, int] = {}
+        self._listing_offsets: dict[str, int] = {}
+        self._tidied = 0.0
 
     def start(self) -> None:
         self._tasks = [
@@ -111,7 +116,9 @@ class RedisUpkeep:
         for c in claimed:
             self.engine.tracing.adopt(c.job_id, c.traceparent)  # accepted by another controller
             record = self.engine.records.get(c.job_id) or JobRecord(
-                job=Job(id=c.job_id, state=JobState.RUNNING, model=spec.id, task=c.request.task),
+                job=Job(
+                    id=c.job_id, state=JobState.RUNNING, model=spec.id, task=c.request.task, tenant=c.tenant
+                ),
                 plan=Plan(spec, c.request),
             )
             job = record.job
@@ -123,6 +130,8 @@ class RedisUpkeep:
             )
             record.assignment_id = assignment_id
             record.enqueued_at = time.monotonic() - max(0, now - c.enqueued_ms) / 1000
+            # What the run-time estimate learns from when the result comes (see tenants.RunTimes).
+            record.dispatched_at, record.batch_size = time.monotonic(), len(claimed)
             handle.start(c.job_id, assignment_id, spec.id)
             self.engine.running[c.job_id] = record
             batch.append(record)
@@ -280,8 +289,8 @@ class RedisUpkeep:
                     if handle.id in lost:
                         self.engine.id_lost(handle)
                 self.engine.cluster = await self.engine.store.workers(_now_ms())
-                depth = await self.engine.store.depth([spec.id for spec in self.engine.catalog])
-                self.engine.depth = Gauges(*depth)
+                self.engine.depth = await self.engine.store.depth([spec.id for spec in self.engine.catalog])
+                await self._tidy()
                 await self._sweep_records()
                 if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
                     last_sweep = time.monotonic()
@@ -293,6 +302,25 @@ class RedisUpkeep:
             except Exception:
                 log.exception("upkeep failed")
             await asyncio.sleep(SLOW_TICK_S)
+
+    async def _tidy(self) -> None:
+        """Every few seconds: drop fair-share tags that hold no one back, and what expired or
+        was evicted from the tenants' active sets and listings (normally each job leaves them
+        in the script that ends it or as a listing meets it; this bounds what slips by)."""
+        if time.monotonic() - self._tidied < TIDY_S:
+            return
+        self._tidied = time.monotonic()
+        store = self.engine.store
+        now = _now_ms()
+        await store.prune_fair(now / 1000)
+        created_before = now - store.ttl_s * 1000  # a younger job cannot have expired yet
+        for tenant in await store.tenants():
+            cursor = self._active_cursors.get(tenant, 0)
+            self._active_cursors[tenant], _ = await store.sweep_active(tenant, cursor, SWEEP_PAGE)
+            offset = self._listing_offsets.get(tenant, 0)
+            self._listing_offsets[tenant], _ = await store.sweep_listing(
+                tenant, created_before, offset, SWEEP_PAGE
+            )
 
     async def _sweep_records(self) -> None:
         """Forget jobs submitted here that finished elsewhere (the observers see them end)."""
