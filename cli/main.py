@@ -70,11 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_output = bool(getattr(args, "json", False))
     try:
         client = Client(args.controller, **connection.client_settings(args))
-    except (ValueError, OSError) as exc:  # a CA file that is missing or not PEM, a bad key
+    except (ValueError, OSError) as exc:  # a usage error: a CA file missing or not PEM, a bad key
         message = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
         print(f"error: {message}", file=sys.stderr)
-        if json_output:
-            print_json(error_object("INVALID_ARGUMENT", message), compact=True)
         return 2
     try:
         with client:
