@@ -6,8 +6,8 @@
                                                # table, writes only what --json/--docs ask for
     python -m bench.suite --only overhead,batching --json out.json
 
-Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, export. Each starts its
-own daemons on loopback and stops them (export needs none). A scenario that cannot run here (Ray
+Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, fair_share, export. Each
+starts its own daemons on loopback and stops them (export needs none). A scenario that cannot run here (Ray
 Serve not installed for `peers`) is reported as skipped; one that fails is reported as failed
 with its daemons' log tails, the others still run. Exit status: 0 when no scenario failed, 1
 otherwise, 2 for bad arguments. Missed targets are results, not failures: the table says met /
@@ -30,7 +30,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import _machine, batching, cold_warm, control_plane_scenarios, export, overhead, peers, report
+from . import (
+    _machine,
+    batching,
+    cold_warm,
+    control_plane_scenarios,
+    export,
+    fair_share,
+    overhead,
+    peers,
+    report,
+)
 from . import _scenario as sc
 
 SCENARIOS: dict[str, sc.Scenario] = {
@@ -42,6 +52,7 @@ SCENARIOS: dict[str, sc.Scenario] = {
         peers.SCENARIO,
         cold_warm.SCENARIO,
         control_plane_scenarios.DISPATCH,
+        fair_share.SCENARIO,
         export.SCENARIO,
     )
 }
