@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from omnirt import __version__
 from omnirt.errors import OmniRTError
 
-from . import bench, connection, generate, jobs, models, validate, workers
+from . import bench, connection, generate, jobs, keys, models, validate, workers
 from .output import error_object, print_error, print_json
 
-GROUPS = (generate, validate, bench, models, jobs, workers)
+GROUPS = (generate, validate, bench, models, jobs, workers, keys)
 
 
 def _common(*, top: bool) -> argparse.ArgumentParser:

@@ -42,7 +42,8 @@ from .audit import AuditLog
 ROLES = ("user", "admin")
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 HEX_RE = re.compile(r"[0-9a-f]{64}")
-KEY_FIELDS = {"tenant", "role", "sha256", "name", "max_queued", "rate_per_s", "burst", "weight"}
+POLICY_FIELDS = {"max_queued", "rate_per_s", "burst", "weight"}
+KEY_FIELDS = {"tenant", "role", "sha256", "name"} | POLICY_FIELDS
 MAX_KEY_CHARS = 4096  # a presented key longer than this is refused before hashing
 
 
@@ -121,8 +122,10 @@ class KeyRing:
         entries = data.get("keys", [])
         if set(data) - {"keys"} or not isinstance(entries, list):
             raise KeyFileError(f"{source}: expected only [[keys]] tables")
-        keys: dict[bytes, Principal] = {}
-        policies: dict[str, TenantPolicy] = {}
+        found: list[tuple[bytes, str, str, str]] = []
+        # Quotas belong to the tenant: the keys that state them must agree, and a key that
+        # states none (a rotated key added beside the old one) has the tenant's.
+        policies: dict[str, tuple[TenantPolicy, str]] = {}
         for number, entry in enumerate(entries, 1):
             where = f"{source}: key {number}"
             if not isinstance(entry, dict):
@@ -141,12 +144,20 @@ class KeyRing:
             if not isinstance(name, str) or len(name) > 128:
                 raise KeyFileError(f"{where}: name must be a string of at most 128 characters")
             policy = _policy(entry, where)
-            if policies.setdefault(tenant, policy) != policy:
-                raise KeyFileError(f"{where}: tenant {tenant!r} has other quotas on an earlier key")
+            if set(entry) & POLICY_FIELDS:
+                earlier = policies.setdefault(tenant, (policy, where))
+                if earlier[0] != policy:
+                    raise KeyFileError(f"{where}: tenant {tenant!r} has other quotas in {earlier[1]}")
             raw = bytes.fromhex(digest)
-            if raw in keys:
+            if any(raw == seen[0] for seen in found):
                 raise KeyFileError(f"{where}: the same key is listed twice")
-            keys[raw] = Principal(tenant=tenant, role=role, key_name=name, policy=policy)
+            found.append((raw, tenant, role, name))
+        keys = {
+            raw: Principal(
+                tenant=tenant, role=role, key_name=name, policy=policies.get(tenant, (UNLIMITED, ""))[0]
+            )
+            for raw, tenant, role, name in found
+        }
         return cls(keys)
 
     @classmethod

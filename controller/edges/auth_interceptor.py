@@ -9,6 +9,7 @@ jobs), and the worker stream is admitted by its own token (`worker_auth.py`).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -107,10 +108,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                     async for item in fn(request, context):
                         yield item
                 finally:
-                    try:
+                    # closed from another context when the call's task is ending
+                    with contextlib.suppress(ValueError):
                         CURRENT.reset(token)
-                    except ValueError:  # closed from another context (the call's task is ending)
-                        pass
 
             return generator
 
