@@ -67,7 +67,7 @@ def test_a_rotated_key_without_quotas_has_its_tenants_quotas() -> None:
     ],
 )
 def test_a_bad_key_file_names_the_entry(text: str, says: str) -> None:
-    with pytest.raises(KeyFileError, match="keys.toml") as info:
+    with pytest.raises(KeyFileError, match=r"keys\.toml") as info:
         KeyRing.parse(text, "keys.toml")
     assert says in str(info.value)
 
