@@ -174,8 +174,19 @@ CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local best, score, model, limit = nil, nil, nil, 1
+-- A job evicted from Redis (maxmemory) leaves its id queued: it is dropped, never dispatched
+-- (its hash, and with it its priority for `qdepth`, is gone).
+local function evicted(id, m, bkey)
+  if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return false end
+  redis.call('ZREM', p .. 'queue', id)
+  redis.call('ZREM', p .. 'queue:m:' .. m, id)
+  if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
+  return true
+end
 for i = 8, #ARGV, 2 do
-  local head = redis.call('ZRANGE', p .. 'queue:m:' .. ARGV[i], 0, 0, 'WITHSCORES')
+  local key = p .. 'queue:m:' .. ARGV[i]
+  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  while head[1] and evicted(head[1], ARGV[i], '') do head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') end
   if head[1] and (best == nil or tonumber(head[2]) < score) then
     best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
   end
@@ -193,7 +204,7 @@ if bkey ~= '' and limit > 1 then
     if due > now then return {'wait', model, tostring(due)} end
   end
   for _, other in ipairs(peers) do
-    if other ~= best and #ids < limit then table.insert(ids, other) end
+    if other ~= best and #ids < limit and not evicted(other, model, bkey) then table.insert(ids, other) end
   end
 end
 local out = {'ok', model}

@@ -251,16 +251,20 @@ def test_max_queued_counts_a_job_out_exactly_once_whichever_way_it_ends(
         # A job evicted from Redis (maxmemory) or ended by an older controller that knows no
         # tenants never passes through `finish`: the upkeep's sweep counts it out.
         evicted = await submit(store, "alice", policy=policy)
-        kept = await submit(store, "alice", policy=policy)
+        ended = await submit(store, "alice", policy=policy)
         await store.redis.delete(store.p + "job:" + evicted)
-        await store.redis.hset(store.p + "job:" + kept, "state", "SUCCEEDED")
+        assert await end(store, ended, JobState.CANCELLED)
+        await store.redis.sadd(store.p + "active:alice", ended)  # as an older FINISH leaves it
         queued = await submit(store, "alice", policy=policy)
         assert await active() == 3
         cursor, removed = await store.sweep_active("alice", 0, 100)
         assert (cursor, removed) == (0, 2)
         assert await active() == 1
+        # The evicted job's id is still queued: a claim drops it and takes the next one.
+        assert await claim(store) == [queued]
+        assert await store.redis.zscore(store.p + "queue", evicted) is None
         assert (await store.depth([MODEL])).active_by_tenant == {"alice": 1, "bob": 1}, "the gauge"
-        assert await end(store, queued, JobState.CANCELLED)
+        assert await end(store, queued, JobState.CANCELLED, JobState.RUNNING)
         assert await active() == 0
 
     run(redis_server, tmp_path, scenario)
