@@ -406,8 +406,10 @@ class Engine:
             handle.release(job_id, assignment_id)
             self._wake.set()
             record = self._current(job_id, assignment_id)
+            tenant = record.job.tenant if record is not None else ""
             log.warning(
-                "job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id}
+                "job not held by its worker: released",
+                extra={"job_id": job_id, "worker_id": handle.id, "tenant": tenant},
             )
             if record is not None:
                 self._retry_or_fail(
