@@ -290,11 +290,11 @@ class RedisUpkeep:
                         self.engine.id_lost(handle)
                 self.engine.cluster = await self.engine.store.workers(_now_ms())
                 self.engine.depth = await self.engine.store.depth([spec.id for spec in self.engine.catalog])
-                await self._tidy()
                 await self._sweep_records()
                 if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
                     last_sweep = time.monotonic()
                     await asyncio.to_thread(self.engine.store.sweep_artifacts, time.time())
+                await self._tidy()
             except redis.exceptions.RedisError as exc:
                 if self.engine.store_ok:
                     log.warning("job store unreachable: %s", exc)
