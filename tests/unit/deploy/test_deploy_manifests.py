@@ -25,8 +25,10 @@ import pytest
 import yaml
 
 from omnirt import _config
+from omnirt import client as _client
 from omnirt.controller.catalog import Catalog
 from omnirt.controller.config import ControllerConfig
+from omnirt.controller.edges.exposure import exposure_error
 from omnirt.controller.server import LIVENESS_SERVICE
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.main import build_parser as build_worker_parser
@@ -71,7 +73,9 @@ def env_names(cls: type) -> set[str]:
     return {"OMNIRT_" + f.name.upper() for f in dataclasses.fields(cls)}
 
 
-ALL_ENV_NAMES = env_names(ControllerConfig) | env_names(WorkerConfig)
+# The daemons' variables, and the clients' (SDK and omnirtctl), which the deploy notes use.
+CLIENT_ENV_NAMES = {_client.API_KEY_ENV, _client.TLS_CA_ENV}
+ALL_ENV_NAMES = env_names(ControllerConfig) | env_names(WorkerConfig) | CLIENT_ENV_NAMES
 
 
 @functools.cache
@@ -475,6 +479,44 @@ def test_k8s_catalog_config_map_is_mounted_and_loads(tmp_path: Path) -> None:
         assert not missing, f"{worker.where} serves models the catalog lacks: {sorted(missing)}"
 
 
+def _secret_of(container: K8sContainer, path: str) -> str:
+    """The Secret mounted (read-only) at the folder holding `path` in `container`'s pod."""
+    folder = str(Path(path).parent)
+    mounts = {m["mountPath"]: m for m in container.container.get("volumeMounts", [])}
+    assert folder in mounts, f"{container.where}: {folder} is not a volume mount"
+    assert mounts[folder].get("readOnly") is True, f"{container.where}: {folder} is writable"
+    volumes = {v["name"]: v for v in container.pod["volumes"]}
+    secret = volumes[mounts[folder]["name"]].get("secret")
+    assert secret is not None, f"{container.where}: {folder} is not a Secret"
+    assert secret.get("defaultMode", 0o644) & 0o007 == 0, f"{container.where}: {folder} is world-readable"
+    return str(secret["secretName"])
+
+
+def test_k8s_is_secure_by_default() -> None:
+    """The controller Deployment passes the secure-by-default rule (it would start), with API keys
+    and the worker token from generated Secrets, and every worker sends that same token."""
+    (controller,) = controllers()
+    assert exposure_error(controller.config) is None
+    assert not controller.config.insecure
+    generated = {
+        g["name"]: g for g in yaml.safe_load((K8S / "kustomization.yaml").read_text())["secretGenerator"]
+    }
+    keys = _secret_of(controller, controller.config.auth_keys)
+    token = _secret_of(controller, controller.config.worker_token_file)
+    for secret, path in ((keys, controller.config.auth_keys), (token, controller.config.worker_token_file)):
+        assert secret in generated, f"kustomization.yaml makes no Secret {secret}"
+        names = [f.split("=", 1)[0] for f in generated[secret]["files"]]
+        assert Path(path).name in names, f"Secret {secret} has no key {Path(path).name}"
+        for file in generated[secret]["files"]:  # the files the operator makes are never committed
+            source = K8S / file.split("=", 1)[1]
+            ignore = (source.parent / ".gitignore").read_text().split()
+            assert ignore[0] == "*", f"{source.parent} does not ignore the secrets made there"
+    for worker in workers():
+        assert worker.config.token_file, f"{worker.where}: no worker token"
+        assert _secret_of(worker, worker.config.token_file) == token, worker.where
+        assert Path(worker.config.token_file).name == Path(controller.config.worker_token_file).name
+
+
 # ---- compose ----------------------------------------------------------------------------------
 
 
@@ -515,8 +557,22 @@ def test_compose_services_build_and_run_the_daemons() -> None:
         assert image_dockerfile(service["image"]).path == (ROOT / build["dockerfile"]), name
 
     (controller_name,) = [n for n, c in configs.items() if isinstance(c, ControllerConfig)]
-    port = port_of(configs[controller_name].listen)
-    assert services[controller_name]["ports"] == [f"127.0.0.1:{port}:{port}"], "loopback only: no auth"
+    controller = configs[controller_name]
+    port = port_of(controller.listen)
+    assert services[controller_name]["ports"] == [f"127.0.0.1:{port}:{port}"], "loopback only: no TLS"
+    # Secure by default: keys and the worker token from compose secrets, the same token for workers.
+    assert exposure_error(controller) is None and not controller.insecure
+    secrets = load_all(COMPOSE)[0]["secrets"]
+
+    def secret_path(service: str, path: str) -> str:
+        name = path.removeprefix("/run/secrets/")
+        assert path.startswith("/run/secrets/") and name in services[service]["secrets"], (service, path)
+        source = COMPOSE.parent / secrets[name]["file"]
+        assert (source.parent / ".gitignore").read_text().split()[0] == "*", f"{source} may be committed"
+        return name
+
+    secret_path(controller_name, controller.auth_keys)
+    token = secret_path(controller_name, controller.worker_token_file)
 
     worker_names = [n for n, c in configs.items() if isinstance(c, WorkerConfig)]
     assert sum(services[n].get("deploy", {}).get("replicas", 1) for n in worker_names) == 2
@@ -524,6 +580,7 @@ def test_compose_services_build_and_run_the_daemons() -> None:
     for name in worker_names:
         config, service = configs[name], services[name]
         assert config.controller == f"{controller_name}:{port}", name
+        assert secret_path(name, config.token_file) == token, name
         grace = seconds(service["stop_grace_period"])
         assert grace > config.drain_timeout_s + DRAIN_TAIL_S, f"{name}: stop_grace_period cuts the drain"
         mounts = dict(v.split(":", 1) for v in service["volumes"])
@@ -537,7 +594,7 @@ def test_every_omnirt_variable_named_is_a_config_field() -> None:
     paths = [p for p in DEPLOY.rglob("*") if p.is_file()] + [OPERATIONS]
     for path in paths:
         for name in set(re.findall(r"\bOMNIRT_[A-Z0-9_]*[A-Z0-9]", path.read_text())):
-            assert name in ALL_ENV_NAMES, f"{path.relative_to(ROOT)}: {name} is read by no daemon"
+            assert name in ALL_ENV_NAMES, f"{path.relative_to(ROOT)}: {name} is read by no daemon or client"
 
 
 def test_flags_are_read_from_the_daemons() -> None:
