@@ -110,8 +110,8 @@ class WorkerConfig:
     tls_server_name: str = field(
         default="",
         metadata={
-            "help": "name the controller's certificate must carry, when --controller names it "
-            "otherwise (an IP address) (implies --tls)"
+            "help": "name to check the controller's certificate against instead of the host of "
+            "--controller (implies --tls)"
         },
     )
 
