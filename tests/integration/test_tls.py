@@ -350,18 +350,21 @@ def test_sighup_reloads_the_certificate_and_keeps_open_streams(
         assert fresh.list_models(), "a new connection handshakes with the new certificate"
 
 
-# ---- --tls-public-client-auth ----------------------------------------------------------------
+# ---- client certificates on the public edges -------------------------------------------------
 
 
-def test_public_client_auth_requires_certificates_on_grpc_and_http(
-    log_dir: Path, user_catalog: Path, pki: Pki, tmp_path: Path
+@pytest.mark.parametrize("public_flag", [True, False], ids=["public-client-auth", "one-port"])
+def test_client_certificates_on_the_public_port(
+    log_dir: Path, user_catalog: Path, pki: Pki, tmp_path: Path, public_flag: bool
 ) -> None:
+    """--tls-public-client-auth: gRPC and HTTP both need one; --tls-client-ca without a worker
+    port: the one gRPC port needs one from every caller (said in the log), HTTP does not."""
     caller = make_cert(pki.ca, tmp_path, "a-caller", client=True)
     daemon = Controller(
         log_dir,
         "--catalog", str(user_catalog),
-        "--tls-cert", pki.server.cert, "--tls-key", pki.server.key,
-        "--tls-client-ca", pki.ca.cert, "--tls-public-client-auth",
+        "--tls-cert", pki.server.cert, "--tls-key", pki.server.key, "--tls-client-ca", pki.ca.cert,
+        *(["--tls-public-client-auth"] if public_flag else []),
         http=True, tls_ca=pki.ca.cert,
     )  # fmt: skip
     Daemon.start(daemon)  # not Controller.start: its readiness check has no client certificate
@@ -370,6 +373,7 @@ def test_public_client_auth_requires_certificates_on_grpc_and_http(
             lambda: "omnirt-controller listening on" in daemon.log() or not daemon.alive(), 30, "startup"
         )
         assert daemon.alive(), daemon.log()
+        assert ("required on" in daemon.log() and "for every caller" in daemon.log()) is not public_flag
         with (
             omnirt.Client(daemon.address, ca=pki.ca.cert, timeout=5) as no_cert,
             pytest.raises(errors.Unavailable),
@@ -379,10 +383,13 @@ def test_public_client_auth_requires_certificates_on_grpc_and_http(
             daemon.address, ca=pki.ca.cert, cert=caller.cert, key=caller.key, timeout=10
         ) as mtls:
             assert mtls.list_models()
-        with pytest.raises(httpx.HTTPError):
-            httpx.get(daemon.http + "/healthz", verify=https_context(pki.ca.cert), timeout=5)
-        answered = httpx.get(daemon.http + "/healthz", verify=https_context(pki.ca.cert, caller), timeout=5)
-        assert answered.status_code == 200
+        healthz = daemon.http + "/healthz"
+        if public_flag:
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(healthz, verify=https_context(pki.ca.cert), timeout=5)
+        else:
+            assert httpx.get(healthz, verify=https_context(pki.ca.cert), timeout=5).status_code == 200
+        assert httpx.get(healthz, verify=https_context(pki.ca.cert, caller), timeout=5).status_code == 200
     finally:
         daemon.stop()
 
