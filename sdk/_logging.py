@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 # `extra=` keys worth showing on every line that has them.
 CONTEXT_KEYS = (
     "job_id",
+    "tenant",
     "worker_id",
     "trace_id",
     "assignment_id",

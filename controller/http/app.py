@@ -23,6 +23,7 @@ from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
 
 from .. import tracing
 from ..edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
+from ..edges.exposure import is_loopback
 from ..metrics import CONTENT_TYPE
 from ..request_bounds import echo
 from . import openai_images, openai_models, openai_videos
@@ -32,6 +33,7 @@ from .security import (
     Cors,
     action_of,
     check_body_type,
+    check_host,
     check_origin,
     is_open,
     peer_of,
@@ -111,6 +113,9 @@ class HttpGateway:
         host, _, port = address.rpartition(":")
         self.host, self.requested_port = host or "127.0.0.1", int(port)
         self.port = 0
+        # A loopback gateway without keys answers only to IP addresses and localhost (DNS
+        # rebinding); with keys a page cannot call it anyway, and on a network names are normal.
+        self._check_host = (auth is None or not auth.enabled) and is_loopback(f"{self.host}:0")
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._middleware])
         for route in ROUTES:
             self.app.router.add_route(
@@ -288,6 +293,8 @@ class HttpGateway:
         --metrics-auth), the body's type (415) and declared size (413). Nothing of the body
         has been read, and no job made, when one of them refuses."""
         check_origin(request, self.cors)
+        if self._check_host:
+            check_host(request)
         principal = self._authenticate(request)
         check_body_type(request)
         if (too_big := too_large(request)) is not None:

@@ -15,6 +15,7 @@ a logged-in (or keyless, loopback) gateway create, cancel or watch jobs.
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -159,6 +160,25 @@ def check_origin(request: web.Request, cors: Cors) -> None:
         f"requests from the origin {origin[:100]!r} are not allowed (see --cors-origin)",
         field="Origin",
     )
+
+
+def check_host(request: web.Request) -> None:
+    """403 unless the `Host` is an IP address or `localhost`: for a gateway on loopback without
+    API keys, where a page on another site could otherwise reach it through a name it points at
+    127.0.0.1 (DNS rebinding: the browser then sees the gateway as that site's own origin)."""
+    host = (request.host or "").lower()
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        raise PermissionDenied(
+            f"Host {host[:100]!r}: without API keys this gateway answers only to localhost or an IP "
+            "address (a name could be a DNS rebinding page); use --auth-keys to serve names",
+            field="Host",
+        ) from None
 
 
 def secure(headers: CIMultiDict[str], path: str, tls: bool) -> None:

@@ -213,3 +213,28 @@ def test_idempotency_keys_are_per_tenant(cluster: tuple[Controller, grpc.Channel
     b = stub.Submit(submit, metadata=auth(KEYS["bob"]), timeout=10)
     assert a2.deduplicated and a2.job.id == a1.job.id
     assert not b.deduplicated and b.job.id != a1.job.id and b.job.tenant == "bob"
+
+
+def test_the_controllers_json_log_names_the_tenant(tmp_path: Path) -> None:
+    controller = Controller(tmp_path, "--auth-keys", str(key_file(tmp_path)), "--log-json").start()
+    try:
+        with grpc.insecure_channel(controller.address) as channel:
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+            submit = generation_pb2.SubmitRequest(request=types_pb2.GenerateRequest(model="null", prompt="x"))
+            job = stub.Submit(submit, metadata=auth(KEYS["alice"]), timeout=10).job
+            stub.CancelJob(
+                generation_pb2.CancelJobRequest(job_id=job.id), metadata=auth(KEYS["alice"]), timeout=10
+            )
+
+        def finished() -> list[dict[str, Any]]:
+            lines = [json.loads(line) for line in controller.log().splitlines() if line.startswith("{")]
+            return [
+                line
+                for line in lines
+                if line.get("job_id") == job.id and "finished" in line.get("message", "")
+            ]
+
+        wait_for(lambda: bool(finished()), 10, "the job's 'finished' log line")
+        assert finished()[0]["tenant"] == "alice", finished()
+    finally:
+        controller.stop()

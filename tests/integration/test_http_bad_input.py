@@ -84,7 +84,6 @@ def row(method: str, path: str, status: int, field: str | None, **request: Any) 
 GEN, IMG, EDIT, VID = "/v1/generate", "/v1/images/generations", "/v1/images/edits", "/v1/videos"
 OK = {"model": "null", "prompt": "x"}
 OK_VIDEO = {"model": "null-video", "prompt": "x"}
-URLENCODED = {"content-type": "application/x-www-form-urlencoded"}
 ROWS = [
     # ---- JSON bodies: malformed, too deep, not finite, out of range ----
     row("POST", GEN, 400, None, content=b"[" * 1000 + b"]" * 1000, headers=JSON),
@@ -200,7 +199,7 @@ ROWS = [
     ),
     row("POST", EDIT, 415, None, json=OK),
     # ---- OpenAI videos ----
-    row("POST", VID, 400, "prompt", content=b"model=null-video&prompt=%ff%fe", headers=URLENCODED),
+    row("POST", VID, 400, "prompt", **form(("model", b"null-video"), ("prompt", b"\xff\xfe"))),
     row("POST", VID, 400, "seconds", json={**OK_VIDEO, "seconds": "inf"}),
     row("POST", VID, 400, "seconds", json={**OK_VIDEO, "seconds": 1e308}),
     row("POST", VID, 400, "seconds", json={**OK_VIDEO, "seconds": 3e38}),
@@ -258,7 +257,7 @@ def test_a_declared_content_length_over_the_limit_is_413_before_the_body(control
     cases += [(GEN, "application/json", "Expect: 100-continue\r\n")]  # no go-ahead: the 413 at once
     for path, ctype, expect in cases:
         with socket.create_connection((host, int(port)), timeout=5) as sock:
-            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n{expect}"
+            head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\n{expect}"
             head += f"Content-Length: {100 * MAX_BODY}\r\n\r\n"
             started = time.monotonic()
             sock.sendall(head.encode() + b"{")  # a few bytes of the 6.4 MB it declares, then nothing
@@ -277,7 +276,7 @@ def test_a_declared_content_length_over_the_limit_is_413_before_the_body(control
     # A body within the limit still gets its go-ahead.
     body = json.dumps({"model": "null", "prompt": "x"}).encode()
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        head = "POST /v1/validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = f"POST /v1/validate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         sock.sendall(f"{head}Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n".encode())
         assert sock.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
         sock.sendall(body)

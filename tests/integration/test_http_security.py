@@ -494,3 +494,30 @@ def test_over_tls_every_answer_has_hsts(log_dir: Path, files: tuple[Path, Path],
             httpx.get(daemon.http.replace("https://", "http://") + "/healthz", timeout=5)
     finally:
         daemon.stop()
+
+
+def test_a_loopback_gateway_without_keys_answers_only_to_addresses_and_localhost(log_dir: Path) -> None:
+    """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 is same-origin
+    to its browser, so Origin does not tell; the Host it sends does."""
+    daemon = Controller(log_dir, http=True).start()
+    try:
+        port = daemon.http.rsplit(":", 1)[1]
+        for host, status in (
+            (f"127.0.0.1:{port}", 200),
+            (f"localhost:{port}", 200),
+            (f"[::1]:{port}", 200),
+            (f"evil.example:{port}", 403),
+            ("evil.example", 403),
+        ):
+            r = httpx.get(f"{daemon.http}/v1/jobs", headers={"Host": host}, timeout=10)
+            assert r.status_code == status, (host, r.status_code, r.text)
+        r = httpx.post(
+            f"{daemon.http}/v1/jobs",
+            json={"request": {"model": "null", "prompt": "x"}},
+            headers={"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"},
+            timeout=10,
+        )
+        assert r.status_code == 403 and "DNS rebinding" in r.json()["error"]["message"], r.text
+        assert httpx.get(f"{daemon.http}/v1/jobs", timeout=10).json()["jobs"] == [], "no job was made"
+    finally:
+        daemon.stop()
