@@ -444,7 +444,7 @@ class Engine:
             log.info("late result ignored", extra={"job_id": job_id, "worker_id": handle.id})
             return
         self.metrics.result_received(record)
-        if record.dispatched_at:
+        if error is None and record.dispatched_at:  # what a run of the model takes (fair share)
             elapsed = time.monotonic() - record.dispatched_at
             self.run_times.observe(record.job.model, elapsed, record.batch_size)
         if error is not None:
