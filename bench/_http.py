@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import aiohttp
@@ -15,10 +16,16 @@ class HttpFailure(Exception):
         self.failure_code = f"HTTP_{status}"
 
 
-def session() -> aiohttp.ClientSession:
-    """A client session with no connection cap (the load driver bounds the calls in flight)."""
+def session(
+    ssl_context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None
+) -> aiohttp.ClientSession:
+    """A client session with no connection cap (the load driver bounds the calls in flight).
+
+    `ssl_context` verifies an https server (one handshake per kept-alive connection); `headers`
+    go with every request (the API key's `Authorization`)."""
+    connector = aiohttp.TCPConnector(limit=0, ssl=ssl_context if ssl_context is not None else True)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600)
+        connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=600)
     )
 
 

@@ -11,18 +11,29 @@ controller's HTTP gateway (`--http`; aiohttp client, one keep-alive connection p
 after that through the relay. All systems stay up for the whole run, so each round compares
 them under the same machine load; the summary gives the median of the rounds.
 
+`--secure` adds a second controller and its workers with everything of issue 16 on: TLS on
+gRPC and the HTTP gateway, `--auth-keys` (the load calls with a user key), `--worker-token-file`
+(workers with `--token-file --tls-ca`). Each round drives it right next to the plain one (the
+pair swaps places every round, so neither always goes first) and reports secure over plain,
+in calls/s and in CPU per call. `--secure tls` or `--secure keys` turns on one part alone.
+`--profile-dir DIR` runs the controllers under cProfile (for where the time goes, not for the
+numbers).
+
     python -m bench.control_plane --total 10000 --concurrency 64 --rounds 3 --json out.json
+    python -m bench.control_plane --total 5000 --concurrency 64 --rounds 3 --secure
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +56,7 @@ from ._daemons import (
 from ._echo import METHOD
 from ._http import post_json, session
 from ._load import drive
+from ._secure import PARTS, SecureFiles, refusals
 
 PROMPT = "a benchmark of the control plane"
 SEEDS = 1000  # seeds cycle, so the null worker's encoded images stay cached
@@ -68,6 +80,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="also drive the controller's HTTP gateway, POST /v1/generate (default on)",
     )
+    parser.add_argument(
+        "--secure",
+        nargs="?",
+        const="all",
+        default="",
+        choices=PARTS,
+        help="also run a controller and workers with TLS, API keys and the worker token, in the same "
+        "rounds, and report secure / plain; `--secure tls` or `--secure keys` turns on only that part",
+    )
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        help="run each controller under cProfile and write its profile here (NAME.prof, at its exit; "
+        "slows the controllers, so not for the numbers)",
+    )
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     return parser.parse_args(argv)
 
@@ -81,30 +108,90 @@ class System:
         self.call = call
 
     async def load(self, args: argparse.Namespace, total: int) -> dict[str, Any]:
-        """One timed load, with the CPU (in cores) each process and this one used meanwhile."""
+        """One timed load, with the CPU each process and this one used meanwhile: in cores, and
+        in microseconds per successful call (what a call costs, less moved by the machine's load
+        than calls/s)."""
         before = {name: proc_cpu_s(pid) for name, pid in self.pids.items()}
         own_before = time.process_time()
         result = await drive(self.call, total, args.concurrency, args.max_seconds)
-        wall = result.wall_s or 1.0
-        cpu = {name: round((proc_cpu_s(pid) - before[name]) / wall, 2) for name, pid in self.pids.items()}
-        cpu["load_process"] = round((time.process_time() - own_before) / wall, 2)
-        return {**result.summary(), "cpu_cores_used": cpu}
+        used = {name: proc_cpu_s(pid) - before[name] for name, pid in self.pids.items()}
+        used["load_process"] = time.process_time() - own_before
+        wall, ok = result.wall_s or 1.0, result.ok or 1
+        return {
+            **result.summary(),
+            "cpu_cores_used": {name: round(s / wall, 2) for name, s in used.items()},
+            "cpu_us_per_call": {name: round(s / ok * 1e6) for name, s in used.items()},
+        }
 
 
-def start_omnirt(args: argparse.Namespace, log_dir: Path, http: str = "") -> tuple[Controller, list[Worker]]:
-    """The controller (with the HTTP gateway on `http` when given) and the null workers."""
-    http_args = ("--http", http) if http else ()
-    controller = Controller(log_dir, "--log-level", args.log_level, *http_args).start()
+@dataclass
+class Stack:
+    """One controller and its null workers; `secure` holds its TLS and key files when they are on."""
+
+    name: str  # "omnirt" or "omnirt_secure": the name of its gRPC load ("..._http": HTTP's)
+    controller: Controller
+    workers: list[Worker]
+    http_url: str  # the gateway's base URL ("" without --http)
+    secure: SecureFiles | None = None
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def daemons(self) -> list[Daemon]:
+        return [*self.workers, self.controller]
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {"controller": self.controller.pid, **{w.name: w.pid for w in self.workers}}
+
+    def client(self) -> omnirt.AsyncClient:
+        if self.secure is None:
+            return omnirt.AsyncClient(self.controller.address)
+        return self.secure.client(self.controller.address)
+
+    def http_session(self) -> Any:
+        if self.secure is None:
+            return session()
+        return session(self.secure.ssl_context(), self.secure.http_headers())
+
+
+def start_omnirt(
+    args: argparse.Namespace, log_dir: Path, http: bool, secure: SecureFiles | None = None
+) -> Stack:
+    """The controller (with the HTTP gateway when `http`) and the null workers, not yet waited for.
+
+    With `secure`, TLS, API keys and the worker token are on (workers `bench-s0`, ... instead
+    of `bench-w0`, ...)."""
+    http_address = f"127.0.0.1:{free_port()}" if http else ""
+    http_args = ("--http", http_address) if http else ()
+    name = "omnirt_secure" if secure else "omnirt"
+    controller = Controller(
+        log_dir,
+        "--log-level",
+        args.log_level,
+        *http_args,
+        *(secure.controller_flags() if secure else ()),
+        tls_ca=secure.ca_path if secure else None,
+        api_key=secure.admin if secure else None,  # the readiness check's ListWorkers
+    )
+    if args.profile_dir:
+        # cProfile writes when the controller returns from main (SIGTERM drains, then returns).
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+        controller.argv[1:1] = ["-m", "cProfile", "-o", str(args.profile_dir / f"{name}.prof")]
+    controller.start()
+    prefix = "bench-s" if secure else "bench-w"
     workers = [
         null_worker(
             log_dir,
             controller.address,
-            f"bench-w{i}",
+            f"{prefix}{i}",
             *("--models", "null", "--slots", str(args.slots), "--log-level", args.log_level),
+            *(secure.worker_flags() if secure else ()),
         ).start()
         for i in range(args.workers)
     ]
-    return controller, workers
+    scheme = "https" if secure and secure.tls else "http"
+    url = f"{scheme}://{http_address}" if http else ""
+    return Stack(name, controller, workers, url, secure)
 
 
 def start_echo(log_dir: Path, response_bytes: int) -> tuple[Daemon, Daemon, str]:
@@ -139,120 +226,188 @@ def _median(rounds: list[dict[str, Any]], key: str) -> float:
     return round(statistics.median(r[key] for r in rounds), 2)
 
 
+# The systems in the order a round's numbers are listed (a round drives them as round_order says).
+SYSTEMS = ("omnirt", "omnirt_secure", "omnirt_http", "omnirt_secure_http", "echo")
+
+
+def round_order(groups: list[list[System]], index: int) -> list[System]:
+    """The systems of round `index` (from 0) in the order they are driven.
+
+    Groups keep their order (gRPC, HTTP, echo); inside a group (plain and secure) the members
+    swap places every round, so neither always runs first, right after the other's load."""
+    return [s for group in groups for s in (group if index % 2 == 0 else group[::-1])]
+
+
+def _ratio(numbers: dict[str, Any], name: str, over: str, key: str, digits: int) -> float:
+    below = numbers[over][key]
+    return round(numbers[name][key] / below, digits) if below else 0.0
+
+
+def round_ratios(numbers: dict[str, Any]) -> dict[str, float]:
+    """One round's ratios: OmniRT over the echo and, with the secure stack, secure over plain."""
+    ratios = {
+        "throughput_ratio": _ratio(numbers, "omnirt", "echo", "per_s", 3),
+        "p50_latency_ratio": _ratio(numbers, "omnirt", "echo", "p50_ms", 2),
+    }
+    if "omnirt_http" in numbers:
+        ratios["http_throughput_ratio"] = _ratio(numbers, "omnirt_http", "echo", "per_s", 3)
+    if "omnirt_secure" in numbers:
+        ratios["secure_ratio"] = _ratio(numbers, "omnirt_secure", "omnirt", "per_s", 3)
+        ratios["secure_p50_ratio"] = _ratio(numbers, "omnirt_secure", "omnirt", "p50_ms", 2)
+        if "cpu_us_per_call" in numbers["omnirt"]:
+            # CPU per call, secure over plain: the controller's, and all processes' (the client's
+            # and the workers' TLS included) which on shared cores is what bounds calls/s.
+            plain, secure = numbers["omnirt"]["cpu_us_per_call"], numbers["omnirt_secure"]["cpu_us_per_call"]
+            below = plain["controller"]
+            ratios["secure_controller_cpu_ratio"] = round(secure["controller"] / below, 3) if below else 0.0
+            below = sum(plain.values())
+            ratios["secure_total_cpu_ratio"] = round(sum(secure.values()) / below, 3) if below else 0.0
+    if "omnirt_secure_http" in numbers:
+        ratios["secure_http_ratio"] = _ratio(numbers, "omnirt_secure_http", "omnirt_http", "per_s", 3)
+    return ratios
+
+
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in SYSTEMS:
+        loads = [r[name] for r in rounds if name in r]
+        if loads:
+            out |= {f"{name}_{key}": _median(loads, key) for key in ("per_s", "p50_ms", "p99_ms")}
+    for key in rounds[0]:
+        if key.endswith("_ratio"):
+            out[key] = _median(rounds, key)
+    return out
+
+
+def _calls(
+    stack: Stack, client: omnirt.AsyncClient, http_client: Any
+) -> tuple[Callable[[int], Awaitable[None]], Callable[[int], Awaitable[None]]]:
+    """The gRPC call (the SDK's generate) and the HTTP call (POST /v1/generate) to `stack`."""
+
+    async def generate(i: int) -> None:
+        result = await client.generate(model="null", prompt=PROMPT, seed=i % SEEDS, timeout=120)
+        stack.batch_sizes[result.report.batch_size] += 1
+
+    generate_url = f"{stack.http_url}/v1/generate"
+
+    async def generate_http(i: int) -> None:
+        await post_json(http_client, generate_url, {"model": "null", "prompt": PROMPT, "seed": i % SEEDS})
+
+    return generate, generate_http
+
+
+def _vm_mib(pid: int, key: str) -> float:
+    return round(proc_status_kib(pid, key) / 1024, 1)
+
+
 async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     machine = _machine.describe()
     daemons: list[Daemon] = []
-    http_address = f"127.0.0.1:{free_port()}" if args.http else ""
+    stacks: list[Stack] = []
     try:
-        controller, workers = start_omnirt(args, log_dir, http_address)
-        daemons += [*workers, controller]
-        controller.wait_workers({w.worker_id for w in workers})
-        async with omnirt.AsyncClient(controller.address) as client, session() as http_client:
-            batch_sizes: Counter[int] = Counter()
-
-            async def generate(i: int) -> None:
-                result = await client.generate(model="null", prompt=PROMPT, seed=i % SEEDS, timeout=120)
-                batch_sizes[result.report.batch_size] += 1
-
-            generate_url = f"http://{http_address}/v1/generate"
-
-            async def generate_http(i: int) -> None:
-                body = {"model": "null", "prompt": PROMPT, "seed": i % SEEDS}
-                await post_json(http_client, generate_url, body)
+        # Both stacks start before either is waited for: their startups overlap.
+        stacks.append(start_omnirt(args, log_dir, args.http))
+        daemons += stacks[-1].daemons
+        if args.secure:
+            files = SecureFiles.make(log_dir / "secure", args.secure)
+            stacks.append(start_omnirt(args, log_dir, args.http, files))
+            daemons += stacks[-1].daemons
+        for stack in stacks:
+            stack.controller.wait_workers({w.worker_id for w in stack.workers})
+        plain = stacks[0]
+        refused: dict[str, str] = {}
+        secured = stacks[-1]
+        if secured.secure is not None:
+            refused = await refusals(secured.controller.address, secured.http_url, secured.secure)
+        async with contextlib.AsyncExitStack() as opened:
+            grpc_group, http_group = [], []
+            for stack in stacks:
+                client = await opened.enter_async_context(stack.client())
+                http_client = await opened.enter_async_context(stack.http_session())
+                generate, generate_http = _calls(stack, client, http_client)
+                grpc_group.append(System(stack.name, stack.pids, generate))
+                http_group.append(System(f"{stack.name}_http", stack.pids, generate_http))
+                if stack is plain:
+                    plain_client = client
 
             # The sizes on the wire, for the echo.
             request = _convert.request_to_proto(omnirt.GenerateRequest(model="null", prompt=PROMPT, seed=1))
-            response = await client.generation.Generate(request, timeout=60)
+            response = await plain_client.generation.Generate(request, timeout=60)
             request_bytes, response_bytes = request.ByteSize(), response.ByteSize()
 
             echo_worker, relay, relay_address = start_echo(log_dir, response_bytes)
             daemons += [relay, echo_worker]
-            async with grpc.aio.insecure_channel(relay_address) as channel:
-                stub = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
-                payload = b"r" * request_bytes
+            channel = await opened.enter_async_context(grpc.aio.insecure_channel(relay_address))
+            stub = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+            payload = b"r" * request_bytes
 
-                async def echo(i: int) -> None:
-                    await stub(payload, timeout=30)
+            async def echo(i: int) -> None:
+                await stub(payload, timeout=30)
 
-                await _until_answered(echo, 30)
-                omnirt_pids = {"controller": controller.pid, **{w.name: w.pid for w in workers}}
-                systems = [System("omnirt", omnirt_pids, generate)]
-                if args.http:
-                    systems.append(System("omnirt_http", omnirt_pids, generate_http))
-                systems.append(System("echo", {"relay": relay.pid, "echo_worker": echo_worker.pid}, echo))
-                for system in systems:
-                    await drive(system.call, args.warmup, args.concurrency, args.max_seconds)
-                rounds = []
-                for _ in range(args.rounds):
-                    batch_sizes.clear()
-                    numbers = {s.name: await s.load(args, args.total) for s in systems}
-                    numbers["omnirt"]["batch_sizes"] = dict(sorted(batch_sizes.items()))
-                    numbers["throughput_ratio"] = round(
-                        numbers["omnirt"]["per_s"] / numbers["echo"]["per_s"], 3
-                    )
-                    numbers["p50_latency_ratio"] = round(
-                        numbers["omnirt"]["p50_ms"] / numbers["echo"]["p50_ms"], 2
-                    )
-                    if args.http:
-                        numbers["http_throughput_ratio"] = round(
-                            numbers["omnirt_http"]["per_s"] / numbers["echo"]["per_s"], 3
-                        )
-                    rounds.append(numbers)
+            await _until_answered(echo, 30)
+            echo_system = System("echo", {"relay": relay.pid, "echo_worker": echo_worker.pid}, echo)
+            groups = [grpc_group, *([http_group] if args.http else []), [echo_system]]
+            for system in round_order(groups, 0):
+                await drive(system.call, args.warmup, args.concurrency, args.max_seconds)
+            rounds: list[dict[str, Any]] = []
+            for index in range(args.rounds):
+                for stack in stacks:
+                    stack.batch_sizes.clear()
+                loads = {s.name: await s.load(args, args.total) for s in round_order(groups, index)}
+                for stack in stacks:
+                    loads[stack.name]["batch_sizes"] = dict(sorted(stack.batch_sizes.items()))
+                numbers = {name: loads[name] for name in SYSTEMS if name in loads}
+                rounds.append({**numbers, **round_ratios(numbers)})
         memory = {
-            "controller_vm_hwm_mib": round(proc_status_kib(controller.pid, "VmHWM") / 1024, 1),
-            "controller_vm_rss_mib": round(proc_status_kib(controller.pid, "VmRSS") / 1024, 1),
+            "controller_vm_hwm_mib": _vm_mib(plain.controller.pid, "VmHWM"),
+            "controller_vm_rss_mib": _vm_mib(plain.controller.pid, "VmRSS"),
         }
+        if args.secure:
+            memory["secure_controller_vm_hwm_mib"] = _vm_mib(stacks[1].controller.pid, "VmHWM")
     finally:
         for daemon in daemons:
             daemon.stop()
-    omnirt_rounds = [r["omnirt"] for r in rounds]
-    echo_rounds = [r["echo"] for r in rounds]
-    http_median = {}
-    if args.http:
-        http_rounds = [r["omnirt_http"] for r in rounds]
-        http_median = {
-            "omnirt_http_per_s": _median(http_rounds, "per_s"),
-            "omnirt_http_p50_ms": _median(http_rounds, "p50_ms"),
-            "omnirt_http_p99_ms": _median(http_rounds, "p99_ms"),
-            "http_throughput_ratio": _median(rounds, "http_throughput_ratio"),
-        }
+
+    def failures(name: str) -> Counter[str]:
+        return sum((Counter(r[name]["failures"]) for r in rounds if name in r), Counter())
+
     return {
         "machine": machine,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "message_bytes": {"request": request_bytes, "response": response_bytes},
         "rounds": rounds,
-        "median": {
-            "omnirt_per_s": _median(omnirt_rounds, "per_s"),
-            "omnirt_p50_ms": _median(omnirt_rounds, "p50_ms"),
-            "omnirt_p99_ms": _median(omnirt_rounds, "p99_ms"),
-            "echo_per_s": _median(echo_rounds, "per_s"),
-            "echo_p50_ms": _median(echo_rounds, "p50_ms"),
-            "echo_p99_ms": _median(echo_rounds, "p99_ms"),
-            "throughput_ratio": _median(rounds, "throughput_ratio"),
-            "p50_latency_ratio": _median(rounds, "p50_latency_ratio"),
-            **http_median,
-        },
-        "failures": sum((Counter(r["omnirt"]["failures"]) for r in rounds), Counter()),
-        "http_failures": sum(
-            (Counter(r["omnirt_http"]["failures"]) for r in rounds if "omnirt_http" in r), Counter()
+        "median": _medians(rounds),
+        "failures": failures("omnirt"),
+        "http_failures": failures("omnirt_http"),
+        **(
+            {
+                "secure_refusals": refused,
+                "secure_failures": failures("omnirt_secure"),
+                "secure_http_failures": failures("omnirt_secure_http"),
+            }
+            if args.secure
+            else {}
         ),
         **memory,
     }
 
 
 def print_report(report: dict[str, Any]) -> None:
-    header = f"{'round':<8}{'system':<12}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'ok':>8}"
+    header = f"{'round':<8}{'system':<20}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'ok':>8}"
     print(f"{header}  failures / CPU cores")
     for i, r in enumerate(report["rounds"], 1):
-        for name in ("omnirt", "omnirt_http", "echo"):
+        for name in SYSTEMS:
             if name not in r:
                 continue
             s = r[name]
             numbers = f"{s['per_s']:>10.1f}{s['p50_ms']:>10.2f}{s['p99_ms']:>10.2f}{s['ok']:>8}"
-            print(f"{i:<8}{name:<12}{numbers}  {s['failures'] or '-'} / {s['cpu_cores_used']}")
-        print(
-            f"{'':<8}omnirt/echo: throughput x{r['throughput_ratio']}, p50 latency x{r['p50_latency_ratio']}"
-        )
+            print(f"{i:<8}{name:<20}{numbers}  {s['failures'] or '-'} / {s['cpu_cores_used']}")
+        line = f"omnirt/echo: throughput x{r['throughput_ratio']}, p50 latency x{r['p50_latency_ratio']}"
+        if "secure_ratio" in r:
+            line += f"; secure/plain: throughput x{r['secure_ratio']}, p50 latency x{r['secure_p50_ratio']}"
+        if "secure_http_ratio" in r:
+            line += f", HTTP throughput x{r['secure_http_ratio']}"
+        print(f"{'':<8}{line}")
     m = report["median"]
     print(
         f"median: omnirt {m['omnirt_per_s']}/s p50 {m['omnirt_p50_ms']} ms p99 {m['omnirt_p99_ms']} ms; "
@@ -264,6 +419,17 @@ def print_report(report: dict[str, Any]) -> None:
             f"median HTTP: {m['omnirt_http_per_s']}/s p50 {m['omnirt_http_p50_ms']} ms "
             f"p99 {m['omnirt_http_p99_ms']} ms; throughput x{m['http_throughput_ratio']} of the echo"
         )
+    if "secure_ratio" in m:
+        parts = {"all": "TLS + API key + worker token", "tls": "TLS", "keys": "API key + worker token"}
+        line = (
+            f"median secure ({parts[report['settings']['secure']]}): {m['omnirt_secure_per_s']}/s "
+            f"p50 {m['omnirt_secure_p50_ms']} ms p99 {m['omnirt_secure_p99_ms']} ms; "
+            f"secure/plain throughput x{m['secure_ratio']}, CPU per call: controller "
+            f"x{m.get('secure_controller_cpu_ratio')}, all processes x{m.get('secure_total_cpu_ratio')}"
+        )
+        if "secure_http_ratio" in m:
+            line += f"; HTTP {m['omnirt_secure_http_per_s']}/s, secure/plain x{m['secure_http_ratio']}"
+        print(line)
     print(
         f"controller VmHWM {report['controller_vm_hwm_mib']} MiB; messages {report['message_bytes']} bytes; "
         f"batch sizes (last round) {report['rounds'][-1]['omnirt']['batch_sizes']}"
