@@ -163,12 +163,20 @@ def test_every_flag_a_doc_command_uses_is_in_its_help() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def made_by_the_operator(path: Path) -> bool:
+    """A file the docs have the operator make (secrets) in a folder git ignores all of."""
+    ignore = path.parent / ".gitignore"
+    return ignore.is_file() and ignore.read_text().split()[:1] == ["*"]
+
+
 def test_every_repository_path_a_doc_command_names_exists() -> None:
     missing = []
     for command in COMMANDS:
         for arg in command.argv:
             value = arg.split("=", 1)[-1].removeprefix("./")
             if value.startswith(REPO_DIRS) and "..." not in value and not (ROOT / value).exists():
+                if made_by_the_operator(ROOT / value):
+                    continue
                 missing.append(f"{command}  ({value})")
     assert not missing, "\n".join(missing)
 
