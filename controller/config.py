@@ -76,7 +76,7 @@ class ControllerConfig:
     log_level: str = field(default="INFO", metadata={"help": "log level"})
     # ---- security (docs/operations.md, "Securing a deployment") ----
     tls_cert: str = field(
-        default="", metadata={"help": "PEM certificate chain: serve gRPC and HTTP over TLS (reloaded on SIGHUP)"}
+        default="", metadata={"help": "PEM certificate chain: gRPC and HTTP over TLS (reloaded on SIGHUP)"}
     )
     tls_key: str = field(default="", metadata={"help": "PEM private key of --tls-cert"})
     tls_client_ca: str = field(
