@@ -150,7 +150,7 @@ class ControllerServer:
         )
         self.engine = make_engine(config, catalog or Catalog.load(config.catalog))
         self._health_task: asyncio.Task[None] | None = None
-        self.server = self._grpc_server([AuthInterceptor(self.auth)])
+        self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.token_valid)])
         public = {
             SERVICE_NAMES[0]: GenerationServicer(self.engine),
             SERVICE_NAMES[1]: ModelServicer(self.engine),

@@ -490,15 +490,19 @@ class WorkerDaemon:
         for model_id in model_ids:
             request = models_pb2.DescribeModelRequest(model=model_id)
             try:
-                response = await stub.DescribeModel(request, timeout=DESCRIBE_TIMEOUT_S)
+                # With the worker's token: a controller with API keys lets an admitted worker
+                # read its catalog (controller/edges/auth_interceptor.py, CATALOG_SERVICE).
+                response = await stub.DescribeModel(
+                    request, timeout=DESCRIBE_TIMEOUT_S, metadata=self._credentials.metadata()
+                )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                     log.warning("preload: the controller has no model %r (%s)", model_id, exc.details())
                     self._preloads[model_id] = None
                 elif exc.code() in REFUSALS:
-                    # The catalog is behind API keys, which are not the worker's token: the model
-                    # loads at its first job instead (asked again at each session, it would fail
-                    # the same way and fill the audit log).
+                    # The catalog refuses this worker (no token: admitted by certificate, or an
+                    # older controller): the model loads at its first job instead (asked again at
+                    # each session, it would fail the same way and fill the audit log).
                     log.warning(
                         "preload: the controller does not describe model %r to this worker (%s); "
                         "it loads at its first job",

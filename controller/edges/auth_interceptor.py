@@ -18,7 +18,7 @@ import grpc
 
 from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2
 
-from .auth import CURRENT, Authenticator
+from .auth import CURRENT, Authenticator, Principal, bearer
 
 USER_SERVICES = frozenset(
     {
@@ -27,6 +27,10 @@ USER_SERVICES = frozenset(
     }
 )
 ADMIN_SERVICES = frozenset({cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name})
+# The catalog, which workers read too (a worker preloads a model with DescribeModel): an
+# admitted worker's token may read it. It holds no tenant's data.
+CATALOG_SERVICE = models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
+WORKER = Principal(tenant="", role="worker", key_name="worker token")
 
 _FACTORIES = {
     (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
@@ -52,8 +56,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     Place it after the ErrorInterceptor: its refusals are OmniRTErrors that the ErrorInterceptor
     turns into UNAUTHENTICATED / PERMISSION_DENIED with the standard details."""
 
-    def __init__(self, authenticator: Authenticator) -> None:
+    def __init__(
+        self, authenticator: Authenticator, worker_token: Callable[[str], bool] | None = None
+    ) -> None:
         self.auth = authenticator
+        self.worker_token = worker_token  # is this a valid worker token (for the catalog)?
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
@@ -74,19 +81,27 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if fn is None:
             return handler
         wrapped = factory(  # type: ignore[operator]
-            self._wrap(fn, method.rpartition("/")[2], level == "admin"),
+            self._wrap(
+                fn, method.rpartition("/")[2], level == "admin", method.startswith(f"/{CATALOG_SERVICE}/")
+            ),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, fn: Callable[..., Any], action: str, admin: bool) -> Callable[..., Any]:
+    def _wrap(self, fn: Callable[..., Any], action: str, admin: bool, catalog: bool) -> Callable[..., Any]:
         auth = self.auth
+        worker_token = self.worker_token if catalog else None
 
         def enter(context: grpc.aio.ServicerContext) -> Any:
             peer = context.peer()
-            principal = auth.authenticate(context.invocation_metadata() or (), peer, action)
+            metadata = context.invocation_metadata() or ()
+            if worker_token is not None and auth.enabled:
+                token = bearer(metadata)
+                if token is not None and worker_token(token):
+                    return CURRENT.set(WORKER)
+            principal = auth.authenticate(metadata, peer, action)
             if admin:
                 auth.require_admin(principal, peer, action)
                 if auth.enabled:

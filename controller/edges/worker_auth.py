@@ -116,6 +116,11 @@ class WorkerAdmission:
         self.audit.record("worker_token", "reloaded", tokens=len(digests))
         return True
 
+    def token_valid(self, token: str) -> bool:
+        """Whether `token` is a worker token of the file (what a worker may also read the
+        catalog with: `auth_interceptor.CATALOG_SERVICE`)."""
+        return bool(self.path) and len(token) <= MAX_KEY_CHARS and self._token_matches(token)
+
     def _token_matches(self, token: str) -> bool:
         digest = _digest(token)
         matched = False

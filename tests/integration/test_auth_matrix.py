@@ -238,3 +238,27 @@ def test_the_controllers_json_log_names_the_tenant(tmp_path: Path) -> None:
         assert finished()[0]["tenant"] == "alice", finished()
     finally:
         controller.stop()
+
+
+def test_an_admitted_worker_reads_the_catalog_with_its_token_and_clients_cannot(tmp_path: Path) -> None:
+    """A worker preloads its models with DescribeModel, and the catalog is behind API keys: the
+    worker's token reads it (ModelService only); the token is no API key for anything else."""
+    token = tmp_path / "worker-token"
+    token.write_text("worker-secret-token\n")
+    keys = str(key_file(tmp_path))
+    controller = Controller(tmp_path, "--auth-keys", keys, "--worker-token-file", str(token)).start()
+    worker = Worker(tmp_path, controller.address, "w-preload", tmp_path / "models", "--models", "null",
+                    "--token-file", str(token), "--preload").start()  # fmt: skip
+    try:
+        wait_for(lambda: "model null preloaded" in worker.log(), 60, "the worker to preload null")
+        assert "does not describe model" not in worker.log()
+        with grpc.insecure_channel(controller.address) as channel:
+            for method in served_methods(channel):
+                code = code_of(channel, method, "worker-secret-token", job_id=MISSING_JOB, model="null")
+                if method.containing_service.full_name == "omnirt.v1.ModelService":
+                    assert code is grpc.StatusCode.OK, method.full_name
+                else:
+                    assert code is grpc.StatusCode.UNAUTHENTICATED, (method.full_name, code)
+    finally:
+        worker.stop()
+        controller.stop()
