@@ -86,6 +86,8 @@ EXIT_REFUSED = 2
 def failure_hint(exc: grpc.aio.AioRpcError, tls: bool) -> str:
     """What to check, for a connection failure whose grpc text alone leaves one guessing."""
     details = exc.details() or ""
+    if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+        return " (this port does not serve the worker stream: use the controller's --worker-listen port)"
     if "Hostname Verification" in details:
         return " (the controller's certificate does not name this address: pass --tls-server-name NAME)"
     if "CERTIFICATE_VERIFY_FAILED" in details:

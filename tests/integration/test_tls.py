@@ -288,6 +288,21 @@ def test_the_public_port_does_not_serve_the_worker_stream(controller: Controller
     assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
+def test_a_worker_pointed_at_the_public_port_is_told_the_worker_port(
+    controller: Controller, pki: Pki, log_dir: Path, model_dir: Path
+) -> None:
+    port = int(controller.address.rsplit(":", 1)[1])
+    lost = tls_worker(
+        log_dir, port, model_dir, "w-lost",
+        "--tls-ca", pki.ca.cert, "--tls-cert", pki.worker.cert, "--tls-key", pki.worker.key,
+    ).start()  # fmt: skip
+    try:
+        wait_for(lambda: "--worker-listen port" in lost.log(), 60, "the hint in the worker's log")
+        assert "w-lost" not in controller.worker_ids()
+    finally:
+        lost.stop()
+
+
 def test_a_worker_joins_the_worker_port_only_with_a_client_certificate(
     controller: Controller, pki: Pki, worker: Worker, log_dir: Path, model_dir: Path, worker_port: int
 ) -> None:
