@@ -37,10 +37,12 @@ def proc_status_kib(pid: int, key: str) -> int:
     return 0
 
 
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has used (/proc/PID/stat)."""
+def proc_cpu_s(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds the process has used (/proc/PID/stat), or one of its threads
+    (/proc/PID/task/TID/stat; the main thread's id is the process id)."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
     # After the command name: state is field 3, utime field 14, stime field 15 (1-based).

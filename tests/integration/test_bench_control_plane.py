@@ -35,6 +35,8 @@ def test_secure_runs_beside_plain_in_every_round_and_is_refused_without_key_or_t
         for name in ("omnirt", "omnirt_secure", "omnirt_http", "omnirt_secure_http", "echo"):
             assert numbers[name]["ok"] == 60 and numbers[name]["failures"] == {}, (name, numbers[name])
         assert numbers["secure_ratio"] > 0 and numbers["secure_controller_cpu_ratio"] > 0
+        # The controller's loop thread is measured apart from gRPC's own threads.
+        assert numbers["omnirt_secure"]["controller_loop_us_per_call"] > 0
     # The secured workers (bench-s*) served the secured controller's calls, over TLS with the token.
     assert set(report["rounds"][0]["omnirt_secure"]["cpu_cores_used"]) == {
         "controller",
