@@ -83,7 +83,9 @@ def make_server_cert(folder: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-PARTS = ("all", "tls", "keys")
+# "none": a second stack exactly like the plain one, the A/A control: how far apart two equal
+# stacks measure on this machine, the noise any secure/plain ratio has to be read against.
+PARTS = ("all", "tls", "keys", "none")
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,8 @@ class SecureFiles:
     """The files and secrets of one secured controller and its workers.
 
     `tls` and `keys` say what is on (both, unless the bench was asked for one part alone, to
-    see what each costs): TLS on gRPC, the HTTP gateway and the worker stream; the API keys
-    and the worker token."""
+    see what each costs, or for none): TLS on gRPC, the HTTP gateway and the worker stream; the
+    API keys and the worker token."""
 
     ca: Path
     cert: Path
@@ -119,7 +121,7 @@ class SecureFiles:
         token_file.write_text(token + "\n")
         for path in (keys_file, token_file):
             path.chmod(0o600)
-        on = {"tls": parts != "keys", "keys": parts != "tls"}
+        on = {"tls": parts in ("all", "tls"), "keys": parts in ("all", "keys")}
         return cls(ca, cert, key, keys_file, token_file, user_key, admin_key, **on)
 
     def controller_flags(self) -> tuple[str, ...]:

@@ -15,7 +15,8 @@ them under the same machine load; the summary gives the median of the rounds.
 gRPC and the HTTP gateway, `--auth-keys` (the load calls with a user key), `--worker-token-file`
 (workers with `--token-file --tls-ca`). Each round drives it right next to the plain one (the
 pair swaps places every round, so neither always goes first) and reports secure over plain,
-in calls/s and in CPU per call. `--secure tls` or `--secure keys` turns on one part alone.
+in calls/s and in CPU per call. `--secure tls` or `--secure keys` turns on one part alone;
+`--secure none` nothing, two equal stacks: how far apart they measure is the noise floor.
 `--profile-dir DIR` runs the controllers under cProfile (for where the time goes, not for the
 numbers).
 
@@ -87,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         choices=PARTS,
         help="also run a controller and workers with TLS, API keys and the worker token, in the same "
-        "rounds, and report secure / plain; `--secure tls` or `--secure keys` turns on only that part",
+        "rounds, and report secure / plain; `--secure tls` or `--secure keys` turns on only that part, "
+        "`--secure none` nothing (two equal stacks: the noise floor)",
     )
     parser.add_argument(
         "--profile-dir",
@@ -443,7 +445,12 @@ def print_report(report: dict[str, Any]) -> None:
             f"p99 {m['omnirt_http_p99_ms']} ms; throughput x{m['http_throughput_ratio']} of the echo"
         )
     if "secure_ratio" in m:
-        parts = {"all": "TLS + API key + worker token", "tls": "TLS", "keys": "API key + worker token"}
+        parts = {
+            "all": "TLS + API key + worker token",
+            "tls": "TLS",
+            "keys": "API key + worker token",
+            "none": "nothing on: the A/A control",
+        }
         line = (
             f"median secure ({parts[report['settings']['secure']]}): {m['omnirt_secure_per_s']}/s "
             f"p50 {m['omnirt_secure_p50_ms']} ms p99 {m['omnirt_secure_p99_ms']} ms; "

@@ -44,5 +44,8 @@ def test_one_part_alone(tmp_path: Path) -> None:
     assert "--tls-cert" not in keys.controller_flags() and "--auth-keys" in keys.controller_flags()
     assert keys.worker_flags() == ("--token-file", str(keys.token_file)) and keys.ssl_context() is None
     assert keys.admin == keys.admin_key and keys.ca_path is None
-    with pytest.raises(ValueError, match="parts must be one of all, tls, keys"):
+    none = SecureFiles.make(tmp_path / "none", "none")  # the A/A control: a second plain stack
+    assert none.controller_flags() == () and none.worker_flags() == () and none.http_headers() == {}
+    assert none.ssl_context() is None and none.admin is None and none.ca_path is None
+    with pytest.raises(ValueError, match="parts must be one of all, tls, keys, none"):
         SecureFiles.make(tmp_path / "bad", "tls+keys")
