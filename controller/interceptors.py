@@ -159,7 +159,8 @@ def _wrap(fn: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]
     return coroutine
 
 
-_FACTORIES = {
+# (request streaming, response streaming) -> the handler's attribute and its factory
+HANDLER_FACTORIES = {
     (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
     (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
     (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
@@ -189,7 +190,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        attr, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+        attr, factory = HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
         fn = getattr(handler, attr)
         if fn is None:
             return handler

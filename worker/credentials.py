@@ -12,7 +12,6 @@ can serve controller and workers alike while a token is rotated.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from omnirt._address import is_loopback
 from omnirt.worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -80,16 +80,6 @@ def read_tls(config: WorkerConfig) -> TlsFiles:
     cert = _pem(config.tls_cert, "certificate", b"-----BEGIN CERTIFICATE-----") if config.tls_cert else None
     key = _pem(config.tls_key, "private key", b"PRIVATE KEY-----") if config.tls_key else None
     return TlsFiles(ca, cert, key)
-
-
-def is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]").lower() if ":" in address else address
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class WorkerCredentials:

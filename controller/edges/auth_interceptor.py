@@ -18,6 +18,7 @@ import grpc
 
 from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2
 
+from ..interceptors import HANDLER_FACTORIES
 from .auth import CURRENT, Authenticator, Principal, bearer
 
 USER_SERVICES = frozenset(
@@ -31,13 +32,6 @@ ADMIN_SERVICES = frozenset({cluster_pb2.DESCRIPTOR.services_by_name["ClusterServ
 # admitted worker's token may read it. It holds no tenant's data.
 CATALOG_SERVICE = models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
 WORKER = Principal(tenant="", role="worker", key_name="worker token")
-
-_FACTORIES = {
-    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
-    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
-    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
-    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
-}
 
 
 def needs(method: str) -> str:
@@ -76,7 +70,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        attr, factory = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+        attr, factory = HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
         fn = getattr(handler, attr)
         if fn is None:
             return handler

@@ -9,21 +9,9 @@ unless `--insecure` says the network itself is trusted (a private test rig, a si
 
 from __future__ import annotations
 
-import ipaddress
+from omnirt._address import is_loopback
 
 from ..config import ControllerConfig
-
-
-def is_loopback(address: str) -> bool:
-    """True for HOST:PORT on a loopback host (127.0.0.0/8, ::1, localhost); False for 0.0.0.0,
-    [::], an empty host and any other name or address."""
-    host = address.rpartition(":")[0].strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def exposure_error(config: ControllerConfig) -> str | None:

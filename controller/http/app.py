@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import HttpVersion11, web
 from google.protobuf.message import Message
 
+from omnirt._address import is_loopback
 from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
 
 from .. import tracing
 from ..edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
-from ..edges.exposure import is_loopback
 from ..metrics import CONTENT_TYPE
 from ..request_bounds import echo
 from . import openai_images, openai_models, openai_videos
