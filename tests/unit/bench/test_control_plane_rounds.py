@@ -56,7 +56,7 @@ def test_secure_ratios_are_over_the_plain_stack_of_the_same_round() -> None:
 
 
 def test_medians_are_of_the_rounds_ratios() -> None:
-    rounds = [
+    rounds: list[dict[str, Any]] = [
         {"omnirt": _load(p, 40.0), "omnirt_secure": _load(s, 44.0), "echo": _load(2000.0, 20.0)}
         for p, s in ((1000.0, 950.0), (500.0, 1000.0), (900.0, 800.0))  # round 2: a burst elsewhere
     ]
