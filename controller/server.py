@@ -150,7 +150,7 @@ class ControllerServer:
         )
         self.engine = make_engine(config, catalog or Catalog.load(config.catalog))
         self._health_task: asyncio.Task[None] | None = None
-        self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.token_valid)])
+        self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
             SERVICE_NAMES[0]: GenerationServicer(self.engine),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
@@ -164,8 +164,10 @@ class ControllerServer:
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.worker_server: grpc.aio.Server | None = None
         if config.worker_listen:
-            self.worker_server = self._grpc_server([])
+            # The worker stream, and the catalog a worker reads to preload its models.
+            self.worker_server = self._grpc_server([AuthInterceptor(self.auth, self.admission.admitted)])
             gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(gateway, self.worker_server)
+            models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.worker_server)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.worker_server)
         else:
             gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(gateway, self.server)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -19,7 +19,7 @@ import grpc
 from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2
 
 from ..interceptors import HANDLER_FACTORIES
-from .auth import CURRENT, Authenticator, Principal, bearer
+from .auth import CURRENT, Authenticator, Principal
 
 USER_SERVICES = frozenset(
     {
@@ -32,6 +32,8 @@ ADMIN_SERVICES = frozenset({cluster_pb2.DESCRIPTOR.services_by_name["ClusterServ
 # admitted worker's token may read it. It holds no tenant's data.
 CATALOG_SERVICE = models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
 WORKER = Principal(tenant="", role="worker", key_name="worker token")
+# (metadata, auth context) -> whether the caller is an admitted worker
+WorkerCheck = Callable[[Iterable[tuple[str, Any]], Mapping[str, Iterable[bytes]]], bool]
 
 
 def needs(method: str) -> str:
@@ -50,11 +52,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     Place it after the ErrorInterceptor: its refusals are OmniRTErrors that the ErrorInterceptor
     turns into UNAUTHENTICATED / PERMISSION_DENIED with the standard details."""
 
-    def __init__(
-        self, authenticator: Authenticator, worker_token: Callable[[str], bool] | None = None
-    ) -> None:
+    def __init__(self, authenticator: Authenticator, worker: WorkerCheck | None = None) -> None:
         self.auth = authenticator
-        self.worker_token = worker_token  # is this a valid worker token (for the catalog)?
+        # Is this call from an admitted worker (its token; on the worker port, its certificate)?
+        # Such a call may read the catalog.
+        self.worker = worker
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
@@ -86,15 +88,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, fn: Callable[..., Any], action: str, admin: bool, catalog: bool) -> Callable[..., Any]:
         auth = self.auth
-        worker_token = self.worker_token if catalog else None
+        worker = self.worker if catalog else None
 
         def enter(context: grpc.aio.ServicerContext) -> Any:
             peer = context.peer()
             metadata = context.invocation_metadata() or ()
-            if worker_token is not None and auth.enabled:
-                token = bearer(metadata)
-                if token is not None and worker_token(token):
-                    return CURRENT.set(WORKER)
+            if worker is not None and auth.enabled and worker(metadata, context.auth_context()):
+                return CURRENT.set(WORKER)
             principal = auth.authenticate(metadata, peer, action)
             if admin:
                 auth.require_admin(principal, peer, action)

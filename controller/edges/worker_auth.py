@@ -117,9 +117,23 @@ class WorkerAdmission:
         return True
 
     def token_valid(self, token: str) -> bool:
-        """Whether `token` is a worker token of the file (what a worker may also read the
-        catalog with: `auth_interceptor.CATALOG_SERVICE`)."""
+        """Whether `token` is a worker token of the file."""
         return bool(self.path) and len(token) <= MAX_KEY_CHARS and self._token_matches(token)
+
+    def carries_token(self, metadata: Iterable[tuple[str, Any]], auth_context: object = None) -> bool:
+        """A call with a valid worker token: it may read the catalog
+        (`auth_interceptor.CATALOG_SERVICE`) on the public port."""
+        token = bearer(metadata)
+        return token is not None and self.token_valid(token)
+
+    def admitted(
+        self, metadata: Iterable[tuple[str, Any]], auth_context: Mapping[str, Iterable[bytes]]
+    ) -> bool:
+        """A call an admitted worker could make on the worker port: its token, or (client
+        certificates required there, no token file) its certificate. It may read the catalog."""
+        if self.path:
+            return self.carries_token(metadata)
+        return self.client_ca and bool(certificate_identity(auth_context))
 
     def _token_matches(self, token: str) -> bool:
         digest = _digest(token)

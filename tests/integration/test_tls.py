@@ -324,6 +324,23 @@ def test_a_worker_joins_the_worker_port_only_with_a_client_certificate(
             stranger.stop()
 
 
+def test_a_worker_preloads_from_the_worker_ports_catalog_by_its_certificate(
+    controller: Controller, pki: Pki, log_dir: Path, model_dir: Path, worker_port: int
+) -> None:
+    """The worker port serves ModelService too: an admitted worker (here by its certificate, no
+    token, API keys on) reads the catalog there to preload its models."""
+    certs = ("--tls-ca", pki.ca.cert, "--tls-cert", pki.worker.cert, "--tls-key", pki.worker.key)
+    preloading = tls_worker(
+        log_dir, worker_port, model_dir, "w-preload", "--models", "null", "--preload", *certs
+    )
+    preloading.start()
+    try:
+        wait_for(lambda: "model null preloaded" in preloading.log(), 60, "the preload")
+        assert "does not describe" not in preloading.log()
+    finally:
+        preloading.stop()
+
+
 # ---- SIGHUP: a new certificate for new connections, open streams kept ------------------------
 
 
