@@ -376,3 +376,35 @@ def test_the_readme_redis_block_runs(readme: Readme, workdir: Path, tmp_path: Pa
         readme.run(f"{script}{ready}kill $(jobs -p)\nwait\n", workdir)
     finally:
         redis_server.stop()
+
+
+def test_the_readme_network_block_runs(tmp_path: Path, model_dir: Path) -> None:
+    """Keys, a worker token, and one generation with the key, as written (port rewritten); the
+    same controller refuses a call without the key."""
+    block = blocks(section(ROOT / "README.md", "On a network"), "bash")[0]
+    port = free_port()
+    script = block.replace("127.0.0.1:50054", f"127.0.0.1:{port}")
+    refused = (
+        f"OMNIRT_API_KEY= .venv/bin/omnirtctl --controller 127.0.0.1:{port} models list && exit 9 || true\n"
+    )
+    env = {**_env(), "OMNIRT_MODEL_DIR": str(model_dir)}
+    env.pop("OMNIRT_API_KEY", None)
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    # Files, not pipes: the daemons the block leaves in the background keep its output open.
+    out_path, err_path = tmp_path / "block.out", tmp_path / "block.err"
+    with out_path.open("w") as out_file, err_path.open("w") as err_file:
+        shell = subprocess.Popen(
+            ["bash", "-ec", f"{script}\n{refused}"],
+            cwd=tmp_path, env=env, stdout=out_file, stderr=err_file,
+            start_new_session=True,  # its own process group: the daemons it leaves are stopped below
+        )  # fmt: skip
+        try:
+            shell.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(shell.pid, signal.SIGTERM)
+    out, err = out_path.read_text(), err_path.read_text()
+    assert shell.returncode == 0, out[-2000:] + err[-2000:]
+    assert list((tmp_path / "outputs").glob("job-*-0.png")), out[-2000:] + err[-2000:]
+    assert "UNAUTHENTICATED" in err
+    assert "sha256" in (tmp_path / "keys.toml").read_text()
