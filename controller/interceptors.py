@@ -168,15 +168,23 @@ HANDLER_FACTORIES = {
 }
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Turns OmniRTError into its status code, message and trailing metadata, and a request
-    that is not a valid message into INVALID_ARGUMENT."""
+class WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor that wraps the behaviour of the handlers it chooses, each method's once.
+
+    Per method, not per call: wrapping cost 2.8 us of every call, the cached lookup 0.2 us. Only
+    registered methods get here, so the cache stays small; the handler is compared in case a
+    later interceptor changes what it answers. Subclasses say what to wrap (`wrap`) and may
+    replace the request deserializer (`deserializer`)."""
 
     def __init__(self) -> None:
-        # Each method's handler wrapped once (per method, not per call: wrapping cost 2.8 us of
-        # every call, the cached lookup 0.2 us). Only registered methods get here, so it stays
-        # small; the handler is compared in case a later interceptor changes what it answers.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def wrap(self, method: str, fn: Callable[..., Any], request_streaming: bool) -> Callable[..., Any] | None:
+        """The behaviour to serve `method` with instead of `fn`, or None to leave it as it is."""
+        raise NotImplementedError
+
+    def deserializer(self, handler: grpc.RpcMethodHandler) -> Callable[[bytes], Any] | None:
+        return handler.request_deserializer
 
     async def intercept_service(
         self,
@@ -192,12 +200,24 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return cached[1]
         attr, factory = HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
         fn = getattr(handler, attr)
-        if fn is None:
-            return handler
-        wrapped = factory(  # type: ignore[operator]
-            _wrap(fn, handler.request_streaming),
-            request_deserializer=_tolerant(handler.request_deserializer),
-            response_serializer=handler.response_serializer,
-        )
+        behaviour = self.wrap(method, fn, handler.request_streaming) if fn is not None else None
+        wrapped = handler
+        if behaviour is not None:
+            wrapped = factory(  # type: ignore[operator]
+                behaviour,
+                request_deserializer=self.deserializer(handler),
+                response_serializer=handler.response_serializer,
+            )
         self._wrapped[method] = (handler, wrapped)
         return wrapped
+
+
+class ErrorInterceptor(WrappingInterceptor):
+    """Turns OmniRTError into its status code, message and trailing metadata, and a request
+    that is not a valid message into INVALID_ARGUMENT."""
+
+    def wrap(self, method: str, fn: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
+        return _wrap(fn, request_streaming)
+
+    def deserializer(self, handler: grpc.RpcMethodHandler) -> Callable[[bytes], Any] | None:
+        return _tolerant(handler.request_deserializer)

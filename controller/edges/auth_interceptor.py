@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
 
 from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2
 
-from ..interceptors import HANDLER_FACTORIES
+from ..interceptors import WrappingInterceptor
 from .auth import CURRENT, Authenticator, Principal
 
 USER_SERVICES = frozenset(
@@ -46,45 +46,25 @@ def needs(method: str) -> str:
     return ""
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(WrappingInterceptor):
     """Authenticates each call of the public services and runs it with `CURRENT` set.
 
     Place it after the ErrorInterceptor: its refusals are OmniRTErrors that the ErrorInterceptor
     turns into UNAUTHENTICATED / PERMISSION_DENIED with the standard details."""
 
     def __init__(self, authenticator: Authenticator, worker: WorkerCheck | None = None) -> None:
+        super().__init__()
         self.auth = authenticator
         # Is this call from an admitted worker (its token; on the worker port, its certificate)?
         # Such a call may read the catalog.
         self.worker = worker
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
+    def wrap(self, method: str, fn: Callable[..., Any], request_streaming: bool) -> Callable[..., Any] | None:
         level = needs(method)
-        if handler is None or not level:
-            return handler
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        attr, factory = HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
-        fn = getattr(handler, attr)
-        if fn is None:
-            return handler
-        wrapped = factory(  # type: ignore[operator]
-            self._wrap(
-                fn, method.rpartition("/")[2], level == "admin", method.startswith(f"/{CATALOG_SERVICE}/")
-            ),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        if not level:
+            return None  # open: health, reflection, the worker stream
+        catalog = method.startswith(f"/{CATALOG_SERVICE}/")
+        return self._wrap(fn, method.rpartition("/")[2], level == "admin", catalog)
 
     def _wrap(self, fn: Callable[..., Any], action: str, admin: bool, catalog: bool) -> Callable[..., Any]:
         auth = self.auth
