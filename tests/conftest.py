@@ -39,6 +39,22 @@ num_inference_steps = 2
 """
 )
 
+# A text2video model in a mode no worker of the tests runs: its jobs stay queued until cancelled.
+QUEUED_VIDEO = """
+[[models]]
+id = "queued-video"
+family = "null"
+tasks = ["text2video"]
+execution_mode = "modular"
+source = "builtin:null"
+pipeline_class = "NullPipeline"
+[models.defaults]
+width = 64
+height = 64
+num_inference_steps = 2
+fps = 8
+"""
+
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -22,12 +22,13 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.conftest import USER_CATALOG
+from tests.conftest import QUEUED_VIDEO, USER_CATALOG
 from tests.daemons import Controller, Worker
 
 # A text2video model run by the null pipeline: jobs run through the whole protocol (and can
 # be cancelled mid-run); they fail at export, the null pipeline writes no video.
-VIDEO_CATALOG = """
+VIDEO_CATALOG = (
+    """
 [[models]]
 id = "null-video"
 family = "null"
@@ -41,20 +42,9 @@ height = 64
 num_inference_steps = 2
 fps = 8
 
-# The same, in a mode no worker of these tests runs: its jobs stay queued until cancelled.
-[[models]]
-id = "queued-video"
-family = "null"
-tasks = ["text2video"]
-execution_mode = "modular"
-source = "builtin:null"
-pipeline_class = "NullPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_inference_steps = 2
-fps = 8
 """
+    + QUEUED_VIDEO
+)
 MAX_BODY = 256 * 1024
 # The openai client marks its videos API deprecated (OpenAI's service is being retired); the
 # routes and the client's shapes stay what this gateway implements.

@@ -27,23 +27,9 @@ from omnirt.controller.edges.auth import key_digest
 from omnirt.controller.http import HttpGateway
 from omnirt.controller.http.security import rpc_level
 from omnirt.controller.http.transcode import ROUTES
-from tests.conftest import USER_CATALOG
+from tests.conftest import QUEUED_VIDEO, USER_CATALOG
 from tests.daemons import Controller, Worker, wait_for
 
-QUEUED_VIDEO = """
-[[models]]
-id = "queued-video"
-family = "null"
-tasks = ["text2video"]
-execution_mode = "modular"
-source = "builtin:null"
-pipeline_class = "NullPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_inference_steps = 2
-fps = 8
-"""
 KEYS = {name: f"sk-{name}-{secrets.token_urlsafe(24)}" for name in ("alice", "bob", "carol", "root")}
 WRONG_KEY = "sk-" + secrets.token_urlsafe(24)
 MISSING_JOB = "job-0000000000000000"
