@@ -11,11 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from grpc_status import rpc_status
 
 from omnirt import errors
 from omnirt.controller.interceptors import ErrorInterceptor
@@ -28,6 +26,7 @@ from omnirt.v1 import (
     types_pb2,
 )
 from tests.daemons import Controller
+from tests.rpc_status import status_details
 
 PUBLIC_SERVICES = [
     generation_pb2.DESCRIPTOR.services_by_name["GenerationService"],
@@ -48,21 +47,6 @@ def controller(log_dir: Path, user_catalog: Path) -> Iterator[Controller]:
 def channel(controller: Controller) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(controller.address) as ch:
         yield ch
-
-
-def _details(exc: grpc.RpcError) -> dict[str, Any]:
-    """The google.rpc.Status details of a failed call, unpacked by their type."""
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
-    assert status is not None, "no grpc-status-details-bin trailer"
-    assert status.code == exc.code().value[0] and status.message == exc.details()
-    found: dict[str, Any] = {}
-    for any_detail in status.details:
-        for cls in (error_details_pb2.ErrorInfo, error_details_pb2.BadRequest, error_details_pb2.RetryInfo):
-            if any_detail.Is(cls.DESCRIPTOR):
-                detail = cls()
-                any_detail.Unpack(detail)
-                found[cls.__name__] = detail
-    return found
 
 
 # ---- health and reflection ------------------------------------------------------------------
@@ -129,7 +113,7 @@ def test_invalid_argument_has_bad_request_and_error_info(channel: grpc.Channel) 
     with pytest.raises(grpc.RpcError) as info:
         stub.Submit(generation_pb2.SubmitRequest(request=request), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    details = _details(info.value)
+    details = status_details(info.value)
     (violation,) = details["BadRequest"].field_violations
     assert violation.field == "width" and "multiple of 8" in violation.description
     assert details["ErrorInfo"].reason == "INVALID_REQUEST"
@@ -142,7 +126,7 @@ def test_not_found_names_its_subject(channel: grpc.Channel) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.GetJob(generation_pb2.GetJobRequest(job_id="job-nope"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    error_info = _details(info.value)["ErrorInfo"]
+    error_info = status_details(info.value)["ErrorInfo"]
     assert error_info.reason == "JOB_NOT_FOUND" and error_info.metadata["subject"] == "job"
 
 
@@ -154,7 +138,7 @@ def test_queue_full_has_retry_info(channel: grpc.Channel) -> None:
         with pytest.raises(grpc.RpcError) as info:
             stub.Submit(submit, timeout=10)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        details = _details(info.value)
+        details = status_details(info.value)
         assert details["RetryInfo"].retry_delay.ToMilliseconds() == 1000
         assert details["ErrorInfo"].reason == "QUEUE_FULL"
     finally:
@@ -253,7 +237,7 @@ def test_huge_error_texts_are_truncated_not_a_lost_status(char: str) -> None:
         assert len(value) <= (4096 if key.endswith("-bin") else 512), key
     field = dict(err.trailing_metadata() or ())[errors.FIELD_KEY]
     assert field.startswith("ffff") and field.endswith("...")
-    assert _details(err)["BadRequest"].field_violations[0].field == field
+    assert status_details(err)["BadRequest"].field_violations[0].field == field
 
 
 def test_an_unexpected_error_names_its_type_and_a_bounded_message() -> None:

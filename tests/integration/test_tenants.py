@@ -15,13 +15,12 @@ from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from omnirt.controller.edges.auth import key_digest
 from omnirt.v1 import cluster_pb2, cluster_pb2_grpc, generation_pb2, generation_pb2_grpc, types_pb2
 from tests.conftest import UNSERVED_SD
 from tests.daemons import Controller, Worker, job_store, wait_for
+from tests.rpc_status import status_details
 
 # tenant -> (key, extra key-file lines)
 TENANTS = {
@@ -152,23 +151,9 @@ def refusal(call: Any) -> grpc.RpcError:
     return info.value
 
 
-def details(exc: grpc.RpcError) -> dict[str, Any]:
-    """The google.rpc.Status details of a failed call, by type."""
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
-    assert status is not None and status.message == exc.details()
-    found: dict[str, Any] = {}
-    for any_detail in status.details:
-        for cls in (error_details_pb2.ErrorInfo, error_details_pb2.BadRequest, error_details_pb2.RetryInfo):
-            if any_detail.Is(cls.DESCRIPTOR):
-                detail = cls()
-                any_detail.Unpack(detail)
-                found[cls.__name__] = detail
-    return found
-
-
 def seen(exc: grpc.RpcError, job_id: str) -> tuple[Any, ...]:
     """What a caller sees of a refusal, the id it asked for left out."""
-    return (exc.code(), (exc.details() or "").replace(job_id, "<id>"), sorted(details(exc)))
+    return (exc.code(), (exc.details() or "").replace(job_id, "<id>"), sorted(status_details(exc)))
 
 
 def ns(timestamp: Any) -> int:
@@ -245,7 +230,7 @@ def test_max_queued_refuses_with_retry_info_and_spares_others_and_retries(api: A
     got = refusal(lambda: api.submit("carol"))
     assert got.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "tenant 'carol' has 2 jobs queued or running (max_queued 2)" in (got.details() or "")
-    assert details(got)["RetryInfo"].retry_delay.ToMilliseconds() == 1000
+    assert status_details(got)["RetryInfo"].retry_delay.ToMilliseconds() == 1000
     assert api.submit("carol", keyed).deduplicated  # the same job asked again: no new one, no refusal
     api.submit("alice")  # another tenant is not held by carol's quota
     assert len(api.listed("carol")) == 2
@@ -260,7 +245,7 @@ def test_rate_limit_refuses_with_the_wait_until_a_token(api: Api) -> None:
     got = refusal(lambda: api.submit("dave"))
     assert got.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "tenant 'dave' is over its rate limit" in (got.details() or "")
-    delay_ms = details(got)["RetryInfo"].retry_delay.ToMilliseconds()
+    delay_ms = status_details(got)["RetryInfo"].retry_delay.ToMilliseconds()
     assert 15_000 <= delay_ms <= 20_000  # a token every 20 s, the first two spent just now
     assert api.submit("dave", keyed).deduplicated
     api.submit("bob")
