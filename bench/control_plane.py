@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 
 import omnirt
-from omnirt import _convert
+from omnirt._internal import convert as _convert
 
 from . import _machine
 from ._daemons import (

@@ -2,8 +2,8 @@
 
 Every image result is encoded before it leaves the worker, and on a GPU the encoding of a
 512x512 PNG with Pillow's default settings costs a few percent of an SD-1.5-sized call. The
-worker deflates PNG with run-length matching only (`omnirt.worker.export`) and encodes a
-batch's images side by side on threads (`omnirt.worker.output_export`). This scenario times
+worker deflates PNG with run-length matching only (`omnirt.worker.export.image`) and encodes a
+batch's images side by side on threads (`omnirt.worker.export.outputs`). This scenario times
 both on photo-like images (smooth shapes plus sensor-like noise, as diffusion models make:
 the tiny models' images are pure noise, which no PNG setting compresses) at the sizes of
 SD 1.5 and SDXL, interleaved, in this process: no daemons.
@@ -58,7 +58,7 @@ def _pillow(image: Any, **options: Any) -> bytes:
 
 
 def _omnirt(image: Any, index: int = 0) -> bytes:
-    from omnirt.worker import export
+    from omnirt.worker.export import image as export
 
     data: bytes = export.image_artifact(image, index=index, seed=0, job_id="bench", fmt="png").data
     return data
@@ -98,7 +98,7 @@ def measure_size(size: int, rounds: int) -> dict[str, Any]:
 
 def measure_batch(size: int, count: int, rounds: int) -> dict[str, Any]:
     """A batch's images encoded one after the other versus at once (the worker's way)."""
-    from omnirt.worker import output_export
+    from omnirt.worker.export import outputs as output_export
 
     images = [photo_like(size, seed) for seed in range(count)]
     calls = [functools.partial(_omnirt, image, i) for i, image in enumerate(images)]
@@ -176,12 +176,12 @@ def markdown(result: dict[str, Any]) -> str:
         [
             "Encoding one photo-like image (smooth random shapes plus sensor-like noise: the tiny models' "
             "images are pure noise, which no PNG setting compresses) as PNG: Pillow's default settings, "
-            "zlib level 1, and the worker's export (`omnirt.worker.export.image_artifact`: run-length "
+            "zlib level 1, and the worker's export (`omnirt.worker.export.image.image_artifact`: run-length "
             f"deflate, sha256). Medians of {settings['rounds']} interleaved rounds, in the benchmark "
             "process (no daemons).",
             sc.md_table(header, rows),
             f"A batch of {batch['images']} such images of {batch['size']}, encoded one after the other "
-            f"versus at once on the worker's export threads (`omnirt.worker.output_export`, as a batched "
+            f"versus at once on the worker's export threads (`omnirt.worker.export.outputs`, as a batched "
             f"call's results are): **{sc.fmt_ms(batch['one_by_one_p50_ms'])}** one by one, "
             f"**{sc.fmt_ms(batch['at_once_p50_ms'])}** at once (ratio {batch['ratio']}; it cannot go "
             "below 1 / the number of CPUs).",

@@ -28,9 +28,9 @@ from typing import Any
 import grpc
 
 import omnirt
-from omnirt import _convert
 from omnirt import types as t
-from omnirt.worker.null_model import null_artifact
+from omnirt._internal import convert as _convert
+from omnirt.worker.modes.null import null_artifact
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
 

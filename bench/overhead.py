@@ -10,7 +10,7 @@ model) they alternate, direct then OmniRT, `calls` times each, at concurrency 1;
 the ratio of the medians. The first OmniRT image is compared with the direct one pixel by
 pixel, so both sides are known to do the same work.
 
-The worker runs pipelines under `torch.inference_mode()` (see `omnirt.worker.inference_mode`),
+The worker runs pipelines under `torch.inference_mode()` (see `omnirt.worker.runtime.inference_mode`),
 where a plain diffusers call runs under the pipeline's own `torch.no_grad()`: the same kernels and
 pixels, less autograd bookkeeping per op. So each round also times the direct call under
 `torch.inference_mode()` (the two direct calls take turns going first); OmniRT over that one is
@@ -70,7 +70,7 @@ def load_direct(ctx: sc.Context) -> Any:
     import torch
     from diffusers import StableDiffusionPipeline
 
-    from omnirt.worker import tiny_models
+    from omnirt.worker.tiny import registry as tiny_models
 
     torch.set_num_threads(ctx.torch_threads)
     path = tiny_models.ensure_builtin("tiny-sd", ctx.model_dir)

@@ -122,7 +122,7 @@ def versions() -> dict[str, str]:
 def quiet_libraries() -> None:
     """No progress bars or warnings from diffusers/transformers in this process (the daemons keep
     theirs), nor the import-time noise the worker filters too (torchao's CUDA kernels on a CPU)."""
-    from omnirt.worker import quantization
+    from omnirt.worker.runtime import quantization
 
     quantization.quiet_import_logs()  # before diffusers imports torchao
     from diffusers.utils import logging as diffusers_logging
@@ -135,7 +135,7 @@ def quiet_libraries() -> None:
 
 def build_models(model_dir: Path) -> dict[str, float]:
     """Build tiny-sd into `model_dir` (what a worker's first start does); seconds taken."""
-    from omnirt.worker import tiny_models
+    from omnirt.worker.tiny import registry as tiny_models
 
     quiet_libraries()
     started = time.perf_counter()

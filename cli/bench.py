@@ -16,15 +16,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from omnirt.cli import connection
+from omnirt.cli.bench_stats import Sample
+from omnirt.cli.output import print_fields, print_json, print_table
+from omnirt.cli.progress import show_progress
+from omnirt.cli.request_args import add_request_arguments, request_from_args
 from omnirt.client import Client
 from omnirt.errors import OmniRTError
 from omnirt.types import GenerateRequest
-
-from . import connection
-from .bench_stats import Sample
-from .output import print_fields, print_json, print_table
-from .progress import show_progress
-from .request_args import add_request_arguments, request_from_args
 
 DEFAULT_TOTAL = 100
 DEFAULT_DURATION_S = 600.0
@@ -128,7 +127,7 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
 
 def _requests(args: argparse.Namespace) -> list[GenerateRequest] | str:
     """The requests of the load, or the one-line reason the flags do not make one."""
-    from .bench_requests import RequestFileError, load_requests
+    from omnirt.cli.bench_requests import RequestFileError, load_requests
 
     if args.request_file is None:
         if args.model is None:
@@ -180,9 +179,8 @@ def unserved_models(client: Client, requests: list[GenerateRequest]) -> list[str
 
 async def _bench(client: Client, requests: list[GenerateRequest], args: argparse.Namespace) -> dict[str, Any]:
     from omnirt.aio import AsyncClient
-
-    from .bench_load import run_phase
-    from .bench_stats import bench_report
+    from omnirt.cli.bench_load import run_phase
+    from omnirt.cli.bench_stats import bench_report
 
     limits = {"concurrency": args.concurrency, "limit_s": args.duration, "grace_s": args.grace}
     settings = connection.client_settings(args)

@@ -15,10 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from omnirt.aio import AsyncClient
+from omnirt.cli.bench_stats import UNFINISHED, Sample
 from omnirt.errors import OmniRTError
 from omnirt.types import EventKind, GenerateRequest, JobEvent
-
-from .bench_stats import UNFINISHED, Sample
 
 # How long cancelling the jobs cut off at the time limit may take before the bench gives up on it.
 CANCEL_TIMEOUT_S = 10.0

@@ -17,7 +17,7 @@ from typing import Any, cast
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from omnirt import _convert as conv
+from omnirt._internal import convert as conv
 from omnirt.types import GenerateRequest
 from omnirt.v1 import types_pb2
 

@@ -7,11 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+from omnirt.cli.output import print_json, report_line
+from omnirt.cli.progress import Finished, follow, show_progress
+from omnirt.cli.request_args import add_request_arguments, request_from_args
 from omnirt.client import Client
-
-from .output import print_json, report_line
-from .progress import Finished, follow, show_progress
-from .request_args import add_request_arguments, request_from_args
 
 # Past the request's own timeout, give the controller this long to report it before the
 # client gives up by itself (the controller's error says more).

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from omnirt.cli.generate import print_finished
+from omnirt.cli.output import fmt_ms, fmt_time, print_fields, print_json, print_table
+from omnirt.cli.progress import follow, show_progress
 from omnirt.client import Client
 from omnirt.types import EventKind, Job, JobEvent, JobState
-
-from .generate import print_finished
-from .output import fmt_ms, fmt_time, print_fields, print_json, print_table
-from .progress import follow, show_progress
 
 
 def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

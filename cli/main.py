@@ -12,10 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from omnirt import __version__
+from omnirt.cli import bench, connection, generate, jobs, keys, models, validate, workers
+from omnirt.cli.output import error_object, print_error, print_json
 from omnirt.errors import OmniRTError
-
-from . import bench, connection, generate, jobs, keys, models, validate, workers
-from .output import error_object, print_error, print_json
 
 GROUPS = (generate, validate, bench, models, jobs, workers, keys)
 

@@ -6,10 +6,9 @@ import argparse
 from dataclasses import asdict
 from typing import Any
 
+from omnirt.cli.output import fmt_value, print_fields, print_json, print_table
 from omnirt.client import Client
 from omnirt.types import ModelSpec, Task
-
-from .output import fmt_value, print_fields, print_json, print_table
 
 
 def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from omnirt import _json
+from omnirt._internal import jsonable as _json
 from omnirt.errors import OmniRTError
 from omnirt.types import GenerateResult
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from omnirt.cli.output import fmt_value, print_fields, print_json
+from omnirt.cli.request_args import add_request_arguments, request_from_args
 from omnirt.client import Client
-
-from .output import fmt_value, print_fields, print_json
-from .request_args import add_request_arguments, request_from_args
 
 
 def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

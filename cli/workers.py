@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from omnirt.cli.output import fmt_time, print_fields, print_json, print_table
 from omnirt.client import Client
 from omnirt.types import WorkerInfo
-
-from .output import fmt_time, print_fields, print_json, print_table
 
 
 def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

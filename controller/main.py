@@ -9,20 +9,19 @@ import logging
 import signal
 import sys
 
-from omnirt._config import add_arguments, from_args
-from omnirt._logging import setup_logging
-
-from . import tracing
-from .catalog import CatalogError
-from .config import ControllerConfig
-from .edges.exposure import exposure_error
+from omnirt._internal.config import add_arguments, from_args
+from omnirt._internal.logs import setup_logging
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.catalog import CatalogError
+from omnirt.controller.edges.exposure import exposure_error
+from omnirt.controller.observability import tracing
 
 log = logging.getLogger("omnirt.controller")
 
 
 async def serve(config: ControllerConfig) -> None:
     """Run until SIGTERM or SIGINT."""
-    from .server import ControllerServer
+    from omnirt.controller.server import ControllerServer
 
     server = ControllerServer(config)
     await server.start()
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omnirt-controller: {refusal}", file=sys.stderr)
         return 2
     tracing.setup("omnirt-controller")
-    from .server import ListenError  # after parsing: --help stays quick
+    from omnirt.controller.server import ListenError  # after parsing: --help stays quick
 
     try:
         asyncio.run(serve(config))

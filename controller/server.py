@@ -17,6 +17,19 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.engine_client import EngineClient, MemoryEngineClient
+from omnirt.controller.edges.audit import AuditLog
+from omnirt.controller.edges.auth import Authenticator
+from omnirt.controller.edges.auth_interceptor import AuthInterceptor
+from omnirt.controller.edges.interceptors import ErrorInterceptor
+from omnirt.controller.edges.servicers import ClusterServicer, GenerationServicer, ModelServicer
+from omnirt.controller.edges.tls import ServerTls
+from omnirt.controller.edges.worker_auth import WorkerAdmission
+from omnirt.controller.edges.worker_stream import WorkerGateway
+from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
@@ -27,22 +40,8 @@ from omnirt.v1 import (
 )
 from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 
-from .catalog import Catalog
-from .config import ControllerConfig
-from .edges.audit import AuditLog
-from .edges.auth import Authenticator
-from .edges.auth_interceptor import AuthInterceptor
-from .edges.tls import ServerTls
-from .edges.worker_auth import WorkerAdmission
-from .engine import Engine
-from .engine_client import EngineClient, MemoryEngineClient
-from .gateway import WorkerGateway
-from .interceptors import ErrorInterceptor
-from .servicers import ClusterServicer, GenerationServicer, ModelServicer
-from .tracing import TraceInterceptor
-
 if TYPE_CHECKING:
-    from .http import HttpGateway
+    from omnirt.controller.http import HttpGateway
 
 log = logging.getLogger("omnirt.controller")
 
@@ -131,7 +130,7 @@ def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineClient:
     if config.store in ("", "memory"):
         return MemoryEngineClient(Engine(config, catalog))
     if config.store.startswith(("redis://", "rediss://", "unix://")):
-        from .redis_engine import RedisEngine
+        from omnirt.controller.engines.redis.engine import RedisEngine
 
         return RedisEngine(config, catalog)
     raise ValueError(f"--store: expected memory or redis://HOST:PORT/DB, got {config.store!r}")
@@ -189,7 +188,7 @@ class ControllerServer:
         # The HTTP gateway calls the same servicers, so HTTP and gRPC share every code path.
         self.http: HttpGateway | None = None
         if config.http:
-            from .http import HttpGateway
+            from omnirt.controller.http import HttpGateway
 
             ssl_context = (
                 self.tls.ssl_context(require_client_auth=config.tls_public_client_auth) if self.tls else None

@@ -13,29 +13,9 @@ from typing import Any, Unpack
 import grpc
 import grpc.aio
 
-from omnirt import _convert as conv
 from omnirt import errors
-from omnirt.types import (
-    GenerateRequest,
-    GenerateResult,
-    Job,
-    JobEvent,
-    JobState,
-    ModelSpec,
-    Task,
-    ValidationResult,
-    WorkerInfo,
-)
-from omnirt.v1 import (
-    cluster_pb2,
-    cluster_pb2_grpc,
-    generation_pb2,
-    generation_pb2_grpc,
-    models_pb2,
-    models_pb2_grpc,
-)
-
-from .client import (
+from omnirt._internal import convert as conv
+from omnirt.client import (
     CancelResult,
     JobFollower,
     Metadata,
@@ -54,6 +34,25 @@ from .client import (
     remaining,
     validation_from_proto,
     wait_timed_out,
+)
+from omnirt.types import (
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobEvent,
+    JobState,
+    ModelSpec,
+    Task,
+    ValidationResult,
+    WorkerInfo,
+)
+from omnirt.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    generation_pb2,
+    generation_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
 )
 
 __all__ = ["AsyncClient"]

@@ -20,8 +20,8 @@ from typing import Any, TypedDict, Unpack
 
 import grpc
 
-from omnirt import _convert as conv
 from omnirt import errors
+from omnirt._internal import convert as conv
 from omnirt.types import (
     Adapter,
     Artifact,
@@ -319,7 +319,7 @@ def map_rpc_error(exc: grpc.RpcError, address: str) -> errors.OmniRTError:
 
 
 def validation_from_proto(msg: generation_pb2.ValidateResponse) -> ValidationResult:
-    """`ValidateResponse` -> `ValidationResult` (not in `omnirt._convert` yet)."""
+    """`ValidateResponse` -> `ValidationResult` (not in `omnirt._internal.convert` yet)."""
     return ValidationResult(
         model=msg.model,
         task=conv.task_from_proto(msg.task),  # type: ignore[arg-type]  # a valid plan has a task

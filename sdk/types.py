@@ -1,7 +1,7 @@
 """Plain data types of the public contract.
 
 These mirror `proto/omnirt/v1` as dataclasses, so users (and the controller and worker
-internals) never have to build or read a protobuf message. `omnirt._convert` maps both ways.
+internals) never have to build or read a protobuf message. `omnirt._internal.convert` maps both ways.
 """
 
 from __future__ import annotations

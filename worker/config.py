@@ -1,7 +1,7 @@
 """`WorkerConfig`: everything the worker daemon is told at start.
 
 Flags (`--slots`) and environment variables (`OMNIRT_SLOTS`) derive from the fields through
-`omnirt._config`; precedence is flag, then environment, then the default below.
+`omnirt._internal.config`; precedence is flag, then environment, then the default below.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from omnirt._address import is_loopback
+from omnirt._internal.address import is_loopback
 from omnirt.worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)

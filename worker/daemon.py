@@ -40,17 +40,17 @@ from typing import Any
 import grpc
 
 import omnirt
-from omnirt import _convert
 from omnirt import types as t
+from omnirt._internal import convert as _convert
 from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker import protocol, redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
-from omnirt.worker.executor import CancelFlags, Executor, create_executor
 from omnirt.worker.log import job_context
-from omnirt.worker.memory import current_rss_bytes
+from omnirt.worker.modes.base import CancelFlags, Executor, create_executor
 from omnirt.worker.outbox import Outbox
 from omnirt.worker.protocol import Assignment, CancelRequest, DrainRequest, ItemOutcome, Welcome
+from omnirt.worker.runtime.memory import current_rss_bytes
 from omnirt.worker.telemetry import WorkerTelemetry
 from omnirt.worker.v1 import gateway_pb2
 

@@ -14,12 +14,12 @@ import signal
 import sys
 
 import omnirt
-from omnirt import _config
+from omnirt._internal import config as _config
 from omnirt.worker import telemetry
-from omnirt.worker.backends import BackendError
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
 from omnirt.worker.log import setup_logging
+from omnirt.worker.runtime.backends import BackendError
 
 log = logging.getLogger("omnirt.worker")
 

@@ -3,7 +3,7 @@
 The one module of the worker that reads or builds gateway protobuf messages; the daemon and
 the executors work on the dataclasses below and on `omnirt.types`. Public contract messages
 inside them (GenerateRequest, ModelSpec, JobEvent, GenerateResult, JobError) go through
-`omnirt._convert`.
+`omnirt._internal.convert`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from omnirt import _convert
 from omnirt import types as t
+from omnirt._internal import convert as _convert
 from omnirt.worker.v1 import gateway_pb2
 
 # The Connect stream's path, for a call that reads raw bytes (see controller_messages).

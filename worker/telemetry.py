@@ -30,8 +30,8 @@ from prometheus_client import (
 )
 
 from omnirt.types import RunReport
-from omnirt.worker.memory import current_rss_bytes
 from omnirt.worker.protocol import Assignment, ItemOutcome
+from omnirt.worker.runtime.memory import current_rss_bytes
 
 log = logging.getLogger(__name__)
 TRACER_NAME = "omnirt.worker"

@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy
+from omnirt.controller.edges.audit import AuditLog
 from omnirt.errors import PermissionDenied, Unauthenticated
-
-from ..tenants import UNLIMITED, TenantPolicy
-from .audit import AuditLog
 
 ROLES = ("user", "admin")
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

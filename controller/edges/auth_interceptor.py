@@ -16,10 +16,9 @@ from typing import Any
 
 import grpc
 
+from omnirt.controller.edges.auth import CURRENT, Authenticator, Principal
+from omnirt.controller.edges.interceptors import WrappingInterceptor
 from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2
-
-from ..interceptors import WrappingInterceptor
-from .auth import CURRENT, Authenticator, Principal
 
 USER_SERVICES = frozenset(
     {

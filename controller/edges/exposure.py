@@ -9,9 +9,8 @@ unless `--insecure` says the network itself is trusted (a private test rig, a si
 
 from __future__ import annotations
 
-from omnirt._address import is_loopback
-
-from ..config import ControllerConfig
+from omnirt._internal.address import is_loopback
+from omnirt.controller.config import ControllerConfig
 
 
 def exposure_error(config: ControllerConfig) -> str | None:

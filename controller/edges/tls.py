@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 import grpc
 
 if TYPE_CHECKING:
-    from ..config import ControllerConfig
+    from omnirt.controller.config import ControllerConfig
 
 log = logging.getLogger("omnirt.controller")
 

@@ -26,10 +26,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from omnirt.controller.edges.audit import AuditLog
+from omnirt.controller.edges.auth import MAX_KEY_CHARS, bearer
 from omnirt.errors import Unauthenticated
-
-from .audit import AuditLog
-from .auth import MAX_KEY_CHARS, bearer
 
 # grpc's auth context: `transport_security_type` is b"ssl" on a TLS connection, and a peer
 # certificate (verified by the handshake) shows as `x509_pem_cert` with its names.

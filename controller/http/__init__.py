@@ -1,5 +1,5 @@
 """The controller's HTTP edge: the JSON gateway, event streams, OpenAI routes and /metrics."""
 
-from .app import HttpGateway
+from omnirt.controller.http.app import HttpGateway
 
 __all__ = ["HttpGateway"]

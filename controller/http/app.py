@@ -19,16 +19,12 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import HttpVersion11, web
 from google.protobuf.message import Message
 
-from omnirt._address import is_loopback
-from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
-
-from .. import tracing
-from ..edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
-from ..metrics import CONTENT_TYPE
-from ..request_bounds import echo
-from . import openai_images, openai_models, openai_videos
-from .errors import HttpError, bad_request, error_response, from_http_exception
-from .security import (
+from omnirt._internal.address import is_loopback
+from omnirt.controller.core.bounds import echo
+from omnirt.controller.edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
+from omnirt.controller.http import openai_images, openai_models, openai_videos
+from omnirt.controller.http.errors import HttpError, bad_request, error_response, from_http_exception
+from omnirt.controller.http.security import (
     METRICS_PATH,
     Cors,
     action_of,
@@ -40,8 +36,8 @@ from .security import (
     rpc_level,
     secure,
 )
-from .streams import send_download, send_sse, send_websocket
-from .transcode import (
+from omnirt.controller.http.streams import send_download, send_sse, send_websocket
+from omnirt.controller.http.transcode import (
     ASYNC_KEY,
     DOWNLOAD,
     ROUTES,
@@ -55,10 +51,13 @@ from .transcode import (
     read_json,
     to_json,
 )
+from omnirt.controller.observability import tracing
+from omnirt.controller.observability.metrics import CONTENT_TYPE
+from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
 
 if TYPE_CHECKING:
-    from ..edges.auth import Authenticator
-    from ..engine_client import EngineClient
+    from omnirt.controller.core.engine_client import EngineClient
+    from omnirt.controller.edges.auth import Authenticator
 
 log = logging.getLogger("omnirt.controller.http")
 OPENAI_PREFIXES = ("/v1/images", "/v1/videos", "/v1/models")

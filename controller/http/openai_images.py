@@ -14,17 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from omnirt import _convert
+from omnirt._internal import convert as _convert
+from omnirt.controller.edges.auth import caller
+from omnirt.controller.http.errors import bad_request
+from omnirt.controller.http.openai_params import Params, generate_request, png_size, read_params, sniff_image
+from omnirt.controller.http.transcode import artifact_url
 from omnirt.types import GenerateRequest, MediaInput, MediaRole, Task
 from omnirt.v1 import generation_pb2  # the edge builds its own request messages, like a servicer
 
-from ..edges.auth import caller
-from .errors import bad_request
-from .openai_params import Params, generate_request, png_size, read_params, sniff_image
-from .transcode import artifact_url
-
 if TYPE_CHECKING:
-    from .app import HttpGateway
+    from omnirt.controller.http.app import HttpGateway
 
 RESPONSE_FORMATS = ("b64_json", "url")
 # b64_json answers carry every image inline, whatever the server's inline limit.

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .transcode import build_request
+from omnirt.controller.http.transcode import build_request
 
 if TYPE_CHECKING:
-    from .app import HttpGateway
+    from omnirt.controller.http.app import HttpGateway
 
 OWNER = "omnirt"
 

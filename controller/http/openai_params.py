@@ -15,11 +15,10 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from omnirt.controller.core.bounds import shown
+from omnirt.controller.http.errors import HttpError, bad_request
+from omnirt.controller.http.transcode import is_text
 from omnirt.types import GenerateRequest, Task
-
-from ..request_bounds import shown
-from .errors import HttpError, bad_request
-from .transcode import is_text
 
 # Image signatures -> MIME type (the controller does not decode images; the worker does).
 _MAGIC = (
@@ -161,7 +160,7 @@ def generate_request(params: Params, task: Task) -> GenerateRequest:
 async def read_params(request: web.Request, *, multipart: bool) -> tuple[Params, dict[str, list[bytes]]]:
     """JSON body or multipart form -> (parameters, uploaded files by field name)."""
     if request.content_type == "application/json" and not multipart:
-        from .transcode import read_json
+        from omnirt.controller.http.transcode import read_json
 
         return Params(await read_json(request) or {}), {}
     if request.content_type != "multipart/form-data":

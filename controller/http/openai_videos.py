@@ -13,18 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from omnirt import _convert
+from omnirt._internal import convert as _convert
+from omnirt.controller.edges.auth import caller
+from omnirt.controller.http.errors import bad_request
+from omnirt.controller.http.openai_params import INT32, Params, generate_request, read_params, sniff_image
+from omnirt.controller.http.streams import send_download
+from omnirt.controller.http.transcode import build_request
 from omnirt.types import GenerateRequest, Job, JobState, MediaInput, MediaRole, Task
 from omnirt.v1 import generation_pb2
 
-from ..edges.auth import caller
-from .errors import bad_request
-from .openai_params import INT32, Params, generate_request, read_params, sniff_image
-from .streams import send_download
-from .transcode import build_request
-
 if TYPE_CHECKING:
-    from .app import HttpGateway
+    from omnirt.controller.http.app import HttpGateway
 
 VIDEO_TASKS = (Task.TEXT2VIDEO, Task.IMAGE2VIDEO, Task.AUDIO2VIDEO)
 STATUS = {JobState.QUEUED: "queued", JobState.RUNNING: "in_progress", JobState.SUCCEEDED: "completed"}

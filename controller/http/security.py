@@ -21,11 +21,10 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from multidict import CIMultiDict
 
+from omnirt.controller.edges.auth_interceptor import needs
+from omnirt.controller.http.errors import HttpError
+from omnirt.controller.http.transcode import method_of
 from omnirt.errors import PermissionDenied
-
-from ..edges.auth_interceptor import needs
-from .errors import HttpError
-from .transcode import method_of
 
 HEALTH_PATH = "/healthz"
 METRICS_PATH = "/metrics"

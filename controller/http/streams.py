@@ -15,11 +15,10 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from omnirt.controller.core.bounds import echo
+from omnirt.controller.http.errors import native_body
+from omnirt.controller.http.transcode import to_json
 from omnirt.errors import OmniRTError
-
-from ..request_bounds import echo
-from .errors import native_body
-from .transcode import to_json
 
 log = logging.getLogger("omnirt.controller.http")
 KEEPALIVE_S = 15.0

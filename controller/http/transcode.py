@@ -24,8 +24,8 @@ from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 
-from ..request_bounds import shown
-from .errors import HttpError, bad_request
+from omnirt.controller.core.bounds import shown
+from omnirt.controller.http.errors import HttpError, bad_request
 
 UNARY, SSE, WEBSOCKET, DOWNLOAD = "unary", "sse", "websocket", "download"
 ASYNC_KEY = "async"

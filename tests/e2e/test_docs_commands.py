@@ -187,7 +187,7 @@ def catalog_names() -> set[str]:
 
     import yaml
 
-    from omnirt.controller.catalog import Catalog
+    from omnirt.controller.core.catalog import Catalog
 
     names = set()
     for spec in Catalog.load():

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from omnirt import errors
-from omnirt.controller.interceptors import ErrorInterceptor
-from omnirt.controller.request_bounds import bad
+from omnirt.controller.core.bounds import bad
+from omnirt.controller.edges.interceptors import ErrorInterceptor
 from omnirt.v1 import (
     cluster_pb2,
     generation_pb2,

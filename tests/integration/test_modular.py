@@ -33,8 +33,8 @@ def te_lora(model_dir: Path) -> str:
     """A tiny LoRA of tiny-sd's UNet and text encoder under the worker's model dir (an allowed folder)."""
     from diffusers import StableDiffusionPipeline
 
-    from omnirt.worker.tiny_lora import build_tiny_lora
-    from omnirt.worker.tiny_models import ensure_builtin
+    from omnirt.worker.tiny.lora import build_tiny_lora
+    from omnirt.worker.tiny.registry import ensure_builtin
 
     pipeline = StableDiffusionPipeline.from_pretrained(ensure_builtin("tiny-sd", model_dir))
     build_tiny_lora(pipeline, model_dir / "loras" / "modular-te", seed=4, text_encoder=True)

@@ -56,7 +56,7 @@ def group_pids(model_dir: Path) -> list[int]:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if "omnirt.worker.persistent.rank" in argv and str(model_dir) in argv and state != "Z":
+        if "omnirt.worker.modes.persistent.rank" in argv and str(model_dir) in argv and state != "Z":
             pids.append(int(proc.name))
     return pids
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from omnirt.controller.redis_store import RedisJobStore
+from omnirt.controller.engines.redis.store import RedisJobStore
 from omnirt.types import EventKind, GenerateRequest, Job, JobEvent, JobState
 from tests.daemons import RedisServer
 

@@ -1,7 +1,7 @@
 """The Redis store's tenant rules, script by script, against a real `redis-server`: the owner kept
 with the job, idempotency keys per tenant, the active count of max_queued through every way a
 job ends, the shared token bucket and the fair-share ranks, each checked against the Python
-that the in-memory engine runs (`controller/tenants.py`, `controller/queue.py`).
+that the in-memory engine runs (`controller/core/tenants.py`, `controller/engines/memory/queue.py`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from omnirt.controller.jobs import JobRecord
-from omnirt.controller.queue import JobQueue
-from omnirt.controller.redis_store import QuotaRefusal, RedisJobStore, job_not_found
-from omnirt.controller.tenants import UNLIMITED, FairClock, TenantPolicy, TokenBucket, bucket_size
-from omnirt.controller.validation import Plan
+from omnirt.controller.core.jobs import JobRecord
+from omnirt.controller.core.tenants import UNLIMITED, FairClock, TenantPolicy, TokenBucket, bucket_size
+from omnirt.controller.core.validation import Plan
+from omnirt.controller.engines.memory.queue import JobQueue
+from omnirt.controller.engines.redis.store import QuotaRefusal, RedisJobStore, job_not_found
 from omnirt.errors import JobNotFound
 from omnirt.types import EventKind, GenerateRequest, Job, JobError, JobEvent, JobState, ModelSpec
 from tests.daemons import RedisServer

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from omnirt.controller.catalog import Catalog
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.redis_engine import RedisEngine
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.engines.redis.engine import RedisEngine
 from omnirt.types import GenerateRequest
 from tests.daemons import RedisServer
 

@@ -14,8 +14,8 @@ from PIL import Image
 
 import omnirt
 from omnirt import errors
-from omnirt.worker.tiny_lora import build_tiny_lora
-from omnirt.worker.tiny_models import ensure_builtin
+from omnirt.worker.tiny.lora import build_tiny_lora
+from omnirt.worker.tiny.registry import ensure_builtin
 from tests.daemons import Controller, Worker, wait_for
 
 # Fits tiny-sd (about 4.4 MB) or tiny-wan (about 0.44 MB), not both.

@@ -17,7 +17,7 @@ from PIL import Image
 import omnirt
 from omnirt import errors
 from omnirt.types import EventKind, JobState, MediaKind
-from omnirt.worker.child_process import process_state
+from omnirt.worker.modes.subprocess.child_process import process_state
 from tests.daemons import Controller, Worker
 
 RATE = 16000

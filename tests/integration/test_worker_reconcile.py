@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 import omnirt
-from omnirt import _convert
 from omnirt import types as t
+from omnirt._internal import convert as _convert
 from omnirt.types import EventKind, JobState
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc

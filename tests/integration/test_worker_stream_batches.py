@@ -21,9 +21,9 @@ import grpc
 import pytest
 
 import omnirt
-from omnirt import _convert
 from omnirt import types as t
-from omnirt.controller.catalog import Catalog
+from omnirt._internal import convert as _convert
+from omnirt.controller.core.catalog import Catalog
 from omnirt.types import EventKind, JobState
 from omnirt.v1 import generation_pb2, generation_pb2_grpc
 from omnirt.worker.v1 import gateway_pb2 as pb

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from omnirt.controller.core.tenants import TenantPolicy
 from omnirt.controller.edges.audit import AuditLog
 from omnirt.controller.edges.auth import (
     ANONYMOUS,
@@ -17,7 +18,6 @@ from omnirt.controller.edges.auth import (
     caller,
     key_digest,
 )
-from omnirt.controller.tenants import TenantPolicy
 from omnirt.errors import PermissionDenied, Unauthenticated
 
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from omnirt.controller.catalog import Catalog
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.engine import Engine
-from omnirt.controller.workers import Assignment, CancelAssignment, Outbound
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.router import Assignment, CancelAssignment, Outbound
+from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import InvalidRequest, QueueFull
 from omnirt.types import GenerateRequest, GenerateResult, JobError, JobState, WorkerInfo
 

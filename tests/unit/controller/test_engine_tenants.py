@@ -8,8 +8,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from omnirt.controller.engine import Engine
-from omnirt.controller.tenants import TenantPolicy
+from omnirt.controller.core.tenants import TenantPolicy
+from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import JobNotFound, QuotaExceeded
 from omnirt.types import GenerateResult, JobError, JobState
 from tests.unit.controller.test_engine import connect, make_engine, request

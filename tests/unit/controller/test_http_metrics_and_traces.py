@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from omnirt.controller.engine import Engine
-from omnirt.controller.tracing import JobTracing, trace_id_of
+from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.observability.tracing import JobTracing, trace_id_of
 from omnirt.errors import InvalidRequest, ModelNotFound
 from omnirt.types import EventKind, GenerateResult, JobEvent, Progress
 from tests.unit.controller.test_engine import connect, make_engine, request

@@ -24,7 +24,7 @@ from omnirt.controller.http.transcode import (
     method_of,
     to_json,
 )
-from omnirt.controller.metrics import EngineMetrics
+from omnirt.controller.observability.metrics import EngineMetrics
 from omnirt.types import Task
 
 

@@ -7,11 +7,11 @@ import gc
 from datetime import UTC, datetime
 from typing import Any
 
-from omnirt import _convert as c
-from omnirt.controller.engine import Engine
-from omnirt.controller.finished import FinishedJob
-from omnirt.controller.jobs import JobRecord
-from omnirt.controller.tracing import IdOnlyTracer, JobTracing, trace_id_of
+from omnirt._internal import convert as c
+from omnirt.controller.core.jobs import JobRecord
+from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.engines.memory.frozen import FinishedJob
+from omnirt.controller.observability.tracing import IdOnlyTracer, JobTracing, trace_id_of
 from omnirt.types import (
     Artifact,
     EventKind,

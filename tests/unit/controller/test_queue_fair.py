@@ -7,10 +7,9 @@ import math
 
 import pytest
 
-from omnirt.controller.catalog import Catalog
-from omnirt.controller.jobs import JobRecord
-from omnirt.controller.queue import JobQueue
-from omnirt.controller.tenants import (
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.jobs import JobRecord
+from omnirt.controller.core.tenants import (
     Buckets,
     FairClock,
     RunTimes,
@@ -19,7 +18,8 @@ from omnirt.controller.tenants import (
     bucket_size,
     rate_exceeded,
 )
-from omnirt.controller.validation import Plan
+from omnirt.controller.core.validation import Plan
+from omnirt.controller.engines.memory.queue import JobQueue
 from omnirt.types import GenerateRequest, Job, JobState
 
 SPEC = Catalog.load().resolve("null")

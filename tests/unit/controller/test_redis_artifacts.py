@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from omnirt.controller.redis_store import RedisJobStore
+from omnirt.controller.engines.redis.store import RedisJobStore
 
 
 def make_store(folder: Path, ttl_s: float = 60) -> RedisJobStore:

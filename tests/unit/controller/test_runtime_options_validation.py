@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from omnirt.controller.catalog import Catalog
-from omnirt.controller.engine import batch_key
-from omnirt.controller.validation import validate
+from omnirt._internal import runtime_schema
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.validation import validate
+from omnirt.controller.engines.memory.engine import batch_key
 from omnirt.errors import InvalidRequest
 from omnirt.types import GenerateRequest
-from omnirt.worker import runtime_schema
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import sys
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from omnirt.controller.tracing import IdOnlyTracer, JobTracing, trace_id_of
+from omnirt.controller.observability.tracing import IdOnlyTracer, JobTracing, trace_id_of
 from tests.unit.controller.test_engine import connect, make_engine, request
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -54,7 +54,7 @@ def test_jobs_keep_trace_ids_and_send_the_execute_context_to_workers() -> None:
 
 def test_a_controller_without_an_exporter_installs_the_id_only_provider() -> None:
     code = (
-        "from opentelemetry import trace; from omnirt.controller import tracing;"
+        "from opentelemetry import trace; from omnirt.controller.observability import tracing;"
         "print(tracing.setup('omnirt-controller'), type(trace.get_tracer_provider()).__name__)"
     )
     env = {"PATH": "/usr/bin:/bin"}

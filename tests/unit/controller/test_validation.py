@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from omnirt import _convert as c
-from omnirt.controller.catalog import Catalog, CatalogError, load_file
+from omnirt._internal import convert as c
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.engine import Engine
-from omnirt.controller.validation import validate
+from omnirt.controller.core.catalog import Catalog, CatalogError, load_file
+from omnirt.controller.core.validation import validate
+from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import InvalidRequest, JobNotFound, ModelNotFound, WorkerNotFound
 from omnirt.types import Adapter, GenerateRequest, MediaInput, MediaRole, ModelSpec, Task
 

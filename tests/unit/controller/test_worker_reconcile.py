@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from omnirt.controller.engine import Engine
-from omnirt.controller.engine_client import MemoryEngineClient
-from omnirt.controller.gateway import StreamLink, WorkerGateway
+from omnirt.controller.core.engine_client import MemoryEngineClient
+from omnirt.controller.edges.worker_stream import StreamLink, WorkerGateway
+from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import AlreadyExists
 from omnirt.types import JobError, JobState, WorkerInfo
 from omnirt.worker.v1 import gateway_pb2 as pb

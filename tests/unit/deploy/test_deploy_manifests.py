@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from omnirt import _config
 from omnirt import client as _client
-from omnirt.controller.catalog import Catalog
+from omnirt._internal import config as _config
 from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.edges.exposure import exposure_error
 from omnirt.controller.server import LIVENESS_SERVICE
 from omnirt.worker.config import WorkerConfig

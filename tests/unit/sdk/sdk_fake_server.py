@@ -16,8 +16,8 @@ from typing import Any
 
 import grpc
 
-from omnirt import _convert as conv
 from omnirt import errors
+from omnirt._internal import convert as conv
 from omnirt.types import (
     Artifact,
     EventKind,

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from omnirt import _convert as c
 from omnirt import types as t
+from omnirt._internal import convert as c
 from omnirt.v1 import cluster_pb2, types_pb2
 
 STRUCTS = [

@@ -6,7 +6,7 @@ import json
 
 from sdk_fake_server import T0, sample_result
 
-from omnirt._json import dumps, to_jsonable
+from omnirt._internal.jsonable import dumps, to_jsonable
 from omnirt.types import EventKind, JobEvent, JobState
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.tiny_models import ensure_builtin
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.tiny.registry import ensure_builtin
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ import types
 import pytest
 import torch
 
-from omnirt.worker import backends
-from omnirt.worker.backends import BackendError, Placement
+from omnirt.worker.runtime import backends
+from omnirt.worker.runtime.backends import BackendError, Placement
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ from worker_testing import run_script_job
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import JobFailure
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.pipeline_args import ItemPlan, check_arguments
+from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.pipelines.args import ItemPlan, check_arguments
 from omnirt.worker.protocol import AssignmentItem, ItemOutcome
 from omnirt.worker.redact import redact_paths
 

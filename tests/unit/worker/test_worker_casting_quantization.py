@@ -11,10 +11,10 @@ import torch
 from options_testing import failure, pixels, report, run_job
 
 from omnirt import types as t
-from omnirt.worker import backends
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.model_cache import ModelCache
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.pipelines.model_cache import ModelCache
+from omnirt.worker.runtime import backends
 
 CPU = backends.Placement("cpu", "cpu", "float32")
 WAN = t.ModelSpec(id="tiny-wan", source="builtin:tiny-wan", pipeline_class="WanPipeline")
@@ -109,7 +109,7 @@ def test_quantization_the_cpu_cannot_run_is_refused_before_loading(
 def test_layerwise_casting_refuses_lora_adapters(fresh_executor: LegacyCallExecutor, model_dir: Path) -> None:
     from diffusers import StableDiffusionPipeline
 
-    from omnirt.worker.tiny_lora import build_tiny_lora
+    from omnirt.worker.tiny.lora import build_tiny_lora
 
     build_tiny_lora(StableDiffusionPipeline.from_pretrained(model_dir / "tiny-sd"), model_dir / "cast-lora")
     cast = {"layerwise_casting": "float8_e4m3fn"}

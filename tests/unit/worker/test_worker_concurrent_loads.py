@@ -18,12 +18,12 @@ import torch
 from options_testing import report, run_job
 
 from omnirt import types as t
-from omnirt.worker import adapters, backends
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.model_cache import ModelCache, ModelLoadError
-from omnirt.worker.tiny_lora import build_tiny_lora
-from omnirt.worker.tiny_models import ensure_builtin
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.pipelines.model_cache import ModelCache, ModelLoadError
+from omnirt.worker.runtime import adapters, backends
+from omnirt.worker.tiny.lora import build_tiny_lora
+from omnirt.worker.tiny.registry import ensure_builtin
 
 CPU = backends.Placement("cpu", "cpu", "float32")
 SD = t.ModelSpec(id="tiny-sd", source="builtin:tiny-sd", pipeline_class="StableDiffusionPipeline")

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from omnirt import _config
+from omnirt._internal import config as _config
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.main import build_parser, load_config
 

@@ -17,9 +17,9 @@ import torch
 from options_testing import pixels, report, run_job
 
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.inference_mode import takes_gradients
-from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.protocol import ItemOutcome
+from omnirt.worker.runtime.inference_mode import takes_gradients
 
 ATTEND_AND_EXCITE = "StableDiffusionAttendAndExcitePipeline"
 # Attend-and-excite needs the token positions to strengthen, and attention maps of tiny-sd's

@@ -18,11 +18,11 @@ from worker_testing import run_assignment, run_script_job
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
-from omnirt.worker import media_inputs
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import JobFailure
-from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.main import load_config
+from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 from omnirt.worker.v1 import gateway_pb2
 

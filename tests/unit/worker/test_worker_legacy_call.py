@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 from worker_testing import make_assignment, run_assignment
 
-from omnirt import _convert
 from omnirt import types as t
+from omnirt._internal import convert as _convert
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import CancelFlags
-from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 
 STAGES = ("load", "denoise", "decode", "export")
 

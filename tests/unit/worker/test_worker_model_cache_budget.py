@@ -12,14 +12,14 @@ from worker_testing import run_assignment
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
-from omnirt.worker import backends
-from omnirt.worker.adapters import loaded_adapters
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.model_cache import ModelCache, ModelTooLargeError
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.pipelines.model_cache import ModelCache, ModelTooLargeError
 from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
-from omnirt.worker.tiny_lora import build_tiny_lora
-from omnirt.worker.tiny_models import ensure_builtin
+from omnirt.worker.runtime import backends
+from omnirt.worker.runtime.adapters import loaded_adapters
+from omnirt.worker.tiny.lora import build_tiny_lora
+from omnirt.worker.tiny.registry import ensure_builtin
 from omnirt.worker.v1 import gateway_pb2
 
 CPU = backends.Placement("cpu", "cpu", "float32")

@@ -19,9 +19,9 @@ from worker_testing import run_assignment
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import CancelFlags
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.modular import ModularExecutor
+from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.modular.executor import ModularExecutor
 from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
 from omnirt.worker.v1 import gateway_pb2
 
@@ -45,7 +45,7 @@ def loras(model_dir: Path) -> dict[str, str]:
     """Two tiny LoRAs under the model dir (an allowed adapter folder): UNet only, and UNet + text encoder."""
     from diffusers import StableDiffusionPipeline
 
-    from omnirt.worker.tiny_lora import build_tiny_lora
+    from omnirt.worker.tiny.lora import build_tiny_lora
 
     pipeline = StableDiffusionPipeline.from_pretrained(str(model_dir / "tiny-sd"))
     build_tiny_lora(pipeline, model_dir / "loras" / "unet-only", seed=1)

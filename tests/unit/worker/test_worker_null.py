@@ -14,12 +14,12 @@ import pytest
 from PIL import Image
 from worker_testing import make_assignment, run_assignment
 
-from omnirt import _convert
 from omnirt import types as t
+from omnirt._internal import convert as _convert
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import CancelFlags
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.null_model import seed_colour
+from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.null import seed_colour
 from omnirt.worker.protocol import Assignment
 
 
@@ -168,7 +168,7 @@ import sys
 sys.path.insert(0, {str(tests_dir)!r})
 from worker_testing import make_assignment, run_assignment
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 executor = LegacyCallExecutor(WorkerConfig(model_dir={str(tmp_path)!r}, backend="cpu"))
 assignment = make_assignment(source="builtin:null", model_id="null", steps=3)
 outcomes, _ = run_assignment(executor, assignment)

@@ -11,9 +11,9 @@ from PIL import Image
 from worker_testing import make_assignment
 
 from omnirt import types as t
-from omnirt.worker import output_export
-from omnirt.worker.pipeline_args import plan_item
-from omnirt.worker.run_events import RunRecorder
+from omnirt.worker.export import outputs as output_export
+from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.pipelines.args import plan_item
 
 
 def test_calls_run_at_the_same_time_and_each_gives_its_result_or_exception() -> None:

@@ -24,9 +24,9 @@ from worker_testing import make_assignment
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import CancelFlags
-from omnirt.worker.persistent.executor import PersistentWorkerExecutor
-from omnirt.worker.persistent.launch import pid_alive
+from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
+from omnirt.worker.modes.persistent.launch import pid_alive
 from omnirt.worker.protocol import Assignment, ItemOutcome
 
 CFG2 = "tiny-sd-cfg2"
@@ -224,7 +224,7 @@ def test_one_rank_runs_the_pipelines_batched_guidance_exactly(model_dir: Path) -
     """Without torchrun: the loop on one rank is StableDiffusionPipeline's, pixel for pixel."""
     import diffusers
 
-    from omnirt.worker.persistent.cfg_denoise import TextJob, generate
+    from omnirt.worker.modes.persistent.cfg_denoise import TextJob, generate
 
     pipe = diffusers.StableDiffusionPipeline.from_pretrained(str(model_dir / "tiny-sd"))
     job = TextJob("a watercolor fox number 0", "blurry", 64, 64, 4, 5.0, [7])

@@ -18,9 +18,9 @@ from worker_testing import make_assignment
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import CancelFlags
-from omnirt.worker.persistent.data_parallel import share_of
-from omnirt.worker.persistent.executor import PersistentWorkerExecutor
+from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.persistent.data_parallel import share_of
+from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
 from omnirt.worker.protocol import Assignment, ItemOutcome
 
 DP2 = "tiny-sd-dp2"

@@ -10,9 +10,9 @@ from worker_testing import make_assignment, run_assignment
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import create_executor
-from omnirt.worker.legacy_call import LegacyCallExecutor
 from omnirt.worker.main import load_config
+from omnirt.worker.modes.base import create_executor
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 
 
 def test_preload_defaults_to_on_for_persistent_worker_only() -> None:

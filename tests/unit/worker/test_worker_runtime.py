@@ -15,12 +15,14 @@ import torch
 from PIL import Image
 
 from omnirt import types as t
-from omnirt.worker import backends, export, video_export
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
-from omnirt.worker.legacy_call import LegacyCallExecutor
-from omnirt.worker.model_cache import ModelCache, ModelLoadError
+from omnirt.worker.export import image as export
+from omnirt.worker.export import video as video_export
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.pipelines.model_cache import ModelCache, ModelLoadError
 from omnirt.worker.protocol import Assignment, AssignmentItem
+from omnirt.worker.runtime import backends
 
 TINY = t.ModelSpec(id="tiny-sd", source="builtin:tiny-sd", pipeline_class="StableDiffusionPipeline")
 CPU = backends.Placement("cpu", "cpu", "float32")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnirt.worker.legacy_call import _scheduler_copy
+from omnirt.worker.modes.legacy_call import _scheduler_copy
 
 
 def _scheduler_classes() -> list[type]:

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from options_testing import failure, pixels, report, run_job
 
-from omnirt.worker import runtime_schema, step_cache
+from omnirt._internal import runtime_schema
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.runtime import step_cache
 
 # 8 steps with classifier-free guidance: 16 denoiser forwards of 4 attention modules each.
 WAN = {"steps": 8, "guidance_scale": 5.0}

@@ -16,14 +16,14 @@ import pytest
 from PIL import Image, ImageSequence
 from worker_testing import run_assignment
 
-from omnirt import _convert
 from omnirt import types as t
-from omnirt.controller.catalog import Catalog
-from omnirt.worker import child_process, launchers
+from omnirt._internal import convert as _convert
+from omnirt.controller.core.catalog import Catalog
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.executor import CancelFlags, create_executor
+from omnirt.worker.modes.base import CancelFlags, create_executor
+from omnirt.worker.modes.subprocess import child_process, launchers
+from omnirt.worker.modes.subprocess.executor import SubprocessExecutor
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
-from omnirt.worker.subprocess_mode import SubprocessExecutor
 
 
 @pytest.fixture

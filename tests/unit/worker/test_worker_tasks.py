@@ -13,7 +13,7 @@ from worker_testing import run_assignment
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
-from omnirt.worker.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 from omnirt.worker.v1 import gateway_pb2
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
-from omnirt.worker.executor import CancelFlags, EventSink, Executor
+from omnirt.worker.modes.base import CancelFlags, EventSink, Executor
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 
 # More slots than asyncio's default thread pool has threads on this machine.

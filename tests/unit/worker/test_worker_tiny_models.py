@@ -14,7 +14,8 @@ import torch
 from diffusers import StableDiffusionPipeline
 from PIL import Image
 
-from omnirt.worker import export, tiny_models
+from omnirt.worker.export import image as export
+from omnirt.worker.tiny import registry as tiny_models
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,222 @@
+"""Validation: a request becomes a resolved plan, or a precise error naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnirt._internal import runtime_schema
+from omnirt.controller.core import bounds
+from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
+from omnirt.controller.core.catalog import Catalog
+from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Task
+
+MAX_PRIORITY = 100
+MAX_SEED = 2**63 - 1 - 1024  # room for seed + output index
+# Float fields travel as float32; beyond these they are mistakes, not settings.
+MAX_FPS = 1000.0
+MAX_GUIDANCE_SCALE = 1000.0
+MAX_QUALITY = 100  # output.quality is 1-100 (0 = the encoder's default)
+TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
+# Tasks that take `strength` (how far to move from the input image).
+STRENGTH_TASKS = {Task.IMAGE2IMAGE, Task.INPAINT}
+REQUIRED_INPUTS: dict[Task, tuple[MediaRole, ...]] = {
+    Task.IMAGE2IMAGE: (MediaRole.IMAGE,),
+    Task.INPAINT: (MediaRole.IMAGE, MediaRole.MASK),
+    Task.IMAGE2VIDEO: (MediaRole.IMAGE,),
+    Task.AUDIO2VIDEO: (MediaRole.IMAGE, MediaRole.AUDIO),
+}
+OUTPUT_KIND = {
+    Task.TEXT2IMAGE: MediaKind.IMAGE,
+    Task.IMAGE2IMAGE: MediaKind.IMAGE,
+    Task.INPAINT: MediaKind.IMAGE,
+    Task.TEXT2VIDEO: MediaKind.VIDEO,
+    Task.IMAGE2VIDEO: MediaKind.VIDEO,
+    Task.AUDIO2VIDEO: MediaKind.VIDEO,
+    Task.TEXT2AUDIO: MediaKind.AUDIO,
+}
+FORMATS = {
+    MediaKind.IMAGE: ("png", "webp", "jpeg"),
+    MediaKind.VIDEO: ("mp4", "gif"),
+    MediaKind.AUDIO: ("wav",),
+}
+# Request fields a preset (or the model's defaults) may fill in.
+PRESET_FIELDS = (
+    "width",
+    "height",
+    "num_frames",
+    "fps",
+    "num_inference_steps",
+    "guidance_scale",
+    "scheduler",
+    "num_outputs",
+    "strength",
+)
+
+
+@dataclass
+class Plan:
+    """A validated request: the model's spec and the request with every default applied."""
+
+    spec: ModelSpec
+    request: GenerateRequest
+    config: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _positive(req: GenerateRequest, name: str, limit: int, multiple: int = 1) -> None:
+    value = getattr(req, name)
+    if value is None:
+        return
+    if value <= 0:
+        raise bad(name, f"must be positive (got {value})")
+    if value % multiple:
+        raise bad(name, f"must be a multiple of {multiple} (got {value})")
+    if limit and value > limit:
+        raise bad(name, f"at most {limit} for this model (got {value})")
+    if value > INT32_MAX:  # the field is an int32 on the wire
+        raise bad(name, f"at most {INT32_MAX} (got {value})")
+
+
+def _finite(req: GenerateRequest, name: str, low: float, high: float) -> None:
+    """`low <= value <= high` for a float field (NaN and infinities fail: they compare false)."""
+    value = getattr(req, name)
+    if value is not None and not (math.isfinite(value) and low <= value <= high):
+        raise bad(name, f"must be between {low:g} and {high:g} (got {value})")
+
+
+def _check_times(req: GenerateRequest, now_ms: int) -> None:
+    """Deadline and timeout: the job's deadline (now + timeout) must stay a sane int64."""
+    if req.deadline_ms < 0 or (req.deadline_ms and req.deadline_ms <= now_ms):
+        raise bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
+    if req.deadline_ms > now_ms + MAX_TIMEOUT_MS:
+        raise bad("deadline_ms", f"at most {MAX_TIMEOUT_MS} ms ahead (got {req.deadline_ms}, now {now_ms})")
+    if not 0 <= req.timeout_ms <= MAX_TIMEOUT_MS:
+        raise bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
+
+
+def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
+    """Preset first, then the model's defaults, for every field the request left unset."""
+    overrides: dict[str, Any] = {}
+    if req.preset:
+        preset = next((p for p in spec.presets if p.name == req.preset), None)
+        if preset is None:
+            names = ", ".join(p.name for p in spec.presets) or "none"
+            raise bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")
+        overrides = preset.overrides
+    for name in PRESET_FIELDS:
+        if getattr(req, name) not in (None, ""):
+            continue
+        if name == "strength" and req.task not in STRENGTH_TASKS:
+            continue  # a model's default strength is for its image-input tasks only
+        value = overrides.get(name) or getattr(spec.defaults, name, None) or None
+        setattr(req, name, value)
+    if req.num_outputs is None:
+        req.num_outputs = 1
+
+
+def _check_inputs(req: GenerateRequest, task: Task) -> None:
+    roles = []
+    for i, item in enumerate(req.inputs):
+        if item.role is None:
+            raise bad(f"inputs[{i}].role", "required")
+        if not item.data and not item.uri:
+            raise bad(f"inputs[{i}]", "needs data or uri")
+        roles.append(item.role)
+    for role in REQUIRED_INPUTS.get(task, ()):
+        if role not in roles:
+            raise bad("inputs", f"{task.value} needs an input with role {role.value}")
+
+
+def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
+    """Validate and normalize `extra.runtime` (runtime options per request; legacy_call models only)."""
+    if "runtime" not in req.extra:
+        return
+    if spec.execution_mode != "legacy_call":
+        reason = f"{spec.id} runs in {spec.execution_mode} mode, which takes no runtime options per request"
+        raise bad("extra.runtime", reason)
+    try:
+        options = runtime_schema.request_options(req.extra["runtime"], spec.runtime)
+    except runtime_schema.RuntimeOptionError as exc:
+        raise bad(f"extra.runtime.{exc.path}".rstrip("."), exc.reason) from None
+    # Normalized, so equal settings batch together (`extra` is part of the batching key).
+    req.extra = {**req.extra, "runtime": options}
+
+
+def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None = None) -> Plan:
+    """Check `request` against the catalog and fill in every default; raise on the first fault."""
+    req = dataclasses.replace(request)
+    spec = catalog.resolve(req.model)
+    req.model = spec.id
+    # Sizes first: nothing below walks or quotes an unbounded value.
+    bounds.check_request(req, spec.limits)
+    _check_times(req, int(time.time() * 1000) if now_ms is None else now_ms)
+    if req.task is None:
+        req.task = spec.tasks[0]
+    if req.task not in spec.tasks:
+        tasks = ", ".join(t.value for t in spec.tasks)
+        raise bad("task", f"{spec.id} does not do {req.task.value} (it does: {tasks})")
+    if req.task in TEXT_TASKS and not req.prompt.strip():
+        raise bad("prompt", f"required for {req.task.value}")
+    if not 0 <= req.priority <= MAX_PRIORITY:
+        raise bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})")
+    _check_inputs(req, req.task)
+    _check_runtime(req, spec)
+    _apply_defaults(req, spec)
+    lim = spec.limits
+    _positive(req, "width", lim.max_width, 8)
+    _positive(req, "height", lim.max_height, 8)
+    _positive(req, "num_inference_steps", lim.max_inference_steps)
+    _positive(req, "num_outputs", lim.max_num_outputs)
+    _positive(req, "num_frames", lim.max_num_frames)
+    _positive(req, "duration_ms", 0)
+    if req.guidance_scale is not None and req.guidance_scale < 0:
+        raise bad("guidance_scale", f"must not be negative (got {req.guidance_scale})")
+    _finite(req, "guidance_scale", 0, MAX_GUIDANCE_SCALE)
+    if req.strength is not None and not 0 < req.strength <= 1:
+        raise bad("strength", f"must be in (0, 1] (got {req.strength})")
+    if req.fps is not None and req.fps <= 0:
+        raise bad("fps", f"must be positive (got {req.fps})")
+    _finite(req, "fps", 0, MAX_FPS)
+    if not 0 <= req.quality <= MAX_QUALITY:
+        raise bad("output.quality", f"must be between 0 and {MAX_QUALITY} (got {req.quality})")
+    if not 0 <= req.inline_limit_bytes <= bounds.INT64_MAX:
+        raise bad(
+            "output.inline_limit_bytes", f"must be between 0 and 2**63-1 (got {req.inline_limit_bytes})"
+        )
+    if req.seed is None:
+        req.seed = random.randint(0, 2**31 - 1)
+    elif not 0 <= req.seed <= MAX_SEED:
+        raise bad("seed", f"must be between 0 and {MAX_SEED} (got {req.seed})")
+    kind = OUTPUT_KIND[req.task]
+    req.output_format = (req.output_format or FORMATS[kind][0]).lower()
+    if req.output_format not in FORMATS[kind]:
+        raise bad("output.format", f"{echo(req.output_format)} is not one of {', '.join(FORMATS[kind])}")
+    return Plan(spec=spec, request=req, config=resolved_config(req, spec))
+
+
+def resolved_config(req: GenerateRequest, spec: ModelSpec) -> dict[str, Any]:
+    """The settings a worker will run with, as shown by Validate and the RunReport."""
+    keys = ("width", "height", "num_frames", "fps", "num_inference_steps", "guidance_scale", "strength")
+    config: dict[str, Any] = {k: getattr(req, k) for k in keys if getattr(req, k) is not None}
+    config.update(
+        model=spec.id,
+        task=req.task.value if req.task else "",
+        execution_mode=spec.execution_mode,
+        source=spec.source,
+        pipeline_class=spec.pipeline_class,
+        seed=req.seed,
+        num_outputs=req.num_outputs,
+        output_format=req.output_format,
+    )
+    if req.scheduler:
+        config["scheduler"] = req.scheduler
+    if req.preset:
+        config["preset"] = req.preset
+    if req.extra:
+        config["extra"] = req.extra
+    return config

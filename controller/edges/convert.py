@@ -1,0 +1,75 @@
+"""Converters for the worker protocol (`omnirt.worker.v1`), controller side."""
+
+from __future__ import annotations
+
+from omnirt._internal import convert as c
+from omnirt.controller.core.router import Assignment, CancelAssignment, Drain, Outbound
+from omnirt.types import ModelSpec, WorkerInfo, WorkerState
+from omnirt.v1 import models_pb2
+from omnirt.worker.v1 import gateway_pb2 as pb
+
+# Converted ModelSpecs by spec object: every assignment carries its model's spec, and catalog
+# specs do not change once loaded. The entry holds the spec, so its id is not reused while cached.
+_MODELS: dict[int, tuple[ModelSpec, models_pb2.ModelSpec]] = {}
+_MODELS_MAX = 256
+
+
+def worker_from_hello(hello: pb.Hello) -> WorkerInfo:
+    return WorkerInfo(
+        id=hello.worker_id,
+        state=WorkerState.READY,
+        execution_mode=hello.execution_mode,
+        backend=hello.backend,
+        models=list(hello.models),
+        loaded_models=list(hello.loaded_models),
+        slots=hello.slots,
+        hostname=hello.hostname,
+        pid=hello.pid,
+        version=hello.version,
+        labels=dict(hello.labels),
+        instance_id=hello.instance_id,
+    )
+
+
+def _model_to_proto(spec: ModelSpec) -> models_pb2.ModelSpec:
+    hit = _MODELS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    if len(_MODELS) >= _MODELS_MAX:  # specs made per call (not from a catalog): stay bounded
+        _MODELS.clear()
+    message = c.model_to_proto(spec)
+    _MODELS[id(spec)] = (spec, message)
+    return message
+
+
+def assignment_to_proto(a: Assignment) -> pb.Assignment:
+    return pb.Assignment(
+        assignment_id=a.assignment_id,
+        items=[
+            pb.AssignmentItem(
+                job_id=i.job_id,
+                request=c.request_to_proto(i.request),
+                attempt=i.attempt,
+                queue_wait_ms=i.queue_wait_ms,
+            )
+            for i in a.items
+        ],
+        model=_model_to_proto(a.model),
+        deadline_ms=a.deadline_ms,
+        trace_context=a.trace_context,
+        batch_group_id=a.batch_group_id,
+    )
+
+
+def outbound_to_proto(message: Outbound) -> pb.ConnectResponse:
+    if isinstance(message, Assignment):
+        return pb.ConnectResponse(assignment=assignment_to_proto(message))
+    if isinstance(message, CancelAssignment):
+        return pb.ConnectResponse(
+            cancel=pb.CancelAssignment(
+                assignment_id=message.assignment_id, job_id=message.job_id, reason=message.reason
+            )
+        )
+    if isinstance(message, Drain):
+        return pb.ConnectResponse(drain=pb.Drain(reason=message.reason))
+    raise TypeError(f"not a worker message: {message!r}")

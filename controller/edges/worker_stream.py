@@ -1,0 +1,230 @@
+"""WorkerGatewayService: the bidirectional stream each worker keeps with the controller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+
+import grpc
+
+from omnirt._internal import convert as c
+from omnirt.controller.core.bounds import check_id
+from omnirt.controller.core.engine_client import EngineClient
+from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
+from omnirt.controller.edges.convert import outbound_to_proto, worker_from_hello
+from omnirt.controller.edges.worker_auth import WorkerAdmission
+from omnirt.types import JobError
+from omnirt.worker.v1 import gateway_pb2 as pb
+from omnirt.worker.v1 import gateway_pb2_grpc
+
+log = logging.getLogger("omnirt.controller.edges.worker_stream")
+_CLOSE = object()
+# Messages for a worker that queue up while the stream writes go out as one batch (to workers
+# whose Hello accepts batches): one stream write per batch instead of one per assignment.
+BATCH_MAX_MESSAGES = 256
+BATCH_MAX_BYTES = 1024 * 1024
+
+
+class StreamLink:
+    """WorkerLink over the Connect stream: messages wait in a queue the response stream drains."""
+
+    def __init__(self) -> None:
+        # Outbound messages, or (converted, Outbound) for one that did not fit in the last batch.
+        self._pending: deque[object] = deque()
+        self._ready = asyncio.Event()
+        # The worker's handle (told when its assignments are written: until then its heartbeats
+        # cannot list them), and the assignments of the messages the last `take` returned.
+        self._handle: WorkerHandle | None = None
+        self._taken: list[Assignment] = []
+
+    def attach(self, handle: WorkerHandle) -> None:
+        self._handle = handle
+
+    def send(self, message: Outbound) -> None:
+        if self._handle is not None and isinstance(message, Assignment):
+            self._handle.in_transit(message)
+        self._pending.append(message)
+        self._ready.set()
+
+    def hand_over(self, other: WorkerLink) -> None:
+        """Send on `other`, the new stream of the same worker process, what this closed link has
+        not written: the messages still queued, and the assignments of a write not seen through
+        (one the worker got already it takes as the same assignment again, a no-op; a drain is
+        not resent that way, as a second one stops the worker's jobs)."""
+        unsent: list[object] = list(self._taken)
+        for message in self._pending:
+            if message is not _CLOSE:
+                unsent.append(message[1] if isinstance(message, tuple) else message)
+        self._pending = deque([_CLOSE])
+        self._taken.clear()
+        for message in unsent:
+            other.send(message)  # type: ignore[arg-type]
+
+    def written(self) -> None:
+        """The messages the last `take` returned were written to the worker."""
+        if self._handle is not None:
+            for assignment in self._taken:
+                self._handle.sent(assignment)
+        self._taken.clear()
+
+    def close(self) -> None:
+        self._pending.append(_CLOSE)
+        self._ready.set()
+
+    async def take(self, max_messages: int) -> list[pb.ConnectResponse] | None:
+        """The next messages for the worker, converted, in order; None once the link is closed.
+
+        The first is taken whatever its size, then those queued behind it up to `max_messages`
+        and BATCH_MAX_BYTES in all.
+        """
+        while not self._pending:
+            self._ready.clear()
+            await self._ready.wait()
+        taken: list[pb.ConnectResponse] = []
+        total = 0
+        while self._pending and len(taken) < max_messages:
+            head = self._pending[0]
+            if head is _CLOSE:
+                return taken or None  # what came before the close goes first
+            if isinstance(head, tuple):  # converted already: it did not fit in the last batch
+                message, outbound = head
+            else:
+                message, outbound = outbound_to_proto(head), head  # type: ignore[arg-type]
+            if max_messages > 1:
+                total += message.ByteSize()
+                if taken and total > BATCH_MAX_BYTES:
+                    self._pending[0] = (message, outbound)  # the next batch starts with it
+                    break
+            self._pending.popleft()
+            taken.append(message)
+            if isinstance(outbound, Assignment):
+                self._taken.append(outbound)
+        return taken
+
+
+class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
+    """Translates the worker stream into Engine calls.
+
+    With `admission`, a stream joins only once its Hello is admitted (token or client
+    certificate): a refused one is answered UNAUTHENTICATED before the engine hears of it, so
+    it never gets a job and cannot take or evict a live worker's id."""
+
+    def __init__(self, engine: EngineClient, admission: WorkerAdmission | None = None) -> None:
+        self.engine = engine
+        self.admission = admission
+        self._closing: set[asyncio.Future[None]] = set()
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ConnectResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("message") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
+            return
+        hello = first.hello
+        if not hello.worker_id or hello.slots == 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a worker_id and slots > 0")
+            return
+        check_id("worker_id", hello.worker_id)  # DrainWorker must be able to name it
+        if self.admission is not None:
+            # Unauthenticated here: the ErrorInterceptor answers it with the standard details.
+            self.admission.admit(
+                context.invocation_metadata() or (), context.auth_context(), context.peer(), hello.worker_id
+            )
+        link = StreamLink()
+        handle = await self.engine.worker_connected(worker_from_hello(hello), link)  # AlreadyExists
+        reader = asyncio.create_task(self._read(request_iterator, handle, link, hello.reports_running))
+        config = self.engine.config
+        try:
+            yield pb.ConnectResponse(
+                welcome=pb.Welcome(
+                    worker_id=handle.id,
+                    heartbeat_interval_ms=config.heartbeat_interval_ms,
+                    lease_timeout_ms=config.lease_timeout_ms,
+                    accepts_batches=True,
+                    warnings=handle.warnings,
+                )
+            )
+            limit = BATCH_MAX_MESSAGES if hello.accepts_batches else 1
+            while (messages := await link.take(limit)) is not None:
+                if len(messages) == 1:
+                    yield messages[0]
+                else:
+                    yield pb.ConnectResponse(batch=pb.ConnectResponseBatch(messages=messages))
+                link.written()  # the write went out (grpc.aio resumes the generator then)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            # Shielded: the stream's task may be cancelled again while the engine requeues the
+            # worker's jobs (a Redis round trip), and a half-done requeue would leave them stuck.
+            lost = asyncio.ensure_future(self.engine.worker_lost(handle, "stream closed"))
+            self._closing.add(lost)
+            lost.add_done_callback(self._closing.discard)
+            await asyncio.shield(lost)
+
+    async def _read(
+        self,
+        request_iterator: AsyncIterator[pb.ConnectRequest],
+        handle: WorkerHandle,
+        link: StreamLink,
+        reports_running: bool,
+    ) -> None:
+        try:
+            async for message in request_iterator:
+                await self._handle(handle, message, reports_running)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("bad message from worker", extra={"worker_id": handle.id})
+        finally:
+            link.close()
+
+    async def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest, reports_running: bool) -> None:
+        kind = message.WhichOneof("message")
+        if kind == "batch":
+            beat = None
+            for one in message.batch.messages:
+                inner = one.WhichOneof("message")
+                if inner == "heartbeat":
+                    # Only the last of a batch counts, once the rest is read: heartbeats queued
+                    # while the worker could not write may all predate an assignment it has not
+                    # read yet, and must not count as that many heartbeats leaving it out.
+                    beat = one
+                elif inner != "batch":  # never nested (a bad worker must not recurse)
+                    await self._handle(handle, one, reports_running)
+            if beat is not None:
+                await self._handle(handle, beat, reports_running)
+        elif kind == "heartbeat":
+            hb = message.heartbeat
+            # None from a worker that does not list its jobs (older): nothing is reconciled.
+            running = {(r.job_id, r.assignment_id) for r in hb.running} if reports_running else None
+            await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining, running)
+        elif kind == "event":
+            try:
+                event = c.event_from_proto(message.event.event)
+            except Exception:  # one event this controller cannot read costs itself, not the stream
+                log.warning(
+                    "ignoring an unreadable event from worker", exc_info=True, extra={"worker_id": handle.id}
+                )
+                return
+            await self.engine.worker_event(handle, message.event.assignment_id, event)
+        elif kind == "result":
+            r = message.result
+            outcome = r.WhichOneof("outcome")
+            try:
+                result = c.result_from_proto(r.result) if outcome == "result" else None
+                error = c.error_from_proto(r.error) if outcome == "error" else None
+            except Exception as exc:  # fails this job alone: the stream carries the others' results
+                log.exception(
+                    "unreadable result from worker", extra={"worker_id": handle.id, "job_id": r.job_id}
+                )
+                reason = f"the controller cannot read the worker's result: {type(exc).__name__}: {exc}"
+                result, error = None, JobError("INTERNAL", reason[:300])
+            if result is None and error is None:
+                error = JobError("INTERNAL", "worker sent a result without an outcome")
+            sent = r.result if result is not None else None
+            await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error, sent)

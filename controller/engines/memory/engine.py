@@ -1,0 +1,691 @@
+"""The controller's engine: job life cycle, dispatch to workers, leases and deadlines.
+
+The servicers (public API and worker gateway) only translate and call this class; it works
+on `omnirt.types` dataclasses and reaches workers through `WorkerLink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import heapq
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Hashable
+
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.bounds import check_id, echo
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.router import (
+    Assignment,
+    AssignmentItem,
+    CancelAssignment,
+    WorkerHandle,
+    WorkerLink,
+    WorkerRegistry,
+    model_warnings,
+    same_process,
+)
+from omnirt.controller.core.tenants import (
+    REASON_QUEUED,
+    REASON_RATE,
+    UNLIMITED,
+    Buckets,
+    FairClock,
+    RunTimes,
+    TenantPolicy,
+    queued_exceeded,
+    rate_exceeded,
+)
+from omnirt.controller.core.validation import Plan, validate
+from omnirt.controller.engines.memory.queue import JobQueue
+from omnirt.controller.engines.memory.store import JobStore
+from omnirt.controller.observability import tracing
+from omnirt.controller.observability.metrics import EngineMetrics, Gauges
+from omnirt.controller.observability.tracing import JobTracing
+from omnirt.errors import AlreadyExists, FailedPrecondition, InvalidRequest, OmniRTError
+from omnirt.types import (
+    EventKind,
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobError,
+    JobEvent,
+    JobState,
+    ModelSpec,
+    Task,
+    WorkerInfo,
+)
+from omnirt.v1 import types_pb2
+
+log = logging.getLogger("omnirt.controller")
+TICK_S = 0.1
+
+
+def _fingerprint(request: GenerateRequest) -> bytes:
+    """What makes two submissions 'the same request' for an idempotency key (deadlines aside)."""
+    data = dataclasses.asdict(request)
+    for name in ("deadline_ms", "timeout_ms"):
+        data.pop(name)
+    return hashlib.sha256(repr(sorted(data.items())).encode()).digest()
+
+
+def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
+    """What jobs must share to run in one pipeline call; None when this one never batches.
+
+    Prompts, negative prompts, seeds and output counts may differ; jobs with media inputs are
+    not batched yet.
+    """
+    spec, r = plan.spec, plan.request
+    if max_batch_size <= 1 or not spec.supports_batching or r.inputs:
+        return None
+    adapters = tuple((a.name, a.scale) for a in r.adapters)
+    shape = (r.width, r.height, r.num_frames, r.fps, r.num_inference_steps, r.guidance_scale, r.strength)
+    output = (r.output_format, r.quality, r.inline_limit_bytes)
+    return (spec.id, r.task, shape, r.scheduler, adapters, output, json.dumps(r.extra, sort_keys=True))
+
+
+def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
+    """A QUEUED job of `tenant` for a validated request; the request gets the job's effective
+    deadline."""
+    req = plan.request
+    deadlines = [req.deadline_ms, call_deadline_ms]
+    # Validation bounds timeout_ms (a year at most): the sum stays far inside the int64 field.
+    if req.timeout_ms:
+        deadlines.append(int(time.time() * 1000) + req.timeout_ms)
+    job = Job(
+        id="job-" + uuid.uuid4().hex[:16],
+        state=JobState.QUEUED,
+        model=plan.spec.id,
+        task=req.task,
+        priority=req.priority,
+        created_at=utcnow(),
+        idempotency_key=req.idempotency_key,
+        labels=dict(req.labels),
+        deadline_ms=min((d for d in deadlines if d), default=0),
+        tenant=tenant,
+    )
+    # Workers see one deadline per job: the effective one.
+    req.deadline_ms = job.deadline_ms
+    return job
+
+
+def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResult:
+    """The result with artifacts over `limit` bytes replaced by a download reference."""
+    artifacts = []
+    for a in result.artifacts:
+        a.size_bytes = a.size_bytes or len(a.data)
+        if a.size_bytes > limit:
+            a = dataclasses.replace(a, data=b"", uri=f"omnirt://jobs/{job_id}/artifacts/{a.index}")
+        artifacts.append(a)
+    return dataclasses.replace(result, artifacts=artifacts)
+
+
+def _same_artifacts(message: types_pb2.GenerateResult, view: GenerateResult) -> bool:
+    """True when the client's view left every artifact of the worker's message as it was."""
+    return len(message.artifacts) == len(view.artifacts) and all(
+        m.uri == a.uri and m.size_bytes == a.size_bytes
+        for m, a in zip(message.artifacts, view.artifacts, strict=True)
+    )
+
+
+def waiting_reason(spec: ModelSpec, serving: int) -> str:
+    """Why a queued job of `spec` waits, given how many workers serve the model."""
+    if serving == 0:
+        return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
+    return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+
+
+def batch_limit(config: ControllerConfig, spec: ModelSpec) -> int:
+    """Most jobs of `spec` in one pipeline call (the model's own limit within the controller's)."""
+    model_limit = spec.limits.max_batch_size or config.max_batch_size
+    return max(1, min(config.max_batch_size, model_limit))
+
+
+class Engine:
+    """Validates, queues, dispatches and tracks jobs; knows the connected workers."""
+
+    def __init__(self, config: ControllerConfig, catalog: Catalog) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.store = JobStore(max_finished=config.max_finished_jobs, ttl_s=config.job_ttl_s)
+        self.queue = JobQueue(config.max_queue, config.priority_aging_s)
+        self.workers = WorkerRegistry()
+        self._live: dict[str, JobRecord] = {}
+        # Tenant -> its jobs queued or running (max_queued, and the active-jobs gauge).
+        self._active: dict[str, int] = {}
+        self._buckets = Buckets()
+        self._fair = FairClock()
+        self.run_times = RunTimes()
+        # (deadline_ms, job id) of live jobs with a deadline: the reaper looks at the due ones only.
+        self._deadlines: list[tuple[int, str]] = []
+        self._wake = asyncio.Event()
+        # When a job held back for batch companions must go anyway (monotonic; 0 = none).
+        self._window_due = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        # Observers of the job life cycle: they only watch, never change what the engine does.
+        self.metrics = EngineMetrics(self)
+        self.tracing = JobTracing()
+
+    # ---- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._dispatch_loop()), asyncio.create_task(self._reaper_loop())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for handle in self.workers.all():
+            handle.link.close()
+
+    # ---- public operations ----------------------------------------------------------------
+
+    def validate(self, request: GenerateRequest) -> Plan:
+        return validate(request, self.catalog)
+
+    def submit(
+        self,
+        request: GenerateRequest,
+        *,
+        tenant: str = "",
+        policy: TenantPolicy = UNLIMITED,
+        call_deadline_ms: int = 0,
+    ) -> tuple[JobRecord, bool]:
+        """Queue a request of `tenant`; returns the job and whether an idempotency key matched an
+        existing one of that tenant."""
+        try:
+            record, deduplicated = self._submit(request, tenant, policy, call_deadline_ms)
+        except OmniRTError as exc:
+            self.metrics.request_rejected(request, exc, tenant)
+            raise
+        self.metrics.request_accepted(record)
+        return record, deduplicated
+
+    def _submit(
+        self, request: GenerateRequest, tenant: str, policy: TenantPolicy, call_deadline_ms: int
+    ) -> tuple[JobRecord, bool]:
+        started_ns = time.time_ns()
+        # Validation first, as on Redis: it bounds what the fingerprint hashes (a 50 MiB prompt).
+        plan = self.validate(request)
+        validated_ns = time.time_ns()
+        # Only an idempotency key is ever compared with it: no hashing for the other requests.
+        fingerprint = _fingerprint(request) if request.idempotency_key else b""
+        if request.idempotency_key:
+            existing = self.store.by_idempotency_key(tenant, request.idempotency_key)
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise InvalidRequest(
+                        f"idempotency_key: {echo(request.idempotency_key)} was used for a different request "
+                        f"(job {existing.job.id})",
+                        field="idempotency_key",
+                    )
+                return existing, True
+        self.queue.check_room()
+        self._check_quota(tenant, policy)
+        job = new_job(plan, call_deadline_ms, tenant)
+        record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
+        if tenant:
+            cost = self.run_times.estimate(job.model)
+            record.start_s = self._fair.start(tenant, job.priority, cost, policy.weight, record.enqueued_at)
+        self.tracing.submitted(record, started_ns, validated_ns)
+        self.store.add(record)
+        self._live[job.id] = record
+        self._active[tenant] = self._active.get(tenant, 0) + 1
+        if job.deadline_ms:
+            heapq.heappush(self._deadlines, (job.deadline_ms, job.id))
+        self.queue.push(record, self._batch_key(record))
+        record.append(JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED))
+        log.debug("job queued", extra={"job_id": job.id, "model": job.model, "tenant": tenant})
+        self._wake.set()
+        return record, False
+
+    def _check_quota(self, tenant: str, policy: TenantPolicy) -> None:
+        """QuotaExceeded when `tenant` is at `max_queued` or out of rate tokens (a token is
+        spent only by a submission that passes every other check)."""
+        active = self._active.get(tenant, 0)
+        if policy.max_queued and active >= policy.max_queued:
+            self.metrics.quota_refused(tenant, REASON_QUEUED)
+            raise queued_exceeded(tenant, active, policy)
+        wait_s = self._buckets.take(tenant, policy, time.monotonic())
+        if wait_s:
+            self.metrics.quota_refused(tenant, REASON_RATE)
+            raise rate_exceeded(tenant, policy, wait_s)
+
+    def record(self, job_id: str, *, tenant: str | None = None) -> JobRecord:
+        """The job's record; with `tenant`, JobNotFound unless the job is that tenant's."""
+        check_id("job_id", job_id)
+        return self.store.get(job_id, tenant)
+
+    async def wait(self, record: JobRecord) -> JobRecord:
+        """Wait until the job is final."""
+        await record.wait_final()
+        return record
+
+    def get(self, job_id: str, *, tenant: str | None = None) -> Job:
+        """The job as clients see it (with queue position and waiting reason when queued)."""
+        record = self.record(job_id, tenant=tenant)
+        job = record.job
+        if job.state is JobState.QUEUED:
+            job.queue_position = self.queue.position(job_id)
+            job.waiting_reason = self._waiting_reason(record.plan.spec)
+        return job
+
+    def list_jobs(
+        self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
+    ) -> tuple[list[Job], int]:
+        """Newest first, only `tenant`'s when given; returns the page and the next offset (0 when
+        there is no more)."""
+        page, more = self.store.list(states, model, limit, offset, tenant)
+        return [r.job for r in page], (offset + limit if more else 0)
+
+    async def watch(
+        self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
+    ) -> AsyncIterator[JobEvent]:
+        """The job's events after `after_sequence`, live, until its final state event."""
+        record = self.record(job_id, tenant=tenant)
+        seq = after_sequence
+        while True:
+            events = await record.wait_after(seq)
+            for event in events:
+                yield event
+            seq += len(events)
+            if record.job.state.terminal and seq >= len(record.events):
+                return
+
+    def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
+        """Cancel a queued or running job; a finished job is left as it is (returns False)."""
+        record = self.record(job_id, tenant=tenant)
+        job = record.job
+        if job.state.terminal:
+            return job, False
+        if job.state is JobState.RUNNING:
+            with contextlib.suppress(Exception):
+                handle = self.workers.get(job.worker_id)
+                handle.link.send(CancelAssignment(record.assignment_id, job_id, "CANCELLED"))
+        self.queue.remove(job_id)
+        self._finish(record, JobState.CANCELLED, JobError("CANCELLED", "cancelled by the client"))
+        return job, True
+
+    def abandon(self, job_id: str) -> None:
+        """The client of a `Generate` went away: past its deadline the job expires, else it is cancelled."""
+        record = self.store.get(job_id)
+        if record.job.state.terminal:
+            return
+        deadline = record.job.deadline_ms
+        # gRPC ends the call at the deadline; allow for the clocks' granularity.
+        if deadline and time.time() * 1000 + 100 >= deadline:
+            self._expire(record)
+        else:
+            self.cancel(job_id)
+
+    def artifact(self, job_id: str, index: int, *, tenant: str | None = None) -> tuple[bytes, GenerateResult]:
+        """The full bytes of one artifact of a succeeded job."""
+        record = self.record(job_id, tenant=tenant)
+        if record.result is None:
+            raise FailedPrecondition(f"job {job_id} has no result (state {record.job.state.value})")
+        if not 0 <= index < len(record.result.artifacts):
+            raise InvalidRequest(
+                f"index: job {job_id} has {len(record.result.artifacts)} artifacts (got {index})",
+                field="index",
+            )
+        return record.result.artifacts[index].data, record.result
+
+    def list_models(self, task: Task | None = None) -> list[ModelSpec]:
+        return [self._with_serving(s) for s in self.catalog if task is None or task in s.tasks]
+
+    def describe_model(self, name: str) -> ModelSpec:
+        return self._with_serving(self.catalog.resolve(name))
+
+    def list_workers(self) -> list[WorkerInfo]:
+        return [w.snapshot() for w in self.workers.all()]
+
+    def gauge_snapshot(self) -> Gauges:
+        """Queued jobs by model and priority, running jobs by model, and the workers (the gauges)."""
+        gauges = Gauges(workers=self.list_workers())
+        for record in self._live.values():
+            job = record.job
+            if job.state is JobState.QUEUED:
+                gauges.queued_by_model[job.model] = gauges.queued_by_model.get(job.model, 0) + 1
+                gauges.queued_by_priority[job.priority] = gauges.queued_by_priority.get(job.priority, 0) + 1
+            elif job.state is JobState.RUNNING:
+                gauges.running_by_model[job.model] = gauges.running_by_model.get(job.model, 0) + 1
+        gauges.active_by_tenant.update(self._active)
+        return gauges
+
+    def drain_worker(self, worker_id: str) -> WorkerInfo:
+        check_id("worker_id", worker_id)
+        handle = self.workers.get(worker_id)
+        handle.drain()
+        return handle.snapshot()
+
+    # ---- worker side ----------------------------------------------------------------------
+
+    def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
+        """Register a worker (AlreadyExists when another live process holds its id)."""
+        info.connected_at = info.last_heartbeat_at = utcnow()
+        handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
+        try:
+            old = self.workers.add(handle, self.config.lease_timeout_ms / 1000)
+        except AlreadyExists as exc:
+            log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
+            raise
+        if old is not None:
+            old.link.close()
+            if same_process(old.info, info):  # its own process: those jobs still run
+                handle.take_over(old)
+            else:  # another process, after the old one's lease expired
+                self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
+        log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
+        for warning in handle.warnings:
+            log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
+        self._wake.set()
+        return handle
+
+    def worker_heartbeat(
+        self,
+        handle: WorkerHandle,
+        loaded_models: list[str],
+        draining: bool,
+        running: set[tuple[str, str]] | None = None,
+    ) -> None:
+        handle.heartbeat(loaded_models, draining)
+        if running is None:
+            return
+        for job_id, assignment_id in handle.unlisted(running):
+            # The worker does not hold it (a lost result, an assignment it never ran): the slot
+            # is free again, and the job goes back to the queue as if its worker was lost.
+            handle.release(job_id, assignment_id)
+            self._wake.set()
+            record = self._current(job_id, assignment_id)
+            tenant = record.job.tenant if record is not None else ""
+            log.warning(
+                "job not held by its worker: released",
+                extra={"job_id": job_id, "worker_id": handle.id, "tenant": tenant},
+            )
+            if record is not None:
+                self._retry_or_fail(
+                    record, f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
+                )
+
+    def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
+        handle.last_seen = time.monotonic()
+        record = self._current(event.job_id, assignment_id)
+        if record is None or event.kind is EventKind.STATE or event.kind is EventKind.RESULT:
+            return  # the controller owns state changes; results come as AssignmentResult
+        if event.kind is EventKind.PROGRESS:
+            record.job.progress = event.progress
+        record.append(event)
+        self.metrics.worker_event(record, event)
+        self.tracing.worker_event(record)
+
+    def worker_result(
+        self,
+        handle: WorkerHandle,
+        assignment_id: str,
+        job_id: str,
+        result: GenerateResult | None,
+        error: JobError | None,
+        message: types_pb2.GenerateResult | None = None,
+    ) -> None:
+        handle.last_seen = time.monotonic()
+        if self.workers.release(handle, job_id, assignment_id):
+            self._wake.set()
+        record = self._current(job_id, assignment_id)
+        if record is None:
+            log.info("late result ignored", extra={"job_id": job_id, "worker_id": handle.id})
+            return
+        self.metrics.result_received(record)
+        if error is None and record.dispatched_at:  # what a run of the model takes (fair share)
+            elapsed = time.monotonic() - record.dispatched_at
+            self.run_times.observe(record.job.model, elapsed, record.batch_size)
+        if error is not None:
+            if error.code == "UNAVAILABLE":  # the worker gave the job up (drain timeout): retry it
+                self._retry_or_fail(record, f"worker {handle.id} gave the job up: {error.message}")
+                return
+            state = JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
+            self._finish(record, state, error)
+            return
+        assert result is not None
+        result.job_id = job_id
+        # The controller's trace id is the job's, also for the jobs of a batch.
+        result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
+        result.report.tenant = record.job.tenant  # the controller's word, not the worker's
+        record.result = result
+        record.job.result = self._client_view(record, result)
+        if message is not None and _same_artifacts(message, record.job.result):
+            # What the client sees is what the worker sent: the store keeps that message instead
+            # of converting the result back (with the controller's job id and trace id).
+            message.job_id = job_id
+            message.report.trace_id = result.report.trace_id
+            message.report.tenant = result.report.tenant
+            record.result_message = message
+        self._finish(record, JobState.SUCCEEDED)
+
+    def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
+        if self.workers.remove(handle):
+            log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
+            self._lose_jobs(handle, reason)
+            self._wake.set()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _current(self, job_id: str, assignment_id: str) -> JobRecord | None:
+        """The job if it still runs under this assignment (late or foreign results are ignored)."""
+        record = self._live.get(job_id)
+        if (
+            record is None
+            or record.assignment_id != assignment_id
+            or record.job.state is not JobState.RUNNING
+        ):
+            return None
+        return record
+
+    def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
+        """Requeue (or fail, when attempts are spent) the jobs a lost worker was running."""
+        for job_id, assignment_id in list(handle.running.items()):
+            record = self._current(job_id, assignment_id)
+            if record is not None:
+                self._retry_or_fail(record, f"worker {handle.id} was lost while running the job ({reason})")
+        handle.release_all()
+
+    def _retry_or_fail(self, record: JobRecord, message: str) -> None:
+        """Put a running job back in the queue, or fail it with UNAVAILABLE when attempts are spent."""
+        job = record.job
+        if job.attempts >= self.config.max_attempts:
+            error = JobError("UNAVAILABLE", f"{message}; gave up after {job.attempts} attempts")
+            self._finish(record, JobState.FAILED, error)
+            return
+        job.state, job.worker_id, record.assignment_id = JobState.QUEUED, "", ""
+        self.metrics.requeued(record)
+        self.tracing.requeued(record, message)
+        record.enqueued_at = time.monotonic()
+        self.queue.push(record, self._batch_key(record))
+        record.append(
+            JobEvent(
+                job_id=job.id,
+                kind=EventKind.STATE,
+                state=JobState.QUEUED,
+                error=JobError("UNAVAILABLE", message),
+            )
+        )
+        self._wake.set()
+
+    def _finish(self, record: JobRecord, state: JobState, error: JobError | None = None) -> None:
+        if self._live.pop(record.job.id, None) is not None:  # once per job: it was active till now
+            tenant = record.job.tenant
+            left = self._active.get(tenant, 0) - 1
+            if left > 0:
+                self._active[tenant] = left
+            else:
+                self._active.pop(tenant, None)
+        self.store.finish(record, state, error=error)
+        self.metrics.finished(record)
+        self.tracing.finished(record)
+        self._freeze_soon(record.job.id)
+        log.info(
+            "job finished",
+            extra={
+                "job_id": record.job.id,
+                "tenant": record.job.tenant,
+                "state": state.value,
+                "error": error.message if error else "",
+            },
+        )
+
+    def _freeze_soon(self, job_id: str) -> None:
+        """Freeze a finished job once the callbacks already due (its waiters' wake-ups) have run."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the event loop (tests, tools): at once
+            self.store.freeze_finished(job_id)
+            return
+        loop.call_soon(self.store.freeze_finished, job_id)
+
+    def _client_view(self, record: JobRecord, result: GenerateResult) -> GenerateResult:
+        """The result with oversized artifacts replaced by a download reference."""
+        limit = record.plan.request.inline_limit_bytes or self.config.inline_limit_bytes
+        return client_view(result, record.job.id, limit)
+
+    def _waiting_reason(self, spec: ModelSpec) -> str:
+        return waiting_reason(spec, self.workers.serving_count(spec))
+
+    def _with_serving(self, spec: ModelSpec) -> ModelSpec:
+        return dataclasses.replace(spec, serving_workers=self.workers.serving_count(spec))
+
+    def _batch_key(self, record: JobRecord) -> Hashable | None:
+        return batch_key(record.plan, self._batch_limit(record.plan.spec))
+
+    def _batch_limit(self, spec: ModelSpec) -> int:
+        return batch_limit(self.config, spec)
+
+    def _place(self, record: JobRecord) -> bool:
+        """Send this job (and queued jobs that can share its call) to the best free worker."""
+        handle = self.workers.pick(record.plan.spec)
+        if handle is None:
+            return False
+        limit = self._batch_limit(record.plan.spec)
+        window_s = self._window_s(record.plan.spec)
+        if (
+            window_s
+            and self.queue.batchable(record.job.id)
+            and self.queue.count_peers(record.job.id) + 1 < limit
+        ):
+            due = record.enqueued_at + window_s
+            if due > time.monotonic():  # wait a little for companions
+                self._window_due = min(self._window_due or due, due)
+                return False
+        batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
+        assignment_id = "asg-" + uuid.uuid4().hex[:16]
+        items = [self._start(r, handle, assignment_id) for r in batch]
+        now = time.monotonic()
+        for r in batch:
+            r.dispatched_at, r.batch_size = now, len(batch)
+        self.metrics.dispatched(batch)
+        self.tracing.dispatched(batch, handle.id, assignment_id)
+        handle.link.send(
+            Assignment(
+                assignment_id,
+                items,
+                record.plan.spec,
+                # A batch carries each job's own deadline in its request.
+                deadline_ms=record.job.deadline_ms if len(batch) == 1 else 0,
+                trace_context=self.tracing.assignment_context(batch),
+                batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(batch) > 1 else "",
+            )
+        )
+        return True
+
+    def _window_s(self, spec: ModelSpec) -> float:
+        """How long a batchable job of `spec` may wait for companions now (the busy window while
+        jobs of the model run: under load the next companions are already on their way)."""
+        window_ms = self.config.batch_window_ms
+        busy_ms = self.config.batch_busy_window_ms
+        if busy_ms > window_ms and self.workers.running_of(spec.id):
+            window_ms = busy_ms
+        return window_ms / 1000
+
+    def _start(self, record: JobRecord, handle: WorkerHandle, assignment_id: str) -> AssignmentItem:
+        """Mark one job RUNNING on `handle` under `assignment_id`."""
+        job = record.job
+        job.state = JobState.RUNNING
+        job.started_at = utcnow()
+        job.attempts += 1
+        job.worker_id = handle.id
+        job.waiting_reason = ""
+        record.assignment_id = assignment_id
+        handle.start(job.id, assignment_id, record.plan.spec.id)
+        wait_ms = (time.monotonic() - record.enqueued_at) * 1000
+        record.append(
+            JobEvent(
+                job_id=job.id,
+                kind=EventKind.STATE,
+                state=JobState.RUNNING,
+                worker_id=handle.id,
+                attempt=job.attempts,
+            )
+        )
+        return AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms)
+
+    def dispatch(self) -> int:
+        """Give queued jobs to workers with free slots; returns how many were placed."""
+        budget = self.workers.free_slots()
+        return self.queue.take(self._place, budget) if budget and len(self.queue) else 0
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
+                    await self._wake.wait()
+            self._wake.clear()
+            self._window_due = 0.0
+            try:
+                self.dispatch()
+            except Exception:  # a bug here must not stop dispatching for everyone
+                log.exception("dispatch failed")
+
+    def reap(self) -> None:
+        """Expire leases of silent workers, fail jobs past their deadline, evict old jobs."""
+        now = time.monotonic()
+        lease_s = self.config.lease_timeout_ms / 1000
+        for handle in self.workers.all():
+            if now - handle.last_seen > lease_s:
+                handle.link.close()
+                self.worker_lost(handle, f"no heartbeat for {lease_s:.1f} s")
+        now_ms = int(time.time() * 1000)
+        if len(self._deadlines) > 2 * len(self._live) + 1024:  # mostly jobs that finished in time
+            self._deadlines = [(r.job.deadline_ms, i) for i, r in self._live.items() if r.job.deadline_ms]
+            heapq.heapify(self._deadlines)
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            _, job_id = heapq.heappop(self._deadlines)
+            record = self._live.get(job_id)  # gone when it finished in time
+            if record is not None:
+                self._expire(record)
+        self.store.evict()
+
+    def _expire(self, record: JobRecord) -> None:
+        """Fail a job whose deadline passed; a running one is told to stop at its next step."""
+        job = record.job
+        if job.state is JobState.RUNNING:
+            with contextlib.suppress(Exception):
+                handle = self.workers.get(job.worker_id)
+                handle.link.send(CancelAssignment(record.assignment_id, job.id, "DEADLINE_EXCEEDED"))
+        self.queue.remove(job.id)
+        where = "while running" if job.state is JobState.RUNNING else "while queued"
+        self._finish(record, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}"))
+
+    async def _reaper_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.reap()
+            except Exception:
+                log.exception("reaper failed")

@@ -1,0 +1,701 @@
+"""`RedisEngine`: the controller's engine with jobs, queue, leases and events in Redis.
+
+Several controllers may share one Redis: any of them accepts, reads, watches and cancels any
+job, and each dispatches queued jobs to the workers connected to it. A job RUNNING on a worker
+holds a lease (`P running`) that the controller holding the worker renews; when a controller
+dies its leases expire and any controller puts those jobs back in the queue (bounded by
+`--max-attempts`). A result is accepted only from the assignment that still holds the job, so a
+client sees exactly one result even when a job ran twice. See docs/operations.md, "Redis".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import redis.exceptions
+
+from omnirt._internal import convert as c
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.bounds import check_id, echo
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.router import (
+    CancelAssignment,
+    WorkerHandle,
+    WorkerLink,
+    WorkerRegistry,
+    id_taken,
+    model_warnings,
+    same_process,
+)
+from omnirt.controller.core.tenants import (
+    REASON_RATE,
+    UNLIMITED,
+    RunTimes,
+    TenantPolicy,
+    queued_exceeded,
+    rate_exceeded,
+)
+from omnirt.controller.core.validation import Plan, validate
+from omnirt.controller.engines.memory.engine import (
+    _fingerprint,
+    batch_key,
+    batch_limit,
+    client_view,
+    new_job,
+    waiting_reason,
+)
+from omnirt.controller.engines.redis.store import (
+    QuotaRefusal,
+    RedisJobStore,
+    StoredJob,
+    batch_key_id,
+    raise_lost_cancel,
+)
+from omnirt.controller.engines.redis.upkeep import SLOW_TICK_S, RedisUpkeep
+from omnirt.controller.observability import tracing
+from omnirt.controller.observability.metrics import EngineMetrics, Gauges
+from omnirt.controller.observability.tracing import JobTracing
+from omnirt.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidRequest,
+    OmniRTError,
+    QuotaExceeded,
+    Unavailable,
+)
+from omnirt.types import (
+    EventKind,
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobError,
+    JobEvent,
+    JobState,
+    ModelSpec,
+    Task,
+    WorkerInfo,
+    WorkerState,
+)
+from omnirt.v1 import types_pb2
+
+log = logging.getLogger("omnirt.controller")
+# How long a waiter sleeps between checks when no notification comes.
+WAIT_S = 1.0
+EVENT_PAGE = 512
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RedisEngine:
+    """`EngineClient` on Redis (see the module doc)."""
+
+    def __init__(self, config: ControllerConfig, catalog: Catalog) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.store = RedisJobStore(
+            config.store,
+            job_ttl_s=config.job_ttl_s,
+            idempotency_ttl_s=config.idempotency_ttl_s,
+            artifact_limit_bytes=config.store_artifact_limit_bytes,
+            artifact_dir=config.artifact_dir,
+        )
+        self.id = f"ctl-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.workers = WorkerRegistry()
+        self.metrics = EngineMetrics(self)
+        self.tracing = JobTracing()
+        # Each model's run time per job as this controller's workers saw it: what fair share
+        # charges a tenant per job (passed to Redis with each submission).
+        self.run_times = RunTimes()
+        # Jobs this controller takes part in (submitted here, or running on one of its workers).
+        self.records: dict[str, JobRecord] = {}
+        self.running: dict[str, JobRecord] = {}
+        self.waiters: dict[str, set[asyncio.Event]] = {}
+        self.wake = asyncio.Event()
+        self.store_ok = True
+        # Worker results that could not be stored yet (Redis away): retried every tick.
+        self.pending: list[Callable[[], Awaitable[None]]] = []
+        self.depth = Gauges()  # the cluster's queue and running jobs, read on each upkeep tick
+        self.cluster: list[WorkerInfo] = []
+        self.upkeep = RedisUpkeep(self)
+
+    # ---- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.store.ping()
+        self.upkeep.start()
+        log.info("job store: %s (controller %s)", self.config.store, self.id)
+
+    async def stop(self) -> None:
+        await self.upkeep.stop()
+        for handle in self.workers.all():
+            handle.link.close()
+        with contextlib.suppress(Exception):
+            await self.store.close()
+
+    def ready(self) -> bool:
+        return self.store_ok
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Redis errors become UNAVAILABLE for the caller (and mark the controller not ready)."""
+        try:
+            yield
+        except redis.exceptions.RedisError as exc:
+            self.store_ok = False
+            raise Unavailable(f"the job store is unavailable ({self.config.store}): {exc}") from exc
+
+    # ---- public operations ----------------------------------------------------------------
+
+    def validate(self, request: GenerateRequest) -> Plan:
+        return validate(request, self.catalog)
+
+    async def submit(
+        self,
+        request: GenerateRequest,
+        *,
+        tenant: str = "",
+        policy: TenantPolicy = UNLIMITED,
+        call_deadline_ms: int = 0,
+    ) -> tuple[Job, bool]:
+        try:
+            job, deduplicated = await self._submit(request, tenant, policy, call_deadline_ms)
+        except OmniRTError as exc:
+            self.metrics.request_rejected(request, exc, tenant)
+            raise
+        return job, deduplicated
+
+    async def _submit(
+        self, request: GenerateRequest, tenant: str, policy: TenantPolicy, call_deadline_ms: int
+    ) -> tuple[Job, bool]:
+        started_ns = time.time_ns()
+        plan = self.validate(request)
+        validated_ns = time.time_ns()
+        # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs).
+        fingerprint = _fingerprint(request)
+        job = new_job(plan, call_deadline_ms, tenant)
+        aging = self.config.priority_aging_s
+        rank = (time.time() / aging if aging > 0 else 0.0) - job.priority
+        key = batch_key_id(batch_key(plan, batch_limit(self.config, plan.spec)))
+        queued = JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED, time=utcnow())
+        record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
+        # The span first: its context is stored with the job, for the controller that dispatches it.
+        self.tracing.submitted(record, started_ns, validated_ns)
+        traceparent = self.tracing.traceparent(job.id)
+        try:
+            with self._guard():
+                existing = await self.store.submit(
+                    job,
+                    plan.request,
+                    fingerprint,
+                    key,
+                    rank,
+                    self.config.max_queue,
+                    queued,
+                    traceparent,
+                    policy=policy,
+                    cost_s=self.run_times.estimate(job.model),
+                    aging_s=aging,
+                )
+                if existing is not None:
+                    stored = await self.store.load(existing)
+                    if stored.fingerprint != fingerprint:
+                        raise InvalidRequest(
+                            f"idempotency_key: {echo(request.idempotency_key)} was used for a different "
+                            f"request (job {existing})",
+                            field="idempotency_key",
+                        )
+                    self.tracing.discard(job.id)
+                    return stored.job, True
+        except QuotaRefusal as refusal:
+            self.tracing.discard(job.id)
+            raise self._quota_error(tenant, policy, refusal) from None
+        except BaseException:
+            self.tracing.discard(job.id)
+            raise
+        self.records[job.id] = record
+        self.metrics.request_accepted(record)
+        log.debug("job queued", extra={"job_id": job.id, "model": job.model, "tenant": tenant})
+        self.wake.set()
+        return job, False
+
+    def _quota_error(self, tenant: str, policy: TenantPolicy, refusal: QuotaRefusal) -> QuotaExceeded:
+        """The client's error for a refusal SUBMIT decided in Redis (the memory engine's words)."""
+        self.metrics.quota_refused(tenant, refusal.reason)
+        log.info("submission refused by quota", extra={"tenant": tenant, "reason": refusal.reason})
+        if refusal.reason == REASON_RATE:
+            return rate_exceeded(tenant, policy, refusal.wait_s)
+        return queued_exceeded(tenant, refusal.active, policy)
+
+    async def _load(self, job_id: str, tenant: str | None = None) -> StoredJob:
+        """The job; with `tenant`, NOT_FOUND unless it is that tenant's (the same error as an
+        unknown id: nobody learns that another tenant's job exists)."""
+        check_id("job_id", job_id)  # every lookup of a client's job id comes here
+        with self._guard():
+            return await self.store.load(job_id, tenant)
+
+    def _waiter(self, job_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self.waiters.setdefault(job_id, set()).add(event)
+        return event
+
+    def _unwait(self, job_id: str, event: asyncio.Event) -> None:
+        waiters = self.waiters.get(job_id)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self.waiters[job_id]
+
+    def notify(self, job_id: str) -> None:
+        for event in self.waiters.get(job_id, ()):
+            event.set()
+
+    async def wait(self, job_id: str) -> Job:
+        changed = self._waiter(job_id)
+        try:
+            await self._load(job_id)  # NOT_FOUND for an unknown job
+            while True:
+                # Only the state on each wake-up (progress events wake us too), the job once final.
+                with self._guard():
+                    state = await self.store.state(job_id)
+                raise_lost_cancel()  # the client went away during that call
+                if state is None or state.terminal:
+                    return (await self._load(job_id)).job
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WAIT_S):  # not wait_for: see jobs.py
+                        await changed.wait()
+                changed.clear()
+        finally:
+            self._unwait(job_id, changed)
+
+    def job_message(self, job: Job) -> types_pb2.Job:
+        return c.job_to_proto(job)
+
+    async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
+        stored = await self._load(job_id, tenant)
+        job = stored.job
+        if job.state is JobState.QUEUED:
+            with self._guard():
+                job.queue_position = await self.store.position(job_id)
+            with contextlib.suppress(Exception):
+                spec = self.catalog.resolve(job.model)
+                job.waiting_reason = waiting_reason(spec, self._serving(spec))
+        return job
+
+    async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
+        return (await self._load(job_id, tenant)).request
+
+    async def list_jobs(
+        self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
+    ) -> tuple[list[Job], int]:
+        with self._guard():
+            ids, more = await self.store.list_ids(states, model, limit, offset, tenant)
+        jobs = []
+        for job_id in ids:
+            with contextlib.suppress(OmniRTError):  # expired between the listing and now
+                jobs.append(await self.get(job_id, tenant=tenant))
+        return jobs, (offset + limit if more else 0)
+
+    async def watch(
+        self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
+    ) -> AsyncIterator[JobEvent]:
+        changed = self._waiter(job_id)
+        try:
+            await self._load(job_id, tenant)  # NOT_FOUND for an unknown job (or another tenant's)
+            seq = after_sequence
+            while True:
+                with self._guard():
+                    # The state first: a final state's events are logged in the same script, so
+                    # once it is final every event is in the stream.
+                    state = await self.store.state(job_id)
+                    events = await self.store.events(job_id, seq, EVENT_PAGE)
+                raise_lost_cancel()  # the watcher went away during those calls
+                for event in events:
+                    seq = event.sequence
+                    yield event
+                if (state is None or state.terminal) and len(events) < EVENT_PAGE:
+                    return
+                if events:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WAIT_S):  # not wait_for: see jobs.py
+                        await changed.wait()
+                changed.clear()
+        finally:
+            self._unwait(job_id, changed)
+
+    async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
+        error = JobError("CANCELLED", "cancelled by the client")
+        return await self.end(job_id, JobState.CANCELLED, error, tenant=tenant)
+
+    async def end(
+        self, job_id: str, state: JobState, error: JobError, *, tenant: str | None = None
+    ) -> tuple[Job, bool]:
+        """Cancel or expire a queued or running job; a running one is told to stop."""
+        stored = await self._load(job_id, tenant)
+        if stored.job.state.terminal:
+            return stored.job, False
+        event = JobEvent(
+            job_id=job_id, kind=EventKind.STATE, state=state, error=error, worker_id=stored.job.worker_id
+        )
+        with self._guard():
+            changed, before, owner, assignment = await self.store.finish(
+                job_id,
+                state,
+                expected=(JobState.QUEUED, JobState.RUNNING),
+                error=error,
+                state_event=event,
+                now_ms=_now_ms(),
+            )
+        if changed and before is JobState.RUNNING:
+            await self._stop(job_id, assignment, owner, error.code)
+        if changed:
+            self.closed(job_id, state, error)
+        return (await self._load(job_id)).job, changed
+
+    async def _stop(self, job_id: str, assignment_id: str, owner: str, reason: str) -> None:
+        """Tell the worker running `job_id` to stop: ours directly, another controller's through Redis."""
+        if owner == self.id:
+            self.stop_local(job_id, assignment_id, reason)
+        else:
+            with contextlib.suppress(redis.exceptions.RedisError):
+                await self.store.publish(f"c {job_id} {assignment_id} {owner} {reason}")
+
+    def stop_local(self, job_id: str, assignment_id: str, reason: str) -> None:
+        record = self.running.get(job_id)
+        if record is None or record.assignment_id != assignment_id:
+            return
+        with contextlib.suppress(Exception):
+            self.workers.get(record.job.worker_id).link.send(CancelAssignment(assignment_id, job_id, reason))
+
+    def closed(self, job_id: str, state: JobState, error: JobError | None) -> None:
+        """A job this controller knows reached a final state: let the observers see it."""
+        self.notify(job_id)
+        record = self.records.pop(job_id, None) or self.running.get(job_id)
+        if record is None:
+            self.tracing.discard(job_id)  # adopted here once, then requeued and run elsewhere
+            return
+        record.job.state, record.job.error = state, error
+        self.metrics.finished(record)
+        self.tracing.finished(record)
+        log.info(
+            "job finished",
+            extra={
+                "job_id": job_id,
+                "tenant": record.job.tenant,
+                "state": state.value,
+                "error": error.message if error else "",
+            },
+        )
+
+    async def abandon(self, job_id: str) -> None:
+        stored = await self._load(job_id)
+        if stored.job.state.terminal:
+            return
+        deadline = stored.job.deadline_ms
+        if deadline and _now_ms() + 100 >= deadline:
+            await self.end(job_id, JobState.FAILED, JobError("DEADLINE_EXCEEDED", "deadline passed"))
+        else:
+            await self.cancel(job_id)
+
+    async def artifact(
+        self, job_id: str, index: int, *, tenant: str | None = None
+    ) -> tuple[bytes, GenerateResult]:
+        stored = await self._load(job_id, tenant)
+        result = stored.job.result
+        if result is None:
+            raise FailedPrecondition(f"job {job_id} has no result (state {stored.job.state.value})")
+        if not 0 <= index < len(result.artifacts):
+            raise InvalidRequest(
+                f"index: job {job_id} has {len(result.artifacts)} artifacts (got {index})", field="index"
+            )
+        data = stored.artifact_bytes(index)
+        if data is None:
+            data = result.artifacts[index].data
+            if not data and result.artifacts[index].size_bytes:
+                raise FailedPrecondition(
+                    f"the bytes of artifact {index} of job {job_id} are gone (artifact dir "
+                    f"{self.store.artifact_dir} not shared with the controller that stored them?)"
+                )
+        return data, result
+
+    def list_models(self, task: Task | None = None) -> list[ModelSpec]:
+        return [self._with_serving(s) for s in self.catalog if task is None or task in s.tasks]
+
+    def describe_model(self, name: str) -> ModelSpec:
+        return self._with_serving(self.catalog.resolve(name))
+
+    def _with_serving(self, spec: ModelSpec) -> ModelSpec:
+        return dataclasses.replace(spec, serving_workers=self._serving(spec))
+
+    def _serving(self, spec: ModelSpec) -> int:
+        """Workers serving `spec` on any controller (this one's now, the others' as last seen)."""
+        local = {w.id for w in self.workers.candidates(spec)}
+        remote = {
+            w.id
+            for w in self.cluster
+            if w.id not in self._local_ids()
+            and w.execution_mode == spec.execution_mode
+            and (not w.models or spec.id in w.models)
+            and w.state is WorkerState.READY
+        }
+        return len(local | remote)
+
+    def _local_ids(self) -> set[str]:
+        return {w.id for w in self.workers.all()}
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        local = [w.snapshot() for w in self.workers.all()]
+        ids = {w.id for w in local}
+        with contextlib.suppress(redis.exceptions.RedisError):
+            self.cluster = await self.store.workers(_now_ms())
+        return sorted(local + [w for w in self.cluster if w.id not in ids], key=lambda w: w.id)
+
+    async def drain_worker(self, worker_id: str) -> WorkerInfo:
+        check_id("worker_id", worker_id)
+        with contextlib.suppress(OmniRTError):
+            handle = self.workers.get(worker_id)
+            handle.drain()
+            return handle.snapshot()
+        for info in await self.list_workers():
+            if info.id == worker_id:
+                with self._guard():
+                    await self.store.publish(f"d {worker_id}")
+                info.state = WorkerState.DRAINING
+                return info
+        return self.workers.get(worker_id).snapshot()  # raises WorkerNotFound
+
+    def gauge_snapshot(self) -> Gauges:
+        return dataclasses.replace(self.depth, workers=[w.snapshot() for w in self.workers.all()])
+
+    # ---- worker side ----------------------------------------------------------------------
+
+    async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
+        """Register a worker (AlreadyExists when another live process holds its id, here or on
+        another controller: the claim in Redis decides, in one script, see `CLAIM_WORKER`)."""
+        info.connected_at = info.last_heartbeat_at = utcnow()
+        handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
+        lease_ms = self.config.lease_timeout_ms
+        try:
+            self.workers.check(info, lease_ms / 1000)
+            try:
+                holder = await self.store.claim_worker(info, self.id, self.claim_ms())
+            except redis.exceptions.RedisError:
+                holder = None  # not checked while Redis is away: the upkeep tick claims it later
+            if holder is not None:
+                raise id_taken(dataclasses.replace(info, hostname=holder[0], pid=holder[1]))
+            old = self.workers.add(handle, lease_ms / 1000)
+        except AlreadyExists as exc:
+            log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
+            raise
+        if old is not None:
+            old.link.close()
+            if same_process(old.info, info):  # its own process: those jobs still run
+                handle.take_over(old)
+            else:  # another process, after the old one's lease expired
+                await self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
+        log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
+        for warning in handle.warnings:
+            log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
+        with contextlib.suppress(redis.exceptions.RedisError):  # else the next upkeep tick writes it
+            await self.store.put_workers([handle.snapshot()], self.id, self.claim_ms(), _now_ms() + lease_ms)
+        self.wake.set()
+        return handle
+
+    def claim_ms(self) -> int:
+        """How long a worker id's claim lives past its last renewal: a lease, and at least three
+        upkeep ticks (it is renewed once a tick; a shorter life would lapse between renewals and
+        let a retrying twin in, and the two would then take the id from each other in turn)."""
+        return max(self.config.lease_timeout_ms, int(3000 * SLOW_TICK_S))
+
+    def id_lost(self, handle: WorkerHandle) -> None:
+        """Another process holds this worker's id now (its claim expired while Redis was away or
+        this controller stalled, and that one took it): this one's stream ends (`worker_lost`
+        requeues its jobs), and it is refused when it comes back while the other lives."""
+        log.warning("worker id taken by another process: disconnecting", extra={"worker_id": handle.id})
+        handle.link.close()
+
+    async def worker_heartbeat(
+        self,
+        handle: WorkerHandle,
+        loaded_models: list[str],
+        draining: bool,
+        running: set[tuple[str, str]] | None = None,
+    ) -> None:
+        handle.heartbeat(loaded_models, draining)
+        if running is None:
+            return
+        for job_id, assignment_id in handle.unlisted(running):
+            # The worker does not hold it (a lost result, an assignment it never ran): the slot
+            # is free again, and the job goes back to the queue as if its worker was lost.
+            handle.release(job_id, assignment_id)
+            self.wake.set()
+            log.warning(
+                "job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id}
+            )
+            message = f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
+            try:
+                await self.requeue(job_id, assignment_id, message)
+            except redis.exceptions.RedisError:
+                self.store_ok = False  # still in `running`: the next lease renewal requeues it
+
+    async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
+        handle.last_seen = time.monotonic()
+        if event.kind is EventKind.STATE or event.kind is EventKind.RESULT:
+            return  # the controller owns state changes; results come as AssignmentResult
+        progress = event.progress if event.kind is EventKind.PROGRESS else None
+        try:
+            appended = await self.store.append(event.job_id, assignment_id, event, progress)
+        except redis.exceptions.RedisError:
+            self.store_ok = False
+            return  # progress is live information: dropped while Redis is away
+        record = self.running.get(event.job_id)
+        if appended and record is not None and record.assignment_id == assignment_id:
+            self.metrics.worker_event(record, event)
+            self.tracing.worker_event(record)
+        self.notify(event.job_id)
+
+    async def worker_result(
+        self,
+        handle: WorkerHandle,
+        assignment_id: str,
+        job_id: str,
+        result: GenerateResult | None,
+        error: JobError | None,
+        message: types_pb2.GenerateResult | None = None,  # unused: Redis stores its own conversion
+    ) -> None:
+        handle.last_seen = time.monotonic()
+        if self.workers.release(handle, job_id, assignment_id):
+            self.wake.set()
+        record = self.running.get(job_id)
+        if record is not None and record.assignment_id == assignment_id:
+            del self.running[job_id]
+            self.metrics.result_received(record)
+            if record.dispatched_at:
+                elapsed = time.monotonic() - record.dispatched_at
+                self.run_times.observe(record.job.model, elapsed, record.batch_size)
+
+        async def store() -> None:
+            await self._store_result(handle.id, assignment_id, job_id, result, error)
+
+        try:
+            await store()
+        except redis.exceptions.RedisError:
+            self.store_ok = False
+            log.warning("job store unavailable: result of %s kept for a retry", job_id)
+            self.pending.append(store)
+
+    async def _store_result(
+        self,
+        worker_id: str,
+        assignment_id: str,
+        job_id: str,
+        result: GenerateResult | None,
+        error: JobError | None,
+    ) -> None:
+        now = _now_ms()
+        if error is not None and error.code == "UNAVAILABLE":  # the worker gave the job up: retry it
+            await self.requeue(job_id, assignment_id, f"worker {worker_id} gave the job up: {error.message}")
+            return
+        state_event = JobEvent(job_id=job_id, kind=EventKind.STATE, worker_id=worker_id, error=error)
+        artifacts: dict[int, bytes] = {}
+        view = None
+        if error is not None:
+            state_event.state = JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
+        else:
+            assert result is not None
+            state_event.state = JobState.SUCCEEDED
+            result.job_id = job_id
+            result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
+            try:
+                stored = await self.store.load(job_id)
+            except OmniRTError:
+                log.info("result of an unknown or expired job ignored", extra={"job_id": job_id})
+                return
+            request = stored.request
+            result.report.tenant = stored.job.tenant  # the controller's word, not the worker's
+            view = client_view(result, job_id, request.inline_limit_bytes or self.config.inline_limit_bytes)
+            artifacts = {
+                a.index: a.data for a, v in zip(result.artifacts, view.artifacts, strict=True) if not v.data
+            }
+        try:
+            changed, _, _, _ = await self.store.finish(
+                job_id,
+                state_event.state,
+                expected=(JobState.RUNNING,),
+                assignment_id=assignment_id,
+                error=error,
+                result=view,
+                state_event=state_event,
+                result_event=JobEvent(job_id=job_id, kind=EventKind.RESULT, result=view) if view else None,
+                artifacts=artifacts,
+                now_ms=now,
+            )
+        except OmniRTError:  # the job expired meanwhile
+            changed = False
+        if changed:
+            self.closed(job_id, state_event.state, error)
+        else:
+            log.info("late result ignored", extra={"job_id": job_id, "worker_id": worker_id})
+
+    async def requeue(self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0) -> None:
+        """Queue a running job again (or fail it when its attempts are spent)."""
+        failed_error = JobError(
+            "UNAVAILABLE", f"{message}; gave up after {self.config.max_attempts} attempts"
+        )
+        outcome = await self.store.requeue(
+            job_id,
+            assignment_id=assignment_id,
+            lease_before_ms=lease_before_ms,
+            max_attempts=self.config.max_attempts,
+            queued=JobEvent(
+                job_id=job_id,
+                kind=EventKind.STATE,
+                state=JobState.QUEUED,
+                error=JobError("UNAVAILABLE", message),
+            ),
+            failed_error=failed_error,
+            failed=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.FAILED, error=failed_error),
+            now_ms=_now_ms(),
+        )
+        record = self.running.pop(job_id, None)
+        if outcome == "queued":
+            tenant = record.job.tenant if record is not None else ""
+            log.info("job requeued", extra={"job_id": job_id, "tenant": tenant, "reason": message})
+            if record is not None:
+                self.metrics.requeued(record)
+                self.tracing.requeued(record, message)
+                self.records.setdefault(job_id, record)
+            self.wake.set()
+        elif outcome == "failed":
+            if record is not None:
+                self.records.setdefault(job_id, record)
+            self.closed(job_id, JobState.FAILED, failed_error)
+
+    async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
+        if self.workers.remove(handle):
+            log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
+            await self._lose_jobs(handle, reason)
+            with contextlib.suppress(redis.exceptions.RedisError):
+                await self.store.drop_worker(handle.info, self.id)
+            self.wake.set()
+
+    async def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
+        for job_id, assignment_id in list(handle.running.items()):
+            message = f"worker {handle.id} was lost while running the job ({reason})"
+            try:
+                await self.requeue(job_id, assignment_id, message)
+            except redis.exceptions.RedisError:
+                self.store_ok = False  # the lease expires; any controller requeues it later
+        handle.release_all()

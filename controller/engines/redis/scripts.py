@@ -1,0 +1,420 @@
+"""The Lua scripts behind the Redis job store: every state change is one atomic script.
+
+Each script checks the state it expects (and the assignment, where a worker reports) before it
+changes anything, so two controllers racing for one job cannot both win: the loser gets "no"
+and the state it found. Keys (P is the prefix, `{omnirt}:` by default; the braces make it a Redis
+Cluster hash tag, so every key lives in one slot):
+
+    P job:ID          hash: static (Job proto of the fixed fields), request (GenerateRequest
+                      proto), fingerprint, model, bkey (batch key), rank, priority, tenant, state,
+                      attempts, assignment, owner, worker, enqueued_ms, started_ms, finished_ms,
+                      error / progress / result (protos), artifact:N (bytes) or artifact_path:N
+    P events:ID       stream of JobEvent protos; entry id 0-N is the event's sequence N
+    P queue           zset of every queued job by rank (bounds the queue, gives positions)
+    P queue:m:MODEL   zset of the model's queued jobs by rank (what a controller may dispatch)
+    P queue:b:KEY     zset of queued jobs that can share one pipeline call
+    P qdepth          hash priority -> queued jobs (the queue-depth gauge)
+    P running         zset job -> lease expiry (ms); the holder renews it
+    P deadlines       zset job -> deadline (ms) of jobs not final yet
+    P jobs            zset job -> creation time (ms): the listing
+    P jobs:t:TENANT   zset: the same for one (named) tenant's jobs
+    P idem:KEY        string: the job of an idempotency key of the tenant "" (its own TTL)
+    P idem@TENANT:KEY string: the same for a named tenant (tenant names hold no ':' or '@',
+                      and no key of the tenant "" starts `idem@`: the two layouts never meet)
+    P tenants         set of the tenants that submitted jobs ("" included)
+    P active:TENANT   set of the tenant's jobs QUEUED or RUNNING: max_queued, the active gauge
+    P bucket:TENANT   hash tokens, at (s): the tenant's rate_per_s token bucket
+    P fair            hash "TENANT|PRIORITY" -> F (s): fair share's finish tags
+    P workers         hash worker id -> WorkerInfo proto (+ P workers:seen zset id -> expiry)
+    P worker-claim:ID hash instance, owner, host, pid: the process that holds worker id ID and
+                      the controller it is connected to; expires a lease after its last renewal
+    P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID has a new event),
+                      "c ID ASSIGNMENT OWNER REASON" (stop a running job), "d WORKER" (drain)
+
+Rank = enqueued_seconds / aging_s - priority: lower runs first, as in the in-memory queue. A job
+of a named tenant uses its fair-share start tag S where the others use the enqueue time (see
+`controller/core/tenants.py`): S = max(now, F[tenant, priority]), then F = S + q / weight; with no
+aging its rank is S / 2**32 - priority (an aging of 136 years: S orders a priority's jobs, and
+the rank stays in its priority's band). The tenant "" ranks exactly as before tenants existed.
+
+Numbers that go back into Redis are written with '%.17g' (Lua's own tostring keeps 14 digits):
+F and the bucket read back exactly what was computed, so the ranks equal the Python formula's.
+"""
+
+from __future__ import annotations
+
+PRELUDE = r"""
+local function enqueue(p, id, model, bkey, rank, priority)
+  redis.call('ZADD', p .. 'queue', rank, id)
+  redis.call('ZADD', p .. 'queue:m:' .. model, rank, id)
+  if bkey ~= '' then redis.call('ZADD', p .. 'queue:b:' .. bkey, rank, id) end
+  redis.call('HINCRBY', p .. 'qdepth', priority, 1)
+end
+
+local function dequeue(p, id, model, bkey, priority)
+  if redis.call('ZREM', p .. 'queue', id) == 1 then
+    redis.call('HINCRBY', p .. 'qdepth', priority, -1)
+  end
+  redis.call('ZREM', p .. 'queue:m:' .. model, id)
+  if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
+end
+
+local function add_event(p, id, event)
+  if event ~= '' then redis.call('XADD', p .. 'events:' .. id, '0-*', 'e', event) end
+end
+
+-- Move a job to a final state; returns the state, owner and assignment it had. The job leaves
+-- its tenant's active set here, the one way every final state goes: counted out exactly once.
+local function finish(p, id, state, now, ttl, error, result, result_event, state_event)
+  local jk = p .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'state', 'owner', 'assignment', 'model', 'bkey', 'priority', 'worker',
+    'tenant')
+  if f[1] == 'QUEUED' or f[1] == 'RUNNING' then redis.call('SREM', p .. 'active:' .. (f[8] or ''), id) end
+  if f[1] == 'QUEUED' then dequeue(p, id, f[4], f[5], f[6]) end
+  if f[1] == 'RUNNING' then
+    redis.call('ZREM', p .. 'running', id)
+    redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
+  end
+  redis.call('ZREM', p .. 'deadlines', id)
+  redis.call('HSET', jk, 'state', state, 'finished_ms', now)
+  if error ~= '' then redis.call('HSET', jk, 'error', error) end
+  if result ~= '' then redis.call('HSET', jk, 'result', result) end
+  add_event(p, id, result_event)
+  add_event(p, id, state_event)
+  redis.call('EXPIRE', jk, ttl)
+  redis.call('EXPIRE', p .. 'events:' .. id, ttl)
+  redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
+  return {f[1], f[2] or '', f[3] or '', f[7] or ''}
+end
+"""
+
+# Prepended to SUBMIT (with PRELUDE). The tenant's token bucket (`tenants.TokenBucket`: the same
+# arithmetic on the same numbers): 0 when a token was taken, else the seconds until one is there
+# (nothing taken). `at` never goes back: a controller whose clock is behind another's refills
+# nothing, not a second time.
+QUOTAS = r"""
+local function take_token(key, rate, size, now)
+  local b = redis.call('HMGET', key, 'tokens', 'at')
+  local tokens, at = tonumber(b[1] or '') or size, tonumber(b[2] or '') or now
+  tokens = math.min(size, tokens + math.max(0, now - at) * rate)
+  if now > at then at = now end
+  local wait = 0
+  if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+  redis.call('HSET', key, 'tokens', string.format('%.17g', tokens), 'at', string.format('%.17g', at))
+  -- A bucket left alone this long is full again: the key may go.
+  redis.call('PEXPIRE', key, math.ceil(size / rate * 1000) + 1000)
+  return wait
+end
+
+-- Fair share (`tenants.FairClock`): the job's start tag S and its tenant's new finish tag.
+local function fair_rank(p, tenant, priority, now, cost, weight, aging)
+  local key = tenant .. '|' .. priority
+  local s = now
+  local f = tonumber(redis.call('HGET', p .. 'fair', key) or '')
+  if f and f > s then s = f end
+  redis.call('HSET', p .. 'fair', key, string.format('%.17g', s + cost / weight))
+  if aging <= 0 then aging = 4294967296 end
+  return s / aging - tonumber(priority)
+end
+"""
+
+# ARGV: p, id, idem_key, idem_ttl_s, max_queue, static, request, fingerprint, model, bkey, rank
+#       (used for the tenant ""), now_ms, deadline_ms, priority, queued_event, traceparent,
+#       tenant, max_queued (0 = none), rate_per_s (0 = none), bucket size, cost_s (q), weight,
+#       aging_s. Returns {'ok'}, {'dup', ID}, {'full'}, {'quota', 'max_queued', ACTIVE} or
+#       {'quota', 'rate', WAIT_S}: quotas after the idempotency lookup (a duplicate costs
+#       nothing), a token spent only by a job that is queued.
+SUBMIT = r"""
+local p, id, idem, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[17]
+if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return {'ok'} end  -- a retried call
+local ik = p .. 'idem:' .. idem
+if tenant ~= '' then ik = p .. 'idem@' .. tenant .. ':' .. idem end
+if idem ~= '' then
+  local existing = redis.call('GET', ik)
+  if existing and redis.call('EXISTS', p .. 'job:' .. existing) == 1 then return {'dup', existing} end
+end
+if redis.call('ZCARD', p .. 'queue') >= tonumber(ARGV[5]) then return {'full'} end
+local active = p .. 'active:' .. tenant
+local max_queued, rate = tonumber(ARGV[18]), tonumber(ARGV[19])
+if max_queued > 0 then
+  local n = redis.call('SCARD', active)
+  if n >= max_queued then return {'quota', 'max_queued', n} end
+end
+if rate > 0 then
+  local wait = take_token(p .. 'bucket:' .. tenant, rate, tonumber(ARGV[20]), tonumber(ARGV[12]) / 1000)
+  if wait > 0 then return {'quota', 'rate', string.format('%.17g', wait)} end
+end
+local rank = ARGV[11]
+if tenant ~= '' then
+  rank = fair_rank(p, tenant, ARGV[14], tonumber(ARGV[12]) / 1000, tonumber(ARGV[21]),
+    tonumber(ARGV[22]), tonumber(ARGV[23]))
+end
+redis.call('HSET', p .. 'job:' .. id, 'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
+  'model', ARGV[9], 'bkey', ARGV[10], 'rank', rank, 'priority', ARGV[14], 'state', 'QUEUED',
+  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16], 'tenant', tenant)
+enqueue(p, id, ARGV[9], ARGV[10], rank, ARGV[14])
+if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
+redis.call('ZADD', p .. 'jobs', ARGV[12], id)
+if tenant ~= '' then redis.call('ZADD', p .. 'jobs:t:' .. tenant, ARGV[12], id) end
+redis.call('SADD', active, id)
+redis.call('SADD', p .. 'tenants', tenant)
+if idem ~= '' then redis.call('SET', ik, id, 'EX', ARGV[4]) end
+add_event(p, id, ARGV[15])
+redis.call('PUBLISH', p .. 'notify', 'q')
+return {'ok'}
+"""
+
+# Take the best queued job among the given models (and up to limit-1 jobs that can share its
+# call), mark them RUNNING under one assignment held by `owner`.
+# ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, busy_window_ms (the window while jobs
+# of the model run, when longer), then model, limit pairs.
+# Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
+# {'ok', model, id1, attempts1, request1, enqueued_ms1, traceparent1, tenant1, id2, ...}.
+CLAIM = r"""
+local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local best, score, model, limit = nil, nil, nil, 1
+-- A job evicted from Redis (maxmemory) leaves its id queued: it is dropped, never dispatched
+-- (its hash, and with it its priority for `qdepth`, is gone).
+local function evicted(id, m, bkey)
+  if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return false end
+  redis.call('ZREM', p .. 'queue', id)
+  redis.call('ZREM', p .. 'queue:m:' .. m, id)
+  if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
+  return true
+end
+for i = 8, #ARGV, 2 do
+  local key = p .. 'queue:m:' .. ARGV[i]
+  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  while head[1] and evicted(head[1], ARGV[i], '') do head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') end
+  if head[1] and (best == nil or tonumber(head[2]) < score) then
+    best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
+  end
+end
+if best == nil then return {} end
+local ids = {best}
+local bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey') or ''
+if bkey ~= '' and limit > 1 then
+  local peers = redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)
+  if busy > window and #peers < limit then
+    if tonumber(redis.call('HGET', p .. 'runmodels', model) or '0') > 0 then window = busy end
+  end
+  if window > 0 and #peers < limit then
+    local due = tonumber(redis.call('HGET', p .. 'job:' .. best, 'enqueued_ms')) + window
+    if due > now then return {'wait', model, tostring(due)} end
+  end
+  for _, other in ipairs(peers) do
+    if other ~= best and #ids < limit and not evicted(other, model, bkey) then table.insert(ids, other) end
+  end
+end
+local out = {'ok', model}
+for _, id in ipairs(ids) do
+  local jk = p .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent',
+    'tenant')
+  dequeue(p, id, f[1], f[2], f[3])
+  local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
+  redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
+  redis.call('HDEL', jk, 'progress')
+  redis.call('ZADD', p .. 'running', now + lease, id)
+  redis.call('HINCRBY', p .. 'runmodels', f[1], 1)
+  table.insert(out, id)
+  table.insert(out, tostring(attempts))
+  table.insert(out, f[4])
+  table.insert(out, f[5])
+  table.insert(out, f[6] or '')
+  table.insert(out, f[7] or '')
+end
+return out
+"""
+
+# An event of a running job (from its worker); dropped unless the assignment still holds it.
+# ARGV: p, id, assignment, event, progress ('' = unchanged), worker ('' = unchanged)
+APPEND = r"""
+local p, id = ARGV[1], ARGV[2]
+local jk = p .. 'job:' .. id
+local f = redis.call('HMGET', jk, 'state', 'assignment')
+if f[1] ~= 'RUNNING' or f[2] ~= ARGV[3] then return 0 end
+if ARGV[5] ~= '' then redis.call('HSET', jk, 'progress', ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('HSET', jk, 'worker', ARGV[6]) end
+add_event(p, id, ARGV[4])
+redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
+return 1
+"""
+
+# ARGV: p, id, assignment ('' = any), expected states (comma separated), state, now_ms, ttl_s,
+#       error, result, result_event, state_event, then artifact field/value pairs
+FINISH = r"""
+local p, id = ARGV[1], ARGV[2]
+local jk = p .. 'job:' .. id
+local f = redis.call('HMGET', jk, 'state', 'assignment')
+if not f[1] then return {'missing'} end
+if not string.find(',' .. ARGV[4] .. ',', ',' .. f[1] .. ',', 1, true) then return {'no', f[1]} end
+if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return {'no', f[1]} end
+for i = 12, #ARGV, 2 do redis.call('HSET', jk, ARGV[i], ARGV[i + 1]) end
+local before = finish(p, id, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
+return {'ok', before[1], before[2], before[3], before[4]}
+"""
+
+# Put a running job back in the queue (its worker was lost or gave it up), or fail it when its
+# attempts are spent. With lease_before > 0 only if its lease expired before that time.
+# ARGV: p, id, assignment ('' = any), lease_before_ms, max_attempts, now_ms, ttl_s,
+#       queued_event, failed_error, failed_event
+REQUEUE = r"""
+local p, id = ARGV[1], ARGV[2]
+local jk = p .. 'job:' .. id
+local f = redis.call('HMGET', jk, 'state', 'assignment', 'attempts', 'model', 'bkey', 'rank', 'priority')
+if f[1] ~= 'RUNNING' then
+  redis.call('ZREM', p .. 'running', id)
+  return {'no', f[1] or 'missing'}
+end
+if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return {'no', f[1]} end
+if tonumber(ARGV[4]) > 0 then
+  local lease = redis.call('ZSCORE', p .. 'running', id)
+  if lease and tonumber(lease) > tonumber(ARGV[4]) then return {'no', 'renewed'} end
+end
+if tonumber(f[3]) >= tonumber(ARGV[5]) then
+  finish(p, id, 'FAILED', ARGV[6], ARGV[7], ARGV[9], '', '', ARGV[10])
+  return {'failed', f[3]}
+end
+redis.call('ZREM', p .. 'running', id)
+redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
+redis.call('HSET', jk, 'state', 'QUEUED', 'enqueued_ms', ARGV[6])
+redis.call('HDEL', jk, 'assignment', 'owner', 'worker', 'progress')
+enqueue(p, id, f[4], f[5], f[6], f[7])
+add_event(p, id, ARGV[8])
+redis.call('PUBLISH', p .. 'notify', 'q')
+redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
+return {'queued', f[3]}
+"""
+
+# Extend the leases of running jobs this controller holds. ARGV: p, owner, expiry_ms, ids...
+RENEW = r"""
+local p, owner, expiry = ARGV[1], ARGV[2], ARGV[3]
+local renewed = 0
+for i = 4, #ARGV do
+  local f = redis.call('HMGET', p .. 'job:' .. ARGV[i], 'state', 'owner')
+  if f[1] == 'RUNNING' and f[2] == owner then
+    redis.call('ZADD', p .. 'running', 'XX', expiry, ARGV[i])
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+
+# Worker ids. A worker id belongs to one process: the first Hello with it takes the claim, and
+# a Hello from another process is refused while the claim lives. Checking `workers` and then
+# registering let two processes racing through two controllers both in; one script cannot.
+# The claim lives a lease and is renewed with the `workers` entry (WORKERS_SEEN); a controller
+# renews, lists and drops only what it still holds, never what another one took over.
+
+# ARGV: p, worker id, instance ('' = an old worker: never the same process), owner, host, pid,
+#       lease_ms. Returns {'ok'} or {'held', host, pid} (the holder, another process).
+CLAIM_WORKER = r"""
+local p, id, instance = ARGV[1], ARGV[2], ARGV[3]
+local k = p .. 'worker-claim:' .. id
+local held = redis.call('HMGET', k, 'instance', 'host', 'pid')
+if held[1] and (instance == '' or held[1] ~= instance) then return {'held', held[2], held[3]} end
+redis.call('DEL', k)
+redis.call('HSET', k, 'instance', instance, 'owner', ARGV[4], 'host', ARGV[5], 'pid', ARGV[6])
+redis.call('PEXPIRE', k, ARGV[7])
+return {'ok'}
+"""
+
+# Renew the claims of this controller's workers and list them (workers, workers:seen). A claim
+# that expired (Redis away past a lease, or restarted empty) is taken again; one another
+# process or controller holds now is left alone, and its id returned: that worker must go.
+# ARGV: p, owner, lease_ms, expiry_ms, then id, instance, host, pid, info (WorkerInfo proto)
+# per worker. Returns the ids this controller no longer holds.
+WORKERS_SEEN = r"""
+local p, owner, lease, expiry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local lost = {}
+for i = 5, #ARGV, 5 do
+  local id, instance = ARGV[i], ARGV[i + 1]
+  local k = p .. 'worker-claim:' .. id
+  local held = redis.call('HMGET', k, 'instance', 'owner')
+  if held[1] and (held[1] ~= instance or held[2] ~= owner) then
+    table.insert(lost, id)
+  else
+    if not held[1] then
+      redis.call('HSET', k, 'instance', instance, 'owner', owner, 'host', ARGV[i + 2], 'pid', ARGV[i + 3])
+    end
+    redis.call('PEXPIRE', k, lease)
+    redis.call('HSET', p .. 'workers', id, ARGV[i + 4])
+    redis.call('ZADD', p .. 'workers:seen', expiry, id)
+  end
+end
+return lost
+"""
+
+# A worker this controller held is gone: its claim and listing go, unless another controller
+# (or process) holds the id by now. ARGV: p, owner, id, instance. Returns 1 when dropped.
+DROP_WORKER = r"""
+local p, owner, id, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local k = p .. 'worker-claim:' .. id
+local held = redis.call('HMGET', k, 'instance', 'owner')
+if held[1] and (held[1] ~= instance or held[2] ~= owner) then return 0 end
+redis.call('DEL', k)
+redis.call('HDEL', p .. 'workers', id)
+redis.call('ZREM', p .. 'workers:seen', id)
+return 1
+"""
+
+
+# ---- tidying, from every controller's upkeep (each run is small: Redis serves meanwhile) ----
+
+# Listing entries (`P jobs`, `P jobs:t:TENANT`) whose job expired or was evicted. Only entries
+# created before max_score (a job younger than the job TTL cannot have expired) are looked at,
+# `count` from `offset` on: the offset moves past the live ones (long queued or running jobs)
+# and starts over at the end. ARGV: p, listing key (without p), max_score, offset, count.
+# Returns {next offset, entries removed}.
+SWEEP_LISTING = r"""
+local p, key = ARGV[1], ARGV[1] .. ARGV[2]
+local offset, count = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ids = redis.call('ZRANGEBYSCORE', key, '-inf', ARGV[3], 'LIMIT', offset, count)
+local gone = 0
+for _, id in ipairs(ids) do
+  if redis.call('EXISTS', p .. 'job:' .. id) == 0 then
+    redis.call('ZREM', key, id)
+    gone = gone + 1
+  end
+end
+if #ids < count then return {0, gone} end
+return {offset + #ids - gone, gone}
+"""
+
+# Members of a tenant's active set that are no longer QUEUED or RUNNING: a job evicted from
+# Redis (maxmemory), or finished by an older controller that does not know tenants. Every
+# other way out of the set is `finish` in the PRELUDE. ARGV: p, tenant, SSCAN cursor, count.
+# Returns {next cursor, members removed}.
+SWEEP_ACTIVE = r"""
+local p = ARGV[1]
+local key = p .. 'active:' .. ARGV[2]
+local scan = redis.call('SSCAN', key, ARGV[3], 'COUNT', ARGV[4])
+local gone = 0
+for _, id in ipairs(scan[2]) do
+  local state = redis.call('HGET', p .. 'job:' .. id, 'state')
+  if state ~= 'QUEUED' and state ~= 'RUNNING' then
+    redis.call('SREM', key, id)
+    gone = gone + 1
+  end
+end
+return {scan[1], gone}
+"""
+
+# Fair-share finish tags at or before now hold no one back (S = max(now, F)): they go, so
+# `P fair` stays as small as the set of (tenant, priority) pairs with work queued ahead.
+# ARGV: p, now (s). Returns the entries removed.
+PRUNE_FAIR = r"""
+local key = ARGV[1] .. 'fair'
+local now = tonumber(ARGV[2])
+local all = redis.call('HGETALL', key)
+local gone = 0
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) <= now then
+    redis.call('HDEL', key, all[i])
+    gone = gone + 1
+  end
+end
+return gone
+"""

@@ -1,0 +1,611 @@
+"""`RedisJobStore`: jobs, the queue, leases and event logs in Redis (see `redis_scripts` for keys).
+
+This module only stores and loads: protos in, dataclasses out, one Lua script per state change.
+What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+from omnirt._internal import convert as c
+from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
+from omnirt.controller.engines.redis import scripts
+from omnirt.controller.observability.metrics import Gauges
+from omnirt.errors import JobNotFound, QueueFull
+from omnirt.types import (
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobError,
+    JobEvent,
+    JobState,
+    Progress,
+    WorkerInfo,
+)
+from omnirt.v1 import cluster_pb2, types_pb2
+
+PREFIX = "{omnirt}:"
+LIST_PAGE = 256
+
+
+def _ms_to_dt(value: bytes | None) -> datetime | None:
+    return datetime.fromtimestamp(int(value) / 1000, UTC) if value else None
+
+
+def _bytes(msg: Any) -> bytes:
+    return bytes(msg.SerializeToString()) if msg is not None else b""
+
+
+def job_not_found(job_id: str) -> JobNotFound:
+    """What an unknown id gets, and as well a known one of another tenant (no existence oracle)."""
+    return JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
+
+
+class QuotaRefusal(Exception):
+    """SUBMIT refused a job by its tenant's quota: `reason` is `tenants.REASON_*`; `active` the
+    tenant's jobs queued or running (max_queued), `wait_s` the time until a token (rate)."""
+
+    def __init__(self, reason: str, active: int = 0, wait_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.reason, self.active, self.wait_s = reason, active, wait_s
+
+
+def batch_key_id(key: Hashable | None) -> str:
+    """A short, stable name for a batch key (part of a Redis key)."""
+    return "" if key is None else hashlib.sha1(repr(key).encode()).hexdigest()[:20]
+
+
+@dataclass
+class StoredJob:
+    """A job as Redis holds it."""
+
+    job: Job
+    request: GenerateRequest
+    fingerprint: bytes
+    assignment: str
+    owner: str
+    enqueued_ms: int
+    fields: dict[bytes, bytes]
+
+    def artifact_bytes(self, index: int) -> bytes | None:
+        """Bytes kept beside the result (artifacts over the inline limit), or None."""
+        data = self.fields.get(f"artifact:{index}".encode())
+        if data is not None:
+            return data
+        path = self.fields.get(f"artifact_path:{index}".encode())
+        if path is None:
+            return None
+        try:
+            return Path(path.decode()).read_bytes()
+        except OSError:
+            return None
+
+
+@dataclass
+class Claimed:
+    """One job a claim marked RUNNING."""
+
+    job_id: str
+    attempts: int
+    request: GenerateRequest
+    enqueued_ms: int
+    traceparent: str = ""  # of the job's span on the controller that accepted it
+    tenant: str = ""
+
+
+def raise_lost_cancel() -> None:
+    """Raise CancelledError in a task that was cancelled but goes on running.
+
+    redis-py sends a command under asyncio.wait_for when a socket timeout is set, and on Python
+    3.11 wait_for returns normally when the cancellation lands just as the send ends: the
+    cancellation is lost, and the task goes on (a Generate whose client left kept waiting for
+    its job, which then ran to the end; a stopping controller's upkeep loop went on). The task
+    still counts the request (`Task.cancelling()`), so loops around Redis calls check it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+class RedisJobStore:
+    """Typed access to the keys of `redis_scripts` over one `redis.asyncio` client."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        job_ttl_s: float,
+        idempotency_ttl_s: float,
+        artifact_limit_bytes: int,
+        artifact_dir: str,
+        prefix: str = PREFIX,
+    ) -> None:
+        self.url = url
+        # Any: redis-py's reply types are unions of every decode mode; the replies here are bytes.
+        # A restarted Redis leaves every pooled connection dead: a command that meets one is
+        # retried once on a fresh connection (the scripts tolerate running twice; see SUBMIT).
+        # socket_timeout makes redis-py send each command under asyncio.wait_for: see
+        # `raise_lost_cancel` for what that means on Python 3.11.
+        self.redis: Any = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=2,
+            socket_timeout=5,
+            health_check_interval=5,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 1),
+            retry_on_error=[redis.exceptions.ConnectionError],
+        )
+        self.p = prefix
+        self.channel = prefix + "notify"
+        self.ttl_s = max(1, int(job_ttl_s))
+        self.idempotency_ttl_s = max(1, int(idempotency_ttl_s))
+        self.artifact_limit = artifact_limit_bytes
+        self.artifact_dir = Path(artifact_dir or os.path.join(tempfile.gettempdir(), "omnirt-artifacts"))
+        self._scripts = {
+            name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
+            for name in ("CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
+        }
+        self._scripts["SUBMIT"] = self.redis.register_script(
+            scripts.PRELUDE + scripts.QUOTAS + scripts.SUBMIT
+        )
+        # The scripts that need none of the PRELUDE's functions: workers' claims, the tidying.
+        self._plain_scripts = {
+            name: self.redis.register_script(getattr(scripts, name))
+            for name in (
+                "CLAIM_WORKER",
+                "WORKERS_SEEN",
+                "DROP_WORKER",
+                "SWEEP_LISTING",
+                "SWEEP_ACTIVE",
+                "PRUNE_FAIR",
+            )
+        }
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def _run(self, name: str, *args: Any) -> Any:
+        return await self._scripts[name](keys=[], args=[self.p, *args])
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    # ---- jobs ---------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        job: Job,
+        request: GenerateRequest,
+        fingerprint: bytes,
+        batch_key: str,
+        rank: float,
+        max_queue: int,
+        queued: JobEvent,
+        traceparent: str = "",
+        *,
+        policy: TenantPolicy = UNLIMITED,
+        cost_s: float = 1.0,
+        aging_s: float = 0.0,
+    ) -> str | None:
+        """Store and queue a new job of `job.tenant`; returns the id of an existing job of that
+        tenant with the same idempotency key, else None.
+
+        `rank` is the job's for the tenant ""; a named tenant's is computed in Redis from its
+        fair-share clock, `cost_s` (the model's expected run time per job) and `policy.weight`.
+        Raises QueueFull, or QuotaRefusal when `policy` refuses the job.
+        """
+        now_ms = int(job.created_at.timestamp() * 1000) if job.created_at else 0
+        rate = policy.rate_per_s
+        answer = await self._run(
+            "SUBMIT",
+            job.id,
+            job.idempotency_key,
+            self.idempotency_ttl_s,
+            max_queue,
+            _bytes(c.job_to_proto(job)),
+            _bytes(c.request_to_proto(request)),
+            fingerprint,
+            job.model,
+            batch_key,
+            repr(rank),
+            now_ms,
+            job.deadline_ms,
+            job.priority,
+            _bytes(c.event_to_proto(queued)),
+            traceparent,
+            job.tenant,
+            policy.max_queued,
+            repr(rate),
+            bucket_size(policy) if rate > 0 else 0,
+            repr(cost_s),
+            repr(policy.weight),
+            repr(aging_s),
+        )
+        kind = answer[0].decode()
+        if kind == "dup":
+            return str(answer[1].decode())
+        if kind == "full":
+            raise QueueFull(f"queue is full ({max_queue} jobs waiting); retry later", retry_after_s=1.0)
+        if kind == "quota":
+            reason = answer[1].decode()
+            if reason == "rate":
+                raise QuotaRefusal(reason, wait_s=float(answer[2]))
+            raise QuotaRefusal(reason, active=int(answer[2]))
+        return None
+
+    async def load(self, job_id: str, tenant: str | None = None) -> StoredJob:
+        """The job; with `tenant`, JobNotFound unless it is that tenant's (as for an unknown id)."""
+        fields: dict[bytes, bytes] = await self.redis.hgetall(self.p + "job:" + job_id)
+        if not fields or b"static" not in fields:
+            raise job_not_found(job_id)
+        if tenant is not None and fields.get(b"tenant", b"").decode() != tenant:
+            raise job_not_found(job_id)
+        return self._decode(fields)
+
+    def _decode(self, f: dict[bytes, bytes]) -> StoredJob:
+        job = c.job_from_proto(types_pb2.Job.FromString(f[b"static"]))
+        job.tenant = f.get(b"tenant", b"").decode()  # the same as in `static`; older jobs have neither
+        job.state = JobState[f[b"state"].decode()]
+        job.attempts = int(f.get(b"attempts", b"0"))
+        job.worker_id = f.get(b"worker", b"").decode()
+        job.started_at = _ms_to_dt(f.get(b"started_ms"))
+        job.finished_at = _ms_to_dt(f.get(b"finished_ms"))
+        if b"error" in f:
+            job.error = c.error_from_proto(types_pb2.JobError.FromString(f[b"error"]))
+        if b"progress" in f:
+            job.progress = c.progress_from_proto(types_pb2.Progress.FromString(f[b"progress"]))
+        if b"result" in f:
+            job.result = c.result_from_proto(types_pb2.GenerateResult.FromString(f[b"result"]))
+        request = c.request_from_proto(types_pb2.GenerateRequest.FromString(f[b"request"]))
+        return StoredJob(
+            job=job,
+            request=request,
+            fingerprint=f.get(b"fingerprint", b""),
+            assignment=f.get(b"assignment", b"").decode(),
+            owner=f.get(b"owner", b"").decode(),
+            enqueued_ms=int(f.get(b"enqueued_ms", b"0")),
+            fields=f,
+        )
+
+    async def state(self, job_id: str) -> JobState | None:
+        value = await self.redis.hget(self.p + "job:" + job_id, "state")
+        return JobState[value.decode()] if value else None
+
+    async def states(self, job_ids: Sequence[str]) -> list[JobState | None]:
+        """The states of several jobs in one round trip (None: unknown or expired)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hget(self.p + "job:" + job_id, "state")
+            values = await pipe.execute()
+        return [JobState[v.decode()] if v else None for v in values]
+
+    async def position(self, job_id: str) -> int:
+        rank = await self.redis.zrank(self.p + "queue", job_id)
+        return int(rank or 0)
+
+    async def list_ids(
+        self, states: Sequence[JobState], model: str, limit: int, offset: int, tenant: str | None = None
+    ) -> tuple[list[str], bool]:
+        """Job ids newest first, filtered (`tenant`: only that tenant's, from its own listing, so
+        a tenant's page costs the same however many jobs the others have); returns the page and
+        whether more follow."""
+        wanted = {s.name.encode() for s in states}
+        listing = self.listing_key(tenant)
+        picked: list[str] = []
+        skipped, start = 0, 0
+        while len(picked) <= limit:
+            ids = await self.redis.zrevrange(self.p + listing, start, start + LIST_PAGE - 1)
+            if not ids:
+                break
+            start += len(ids)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hmget(self.p + "job:" + job_id.decode(), "state", "model", "tenant")
+                rows = await pipe.execute()
+            gone = [job_id for job_id, (state, *_) in zip(ids, rows, strict=True) if state is None]
+            if gone:  # expired jobs leave the listing
+                await self.redis.zrem(self.p + listing, *gone)
+                start -= len(gone)
+            for job_id, (state, job_model, job_tenant) in zip(ids, rows, strict=True):
+                if (
+                    state is None
+                    or (wanted and state not in wanted)
+                    or (model and job_model.decode() != model)
+                    or (tenant is not None and (job_tenant or b"").decode() != tenant)
+                ):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                picked.append(job_id.decode())
+        return picked[:limit], len(picked) > limit
+
+    @staticmethod
+    def listing_key(tenant: str | None) -> str:
+        """The listing zset (without the prefix) that holds `tenant`'s jobs (None or "": all)."""
+        return "jobs:t:" + tenant if tenant else "jobs"
+
+    async def events(self, job_id: str, after: int, count: int = 512) -> list[JobEvent]:
+        """Events with a sequence above `after` (the stream entry id is 0-SEQUENCE)."""
+        entries = await self.redis.xrange(self.p + "events:" + job_id, f"(0-{after}", "+", count=count)
+        out = []
+        for entry_id, fields in entries:
+            event = c.event_from_proto(types_pb2.JobEvent.FromString(fields[b"e"]))
+            event.sequence = int(entry_id.split(b"-")[1])
+            out.append(event)
+        return out
+
+    # ---- state changes ------------------------------------------------------------------
+
+    async def claim(
+        self,
+        models: dict[str, int],
+        owner: str,
+        assignment_id: str,
+        lease_ms: int,
+        window_ms: int,
+        now_ms: int,
+        busy_window_ms: int = 0,
+    ) -> tuple[str, list[Claimed]] | tuple[str, int] | None:
+        """Claim the best queued job of `models` (model -> batch limit) and its batch peers.
+
+        A batchable head with fewer peers than its limit waits for companions `window_ms` after
+        it was queued, or `busy_window_ms` when that is longer and jobs of its model run (on any
+        controller's workers). Returns (model, claimed jobs), or (model, due_ms) when the head
+        waits, or None when none of the models has a queued job.
+        """
+        pairs = [x for model, limit in models.items() for x in (model, limit)]
+        answer = await self._run(
+            "CLAIM", now_ms, lease_ms, owner, assignment_id, window_ms, busy_window_ms, *pairs
+        )
+        if not answer:
+            return None
+        model = answer[1].decode()
+        if answer[0] == b"wait":
+            return model, int(answer[2])
+        claimed = []
+        rest = answer[2:]
+        for i in range(0, len(rest), 6):
+            request = c.request_from_proto(types_pb2.GenerateRequest.FromString(rest[i + 2]))
+            claimed.append(
+                Claimed(
+                    rest[i].decode(),
+                    int(rest[i + 1]),
+                    request,
+                    int(rest[i + 3]),
+                    rest[i + 4].decode(),
+                    rest[i + 5].decode(),
+                )
+            )
+        return model, claimed
+
+    async def append(
+        self,
+        job_id: str,
+        assignment_id: str,
+        event: JobEvent,
+        progress: Progress | None = None,
+        worker: str = "",
+    ) -> bool:
+        """Log an event of a running job (dropped unless `assignment_id` still holds it)."""
+        answer = await self._run(
+            "APPEND",
+            job_id,
+            assignment_id,
+            _bytes(c.event_to_proto(event)),
+            _bytes(c.progress_to_proto(progress)) if progress else b"",
+            worker,
+        )
+        return bool(answer)
+
+    async def finish(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        expected: Sequence[JobState],
+        assignment_id: str = "",
+        error: JobError | None = None,
+        result: GenerateResult | None = None,
+        state_event: JobEvent,
+        result_event: JobEvent | None = None,
+        artifacts: dict[int, bytes] | None = None,
+        now_ms: int,
+    ) -> tuple[bool, JobState | None, str, str]:
+        """Move a job to a final state if it is in `expected` (and, if given, under `assignment_id`).
+
+        Returns (changed, the state it had, its owner, its assignment).
+        """
+        extra: list[Any] = []
+        for index, data in (artifacts or {}).items():
+            if len(data) <= self.artifact_limit:
+                extra += [f"artifact:{index}", data]
+            else:
+                extra += [f"artifact_path:{index}", self._write_artifact(job_id, index, data)]
+        answer = await self._run(
+            "FINISH",
+            job_id,
+            assignment_id,
+            ",".join(s.name for s in expected),
+            state.name,
+            now_ms,
+            self.ttl_s,
+            _bytes(c.error_to_proto(error)) if error else b"",
+            _bytes(c.result_to_proto(result)) if result else b"",
+            _bytes(c.event_to_proto(result_event)) if result_event else b"",
+            _bytes(c.event_to_proto(state_event)),
+            *extra,
+        )
+        kind = answer[0].decode()
+        if kind == "missing":
+            raise job_not_found(job_id)
+        before = JobState[answer[1].decode()]
+        if kind == "no":
+            return False, before, "", ""
+        return True, before, answer[2].decode(), answer[3].decode()
+
+    def _write_artifact(self, job_id: str, index: int, data: bytes) -> str:
+        """Large artifacts go to the (shared) artifact directory; Redis keeps the path."""
+        folder = self.artifact_dir / job_id
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / str(index)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        return str(path)
+
+    def sweep_artifacts(self, now: float) -> int:
+        """Delete artifact folders older than the job TTL (their jobs expired); how many."""
+        if not self.artifact_dir.is_dir():
+            return 0
+        removed = 0
+        for folder in self.artifact_dir.iterdir():
+            try:
+                if now - folder.stat().st_mtime > self.ttl_s:
+                    shutil.rmtree(folder)
+                    removed += 1
+            except OSError:
+                continue  # another controller removed it first
+        return removed
+
+    async def requeue(
+        self,
+        job_id: str,
+        *,
+        assignment_id: str = "",
+        lease_before_ms: int = 0,
+        max_attempts: int,
+        queued: JobEvent,
+        failed_error: JobError,
+        failed: JobEvent,
+        now_ms: int,
+    ) -> str:
+        """Queue a running job again, or fail it when attempts are spent: 'queued', 'failed' or 'no'."""
+        answer = await self._run(
+            "REQUEUE",
+            job_id,
+            assignment_id,
+            lease_before_ms,
+            max_attempts,
+            now_ms,
+            self.ttl_s,
+            _bytes(c.event_to_proto(queued)),
+            _bytes(c.error_to_proto(failed_error)),
+            _bytes(c.event_to_proto(failed)),
+        )
+        return str(answer[0].decode())
+
+    async def renew(self, owner: str, job_ids: Sequence[str], expiry_ms: int) -> int:
+        if not job_ids:
+            return 0
+        return int(await self._run("RENEW", owner, expiry_ms, *job_ids))
+
+    async def expired_leases(self, now_ms: int, count: int = 200) -> list[str]:
+        ids = await self.redis.zrangebyscore(self.p + "running", "-inf", now_ms, start=0, num=count)
+        return [i.decode() for i in ids]
+
+    async def due_deadlines(self, now_ms: int, count: int = 200) -> list[str]:
+        ids = await self.redis.zrangebyscore(self.p + "deadlines", "-inf", now_ms, start=0, num=count)
+        return [i.decode() for i in ids]
+
+    async def publish(self, message: str) -> None:
+        await self.redis.publish(self.channel, message)
+
+    # ---- gauges and the cluster's workers ----------------------------------------------
+
+    async def depth(self, models: Sequence[str]) -> Gauges:
+        """Queued jobs by model (of `models`) and by priority, running jobs by model, active jobs
+        by tenant: the cluster's."""
+        tenants = await self.tenants()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.p + "qdepth")
+            pipe.hgetall(self.p + "runmodels")
+            for model in models:
+                pipe.zcard(self.p + "queue:m:" + model)
+            for tenant in tenants:
+                pipe.scard(self.p + "active:" + tenant)
+            queued, running, *counts = await pipe.execute()
+        per_model, per_tenant = counts[: len(models)], counts[len(models) :]
+        return Gauges(
+            queued_by_model={model: int(n) for model, n in zip(models, per_model, strict=True)},
+            queued_by_priority={int(k): int(v) for k, v in queued.items() if int(v) > 0},
+            running_by_model={k.decode(): int(v) for k, v in running.items() if int(v) > 0},
+            active_by_tenant={t: int(n) for t, n in zip(tenants, per_tenant, strict=True)},
+        )
+
+    async def active(self, tenant: str) -> int:
+        """The tenant's jobs queued or running (what max_queued counts), on every controller."""
+        return int(await self.redis.scard(self.p + "active:" + tenant))
+
+    # ---- tidying (the upkeep's) ---------------------------------------------------------
+
+    async def tenants(self) -> list[str]:
+        return sorted(t.decode() for t in await self.redis.smembers(self.p + "tenants"))
+
+    async def sweep_listing(
+        self, tenant: str | None, max_score_ms: int, offset: int, count: int
+    ) -> tuple[int, int]:
+        """Drop expired or evicted jobs from a listing (see SWEEP_LISTING): (next offset, removed)."""
+        answer = await self._plain_scripts["SWEEP_LISTING"](
+            keys=[], args=[self.p, self.listing_key(tenant), max_score_ms, offset, count]
+        )
+        return int(answer[0]), int(answer[1])
+
+    async def sweep_active(self, tenant: str, cursor: int, count: int) -> tuple[int, int]:
+        """Drop jobs no longer active from the tenant's set (see SWEEP_ACTIVE): (cursor, removed)."""
+        answer = await self._plain_scripts["SWEEP_ACTIVE"](keys=[], args=[self.p, tenant, cursor, count])
+        return int(answer[0]), int(answer[1])
+
+    async def prune_fair(self, now_s: float) -> int:
+        """Drop the fair-share finish tags at or before `now_s`; how many."""
+        return int(await self._plain_scripts["PRUNE_FAIR"](keys=[], args=[self.p, repr(now_s)]))
+
+    async def claim_worker(self, info: WorkerInfo, owner: str, lease_ms: int) -> tuple[str, int] | None:
+        """Take worker id `info.id` for its process (`info.instance_id`) on controller `owner`;
+        None when taken, else the (host, pid) of the other live process that holds it."""
+        answer = await self._plain_scripts["CLAIM_WORKER"](
+            keys=[], args=[self.p, info.id, info.instance_id, owner, info.hostname, info.pid, lease_ms]
+        )
+        if answer[0] == b"ok":
+            return None
+        return (answer[1] or b"").decode(), int(answer[2] or 0)
+
+    async def put_workers(
+        self, workers: Sequence[WorkerInfo], owner: str, lease_ms: int, expiry_ms: int
+    ) -> list[str]:
+        """Renew the claims of `owner`'s workers and list them for the cluster (until
+        `expiry_ms`); returns the ids another process or controller holds now (not renewed)."""
+        if not workers:
+            return []
+        args: list[Any] = [self.p, owner, lease_ms, expiry_ms]
+        for w in workers:
+            args += [w.id, w.instance_id, w.hostname, w.pid, _bytes(c.worker_to_proto(w))]
+        lost = await self._plain_scripts["WORKERS_SEEN"](keys=[], args=args)
+        return [worker_id.decode() for worker_id in lost]
+
+    async def drop_worker(self, info: WorkerInfo, owner: str) -> None:
+        """Forget a worker `owner` held (claim and listing), unless another one holds its id now."""
+        await self._plain_scripts["DROP_WORKER"](keys=[], args=[self.p, owner, info.id, info.instance_id])
+
+    async def workers(self, now_ms: int) -> list[WorkerInfo]:
+        """Workers connected to any controller (their controller refreshed them lately)."""
+        stale = await self.redis.zrangebyscore(self.p + "workers:seen", "-inf", now_ms)
+        if stale:
+            await self.redis.hdel(self.p + "workers", *stale)
+            await self.redis.zrem(self.p + "workers:seen", *stale)
+        rows = await self.redis.hgetall(self.p + "workers")
+        return [c.worker_from_proto(cluster_pb2.WorkerInfo.FromString(v)) for v in rows.values()]

@@ -1,0 +1,369 @@
+"""The Redis engine's background work: dispatching to this controller's workers, renewing and
+expiring leases, deadlines, readiness, the cluster view, and the notifications of other controllers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import redis.exceptions
+
+from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.router import Assignment, AssignmentItem
+from omnirt.controller.core.validation import Plan
+from omnirt.controller.engines.memory.engine import batch_limit
+from omnirt.controller.engines.redis.store import Claimed, raise_lost_cancel
+from omnirt.errors import OmniRTError
+from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec
+
+if TYPE_CHECKING:
+    from omnirt.controller.engines.redis.engine import RedisEngine
+
+log = logging.getLogger("omnirt.controller")
+TICK_S = 0.1
+# How often the dispatcher looks at the queue without being woken (a lost notification).
+POLL_S = 0.5
+SLOW_TICK_S = 1.0  # also renews worker-id claims: see RedisEngine.claim_ms
+ARTIFACT_SWEEP_S = 60.0
+SWEEP_PAGE = 500
+TIDY_S = 5.0  # how often the fair-share tags, tenants' active sets and listings are tidied
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RedisUpkeep:
+    """The loops a `RedisEngine` runs while it serves."""
+
+    def __init__(self, engine: RedisEngine) -> None:
+        self.engine = engine
+        # When a job held back for batch companions must go anyway (monotonic; 0 = none).
+        self._window_due = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        # Where the tidying of each tenant's active set and listing goes on (SSCAN cursor,
+        # offset), and when it last ran (monotonic).
+        self._active_cursors: dict[str, int] = {}
+        self._listing_offsets: dict[str, int] = {}
+        self._tidied = 0.0
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._dispatch_loop()),
+            asyncio.create_task(self._reaper_loop()),
+            asyncio.create_task(self._slow_loop()),
+            asyncio.create_task(self._listen()),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ---- dispatch -------------------------------------------------------------------------
+
+    async def dispatch(self) -> int:
+        """Give queued jobs to this controller's workers with free slots; returns the calls placed."""
+        placed = 0
+        waiting: set[str] = set()
+        while True:
+            models = {
+                spec.id: batch_limit(self.engine.config, spec)
+                for spec in self.engine.catalog
+                if spec.id not in waiting and self.engine.workers.pick(spec) is not None
+            }
+            if not models:
+                return placed
+            assignment_id = "asg-" + uuid.uuid4().hex[:16]
+            claim = await self.engine.store.claim(
+                models,
+                self.engine.id,
+                assignment_id,
+                self.engine.config.lease_timeout_ms,
+                self.engine.config.batch_window_ms,
+                _now_ms(),
+                busy_window_ms=self.engine.config.batch_busy_window_ms,
+            )
+            if claim is None:
+                return placed
+            model, claimed = claim
+            if isinstance(claimed, int):  # the head waits for batch companions
+                waiting.add(model)
+                due = time.monotonic() + max(0, claimed - _now_ms()) / 1000
+                self._window_due = min(self._window_due or due, due)
+                continue
+            await self._send(self.engine.catalog.resolve(model), assignment_id, claimed)
+            placed += 1
+
+    async def _send(self, spec: ModelSpec, assignment_id: str, claimed: list[Claimed]) -> None:
+        handle = self.engine.workers.pick(spec)
+        if handle is None:  # the worker went away while we claimed
+            for c in claimed:
+                await self.engine.requeue(c.job_id, assignment_id, "no worker left to take the job")
+            return
+        now = _now_ms()
+        batch: list[JobRecord] = []
+        items = []
+        for c in claimed:
+            self.engine.tracing.adopt(c.job_id, c.traceparent)  # accepted by another controller
+            record = self.engine.records.get(c.job_id) or JobRecord(
+                job=Job(
+                    id=c.job_id, state=JobState.RUNNING, model=spec.id, task=c.request.task, tenant=c.tenant
+                ),
+                plan=Plan(spec, c.request),
+            )
+            job = record.job
+            job.state, job.attempts, job.worker_id, job.started_at = (
+                JobState.RUNNING,
+                c.attempts,
+                handle.id,
+                utcnow(),
+            )
+            record.assignment_id = assignment_id
+            record.enqueued_at = time.monotonic() - max(0, now - c.enqueued_ms) / 1000
+            # What the run-time estimate learns from when the result comes (see tenants.RunTimes).
+            record.dispatched_at, record.batch_size = time.monotonic(), len(claimed)
+            handle.start(c.job_id, assignment_id, spec.id)
+            self.engine.running[c.job_id] = record
+            batch.append(record)
+            items.append(
+                AssignmentItem(c.job_id, c.request, c.attempts, max(0.0, float(now - c.enqueued_ms)))
+            )
+        await asyncio.gather(
+            *(
+                self.engine.store.append(
+                    r.job.id,
+                    assignment_id,
+                    JobEvent(
+                        job_id=r.job.id,
+                        kind=EventKind.STATE,
+                        state=JobState.RUNNING,
+                        worker_id=handle.id,
+                        attempt=r.job.attempts,
+                    ),
+                    worker=handle.id,
+                )
+                for r in batch
+            )
+        )
+        self.engine.metrics.dispatched(batch)
+        self.engine.tracing.dispatched(batch, handle.id, assignment_id)
+        handle.link.send(
+            Assignment(
+                assignment_id,
+                items,
+                spec,
+                deadline_ms=claimed[0].request.deadline_ms if len(claimed) == 1 else 0,
+                trace_context=self.engine.tracing.assignment_context(batch),
+                batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(claimed) > 1 else "",
+            )
+        )
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            raise_lost_cancel()  # stopping: a cancel a Redis call swallowed (see redis_store)
+            timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else POLL_S
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
+                    await self.engine.wake.wait()
+            self.engine.wake.clear()
+            self._window_due = 0.0
+            try:
+                await self.dispatch()
+            except redis.exceptions.RedisError as exc:
+                self.engine.store_ok = False
+                log.debug("dispatch: job store unavailable: %s", exc)
+            except Exception:
+                log.exception("dispatch failed")
+
+    # ---- background upkeep -----------------------------------------------------------------
+
+    async def _reaper_loop(self) -> None:
+        last_renew = 0.0
+        while True:
+            raise_lost_cancel()
+            await asyncio.sleep(TICK_S)
+            try:
+                self._reap_workers()
+                if not await self._retry_pending():
+                    continue
+                now = time.monotonic()
+                if now - last_renew >= self.engine.config.lease_timeout_ms / 3000:
+                    last_renew = now
+                    await self._renew_leases()
+                await self._expire_leases()
+                await self._expire_deadlines()
+            except redis.exceptions.RedisError as exc:
+                self.engine.store_ok = False
+                log.debug("reaper: job store unavailable: %s", exc)
+            except Exception:
+                log.exception("reaper failed")
+
+    async def _renew_leases(self) -> None:
+        """Renew the leases of jobs our workers run; requeue any we hold for no worker (never stuck)."""
+        held, orphans = [], []
+        for job_id, record in list(self.engine.running.items()):
+            try:
+                handle = self.engine.workers.get(record.job.worker_id)
+            except OmniRTError:
+                handle = None
+            if handle is not None and handle.running.get(job_id) == record.assignment_id:
+                held.append(job_id)
+            else:
+                orphans.append((job_id, record.assignment_id))
+        await self.engine.store.renew(self.engine.id, held, _now_ms() + self.engine.config.lease_timeout_ms)
+        for job_id, assignment_id in orphans:
+            log.warning("job held for no connected worker: requeued", extra={"job_id": job_id})
+            await self.engine.requeue(job_id, assignment_id, "its worker is no longer connected")
+
+    def _reap_workers(self) -> None:
+        lease_s = self.engine.config.lease_timeout_ms / 1000
+        now = time.monotonic()
+        for handle in self.engine.workers.all():
+            if now - handle.last_seen > lease_s:
+                handle.link.close()
+                task = asyncio.create_task(
+                    self.engine.worker_lost(handle, f"no heartbeat for {lease_s:.1f} s")
+                )
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def _retry_pending(self) -> bool:
+        """Store results kept while Redis was away; False while it still is."""
+        while self.engine.pending:
+            try:
+                await self.engine.pending[0]()
+            except redis.exceptions.RedisError:
+                return False
+            self.engine.pending.pop(0)
+        return True
+
+    async def _expire_leases(self) -> None:
+        now = _now_ms()
+        for job_id in await self.engine.store.expired_leases(now):
+            if job_id in self.engine.running:
+                continue  # ours: renewed on the next tick
+            await self.engine.requeue(
+                job_id, "", "the controller holding the job stopped renewing its lease", now
+            )
+
+    async def _expire_deadlines(self) -> None:
+        for job_id in await self.engine.store.due_deadlines(_now_ms()):
+            with contextlib.suppress(OmniRTError):
+                stored = await self.engine.store.load(job_id)
+                where = "while running" if stored.job.state is JobState.RUNNING else "while queued"
+                await self.engine.end(
+                    job_id, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}")
+                )
+
+    async def _slow_loop(self) -> None:
+        """Once a second: readiness, this controller's workers into Redis, the cluster's gauges."""
+        last_sweep = 0.0
+        while True:
+            raise_lost_cancel()
+            try:
+                await self.engine.store.ping()
+                if not self.engine.store_ok:
+                    log.warning("job store reachable again: %s", self.engine.config.store)
+                    self.engine.wake.set()
+                    for job_id in list(self.engine.waiters):
+                        self.engine.notify(job_id)
+                self.engine.store_ok = True
+                # This controller's workers into the cluster's view, and their ids' claims renewed.
+                expiry = _now_ms() + self.engine.config.lease_timeout_ms
+                handles = self.engine.workers.all()
+                snapshots = [w.snapshot() for w in handles]
+                lost = await self.engine.store.put_workers(
+                    snapshots, self.engine.id, self.engine.claim_ms(), expiry
+                )
+                for handle in handles:
+                    if handle.id in lost:
+                        self.engine.id_lost(handle)
+                self.engine.cluster = await self.engine.store.workers(_now_ms())
+                self.engine.depth = await self.engine.store.depth([spec.id for spec in self.engine.catalog])
+                await self._sweep_records()
+                if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
+                    last_sweep = time.monotonic()
+                    await asyncio.to_thread(self.engine.store.sweep_artifacts, time.time())
+                await self._tidy()
+            except redis.exceptions.RedisError as exc:
+                if self.engine.store_ok:
+                    log.warning("job store unreachable: %s", exc)
+                self.engine.store_ok = False
+            except Exception:
+                log.exception("upkeep failed")
+            await asyncio.sleep(SLOW_TICK_S)
+
+    async def _tidy(self) -> None:
+        """Every few seconds: drop fair-share tags that hold no one back, and what expired or
+        was evicted from the tenants' active sets and listings (normally each job leaves them
+        in the script that ends it or as a listing meets it; this bounds what slips by)."""
+        if time.monotonic() - self._tidied < TIDY_S:
+            return
+        self._tidied = time.monotonic()
+        store = self.engine.store
+        now = _now_ms()
+        await store.prune_fair(now / 1000)
+        created_before = now - store.ttl_s * 1000  # a younger job cannot have expired yet
+        for tenant in await store.tenants():
+            cursor = self._active_cursors.get(tenant, 0)
+            self._active_cursors[tenant], _ = await store.sweep_active(tenant, cursor, SWEEP_PAGE)
+            offset = self._listing_offsets.get(tenant, 0)
+            self._listing_offsets[tenant], _ = await store.sweep_listing(
+                tenant, created_before, offset, SWEEP_PAGE
+            )
+
+    async def _sweep_records(self) -> None:
+        """Forget jobs submitted here that finished elsewhere (the observers see them end)."""
+        ids = [job_id for job_id in self.engine.records if job_id not in self.engine.running]
+        for start in range(0, len(ids), SWEEP_PAGE):
+            page = ids[start : start + SWEEP_PAGE]
+            for job_id, state in zip(page, await self.engine.store.states(page), strict=True):
+                if state is None or state.terminal:
+                    record = self.engine.records.get(job_id)
+                    error = record.job.error if record else None
+                    self.engine.closed(job_id, state or JobState.FAILED, error)
+
+    async def _listen(self) -> None:
+        """Notifications from every controller: queued jobs, new events, stops and drains."""
+        while True:
+            raise_lost_cancel()
+            pubsub = self.engine.store.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.engine.store.channel)
+                # Catch up on whatever was missed while not subscribed.
+                self.engine.wake.set()
+                for job_id in list(self.engine.waiters):
+                    self.engine.notify(job_id)
+                async for message in pubsub.listen():
+                    raise_lost_cancel()
+                    if message.get("type") == "message":
+                        self._on_message(message["data"].decode())
+            except redis.exceptions.RedisError:
+                self.engine.store_ok = False
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    def _on_message(self, text: str) -> None:
+        kind, _, rest = text.partition(" ")
+        if kind == "q":
+            self.engine.wake.set()
+        elif kind == "e":
+            self.engine.notify(rest)
+        elif kind == "c":
+            job_id, assignment_id, owner, reason = [*rest.split(" "), "", "", ""][:4]
+            if owner == self.engine.id:
+                self.engine.stop_local(job_id, assignment_id, reason or "CANCELLED")
+        elif kind == "d":
+            with contextlib.suppress(OmniRTError):
+                self.engine.workers.get(rest).drain()

@@ -1,0 +1,158 @@
+"""The executor interface: one implementation per execution mode.
+
+The daemon owns the connection and hands each `Assignment` to its executor, which returns
+one `ItemOutcome` per job and reports progress through an event sink. Executors work on
+plain dataclasses (`omnirt.types`, `omnirt.worker.protocol`), never on protobuf messages.
+Implementations are imported lazily by name so that importing this module stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+from omnirt import types as t
+from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
+
+if TYPE_CHECKING:
+    from omnirt.worker.config import WorkerConfig
+
+EventSink = Callable[[t.JobEvent], None]
+"""Receives a job's events; executors call it on the event loop's thread."""
+
+CANCELLED = "CANCELLED"
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+
+# execution mode -> (module, class); later issues add modular, subprocess, persistent_worker.
+_EXECUTORS: dict[str, tuple[str, str]] = {
+    "legacy_call": ("omnirt.worker.modes.legacy_call", "LegacyCallExecutor"),
+    "modular": ("omnirt.worker.modes.modular.executor", "ModularExecutor"),
+    "subprocess": ("omnirt.worker.modes.subprocess.executor", "SubprocessExecutor"),
+    "persistent_worker": ("omnirt.worker.modes.persistent.executor", "PersistentWorkerExecutor"),
+}
+
+
+class JobFailure(Exception):
+    """A job (or every job of a call) cannot succeed; `error` is what the controller gets."""
+
+    def __init__(self, code: str, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.error = t.JobError(code=code, message=message, field=field)
+
+
+class StopRun(Exception):
+    """Raised inside a running pipeline (from its step callback) when every job of it must stop."""
+
+
+class CancelFlags:
+    """Stop requests by job id: set on the event loop, read by pipeline threads at every step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reasons: dict[str, str] = {}
+
+    def request(self, job_id: str, reason: str = CANCELLED) -> None:
+        """Ask `job_id` to stop with `reason` (a JobError code); the first reason wins."""
+        with self._lock:
+            self._reasons.setdefault(job_id, reason or CANCELLED)
+
+    def reason(self, job_id: str) -> str | None:
+        """Why `job_id` must stop, or None."""
+        with self._lock:
+            return self._reasons.get(job_id)
+
+    def clear(self, job_id: str) -> None:
+        """Forget `job_id` (once its result is out)."""
+        with self._lock:
+            self._reasons.pop(job_id, None)
+
+
+class StopCheck:
+    """Answers "must this job stop now?" from its cancel flag and its absolute deadline."""
+
+    def __init__(self, flags: CancelFlags, assignment: Assignment) -> None:
+        self._flags = flags
+        self._deadlines = {item.job_id: job_deadline_ms(assignment, item) for item in assignment.items}
+
+    def reason(self, job_id: str) -> str | None:
+        """CANCELLED / DEADLINE_EXCEEDED (or another code set by the daemon), or None."""
+        flagged = self._flags.reason(job_id)
+        if flagged:
+            return flagged
+        deadline = self._deadlines.get(job_id, 0)
+        if deadline and time.time() * 1000.0 >= deadline:
+            return DEADLINE_EXCEEDED
+        return None
+
+    def all_stopped(self, job_ids: list[str]) -> bool:
+        """True when every job of `job_ids` must stop (then the call is aborted)."""
+        return all(self.reason(job_id) for job_id in job_ids)
+
+
+def job_deadline_ms(assignment: Assignment, item: AssignmentItem) -> int:
+    """The earliest non-zero of the assignment's and the request's deadline (epoch ms; 0 = none)."""
+    candidates = [d for d in (assignment.deadline_ms, item.request.deadline_ms) if d > 0]
+    return min(candidates) if candidates else 0
+
+
+def stop_error(reason: str, where: str) -> t.JobError:
+    """The JobError for a job stopped for `reason` (a status code name)."""
+    if reason == CANCELLED:
+        text = "job cancelled"
+    elif reason == DEADLINE_EXCEEDED:
+        text = "deadline exceeded"
+    elif reason == "UNAVAILABLE":
+        text = "the worker stopped the job to shut down (drain timeout)"
+    else:
+        text = f"job stopped ({reason})"
+    return t.JobError(code=reason, message=f"{text} {where}".strip())
+
+
+class Executor(ABC):
+    """Runs assignments of one execution mode."""
+
+    mode: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def backend(self) -> str:
+        """The backend really in use ("cpu", "cuda", "ascend"), known after `start()`."""
+
+    async def start(self) -> None:
+        """Get ready before the worker announces itself (imports, device checks)."""
+        return None
+
+    @abstractmethod
+    async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        """Run `assignment`; return one outcome per item. Must not raise for a job's failure."""
+
+    def loaded_models(self) -> list[str]:
+        """Catalog ids of the models held warm (for Hello and Heartbeat)."""
+        return []
+
+    async def preload(self, spec: t.ModelSpec) -> None:
+        """Make `spec` warm before its first job (`--preload`); NotImplementedError in modes without it."""
+        raise NotImplementedError(f"the {self.mode} mode does not preload; models load on their first job")
+
+    async def close(self) -> None:
+        """Release what the executor holds."""
+        return None
+
+
+def executor_modes() -> list[str]:
+    """The execution modes this worker build can run."""
+    return sorted(_EXECUTORS)
+
+
+def create_executor(config: WorkerConfig) -> Executor:
+    """The executor for `config.mode` (its module is imported here, not before)."""
+    if config.mode not in _EXECUTORS:
+        raise ValueError(f"unknown execution mode {config.mode!r}; known: {', '.join(executor_modes())}")
+    module_name, class_name = _EXECUTORS[config.mode]
+    cls = getattr(importlib.import_module(module_name), class_name)
+    executor: Executor = cls(config)
+    return executor

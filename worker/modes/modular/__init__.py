@@ -1,0 +1,1 @@
+"""The `modular` mode: a diffusers pipeline run stage by stage (text encode, denoise, decode)."""

@@ -1,0 +1,315 @@
+"""The `null` model family: a model without compute, to test and benchmark the control plane.
+
+Like Triton's identity model, a null model (catalog family `null`, or source `builtin:null`)
+goes through the whole worker protocol and does no work: it emits one PROGRESS event per
+requested step and returns, per output, an 8x8 single-colour image (colour derived from the
+seed, encoded once and cached) with its sha256 and a RunReport shaped like the pipeline's.
+It never loads a model and never touches torch or diffusers.
+
+Steps take no time unless the request's `extra.sleep_ms_per_step` says so; then each step
+sleeps that long, which makes cancel and deadline tests easy. Cancellation and deadlines are
+checked before the run and after every step, with the same JobError codes and messages as the
+pipeline. Jobs of a batched assignment run side by side, step by step; one job that stops does
+not stop the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import secrets
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import omnirt
+from omnirt import types as t
+from omnirt.worker.export import image as export
+from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopCheck, stop_error
+from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, resolved_config
+from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
+from omnirt.worker.runtime import backends
+from omnirt.worker.runtime.memory import current_rss_bytes
+
+NULL_FAMILY = "null"
+NULL_SOURCE = "builtin:null"
+PIPELINE_CLASS = "NullPipeline"
+MODE = "legacy_call"
+IMAGE_SIZE = 8
+SLEEP_EXTRA = "sleep_ms_per_step"
+MAX_SLEEP_MS_PER_STEP = 60_000.0
+# The report's memory figure is read at most this often: reading /proc for every job would cost
+# more than the rest of a null job.
+RSS_REFRESH_S = 0.1
+_rss: tuple[float, int] = (-RSS_REFRESH_S, 0)  # (monotonic time read, bytes)
+
+
+def is_null_model(spec: t.ModelSpec) -> bool:
+    """True for a model the null pipeline runs (family `null` or source `builtin:null`)."""
+    return spec.family == NULL_FAMILY or spec.source == NULL_SOURCE
+
+
+def seed_colour(seed: int) -> tuple[int, int, int]:
+    """The RGB colour of the image for `seed` (a multiplicative hash: neighbouring seeds differ)."""
+    mixed = (seed * 0x9E3779B1) & 0xFFFFFF
+    return (mixed >> 16) & 0xFF, (mixed >> 8) & 0xFF, mixed & 0xFF
+
+
+@functools.lru_cache(maxsize=4096)
+def encoded_image(colour: tuple[int, int, int], fmt: str) -> tuple[bytes, str]:
+    """The encoded 8x8 image of `colour` in `fmt` and its sha256 (cached: seeds repeat in benchmarks)."""
+    from PIL import Image
+
+    data = export.encode_image(Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), colour), fmt)
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def null_artifact(seed: int, index: int, job_id: str, fmt: str) -> t.Artifact:
+    """Output `index` of a job: the 8x8 image of `seed`'s colour."""
+    data, sha256 = encoded_image(seed_colour(seed), fmt)
+    _, mime, ext = export.IMAGE_FORMATS[fmt]
+    return t.Artifact(
+        index=index,
+        kind=t.MediaKind.IMAGE,
+        mime_type=mime,
+        data=data,
+        size_bytes=len(data),
+        sha256=sha256,
+        width=IMAGE_SIZE,
+        height=IMAGE_SIZE,
+        seed=seed,
+        file_name=f"{job_id}-{index}.{ext}",
+    )
+
+
+def _rss_bytes() -> int:
+    global _rss
+    now = time.monotonic()
+    if now - _rss[0] >= RSS_REFRESH_S:
+        _rss = (now, current_rss_bytes())
+    return _rss[1]
+
+
+def _sleep_ms(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise JobFailure(
+            INVALID_ARGUMENT, f"{SLEEP_EXTRA} must be a number (got {value!r})", f"extra.{SLEEP_EXTRA}"
+        )
+    if not 0 <= value <= MAX_SLEEP_MS_PER_STEP:
+        raise JobFailure(
+            INVALID_ARGUMENT,
+            f"{SLEEP_EXTRA} must be between 0 and {MAX_SLEEP_MS_PER_STEP:.0f} (got {value})",
+            f"extra.{SLEEP_EXTRA}",
+        )
+    return float(value)
+
+
+def plan_null_item(item: AssignmentItem, spec: t.ModelSpec) -> tuple[ItemPlan, float]:
+    """One job's plan (request values, else the model's defaults) and its sleep per step in ms.
+
+    Raises JobFailure naming the field for a bad request.
+    """
+    req, defaults = item.request, spec.defaults
+    num_outputs = 1 if req.num_outputs is None else req.num_outputs
+    if num_outputs < 1:
+        raise JobFailure(INVALID_ARGUMENT, "num_outputs must be at least 1", "num_outputs")
+    try:
+        fmt = export.image_format(req.output_format)
+    except ValueError as exc:
+        raise JobFailure(INVALID_ARGUMENT, str(exc), "output.format") from exc
+    sleep_ms = 0.0
+    specific: dict[str, Any] = {}
+    for key, value in req.extra.items():
+        if key != SLEEP_EXTRA:
+            raise JobFailure(INVALID_ARGUMENT, f"the null pipeline does not take {key!r}", f"extra.{key}")
+        sleep_ms = _sleep_ms(value)
+        # google.protobuf.Struct carries every number as a double; integral ones go back to int.
+        specific[key] = int(value) if float(value).is_integer() else value
+    if req.strength is not None:
+        specific["strength"] = req.strength
+    seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+    steps = next((v for v in (req.num_inference_steps, defaults.num_inference_steps) if v and v > 0), 1)
+    common: dict[str, Any] = {
+        "width": next((v for v in (req.width, defaults.width) if v and v > 0), IMAGE_SIZE),
+        "height": next((v for v in (req.height, defaults.height) if v and v > 0), IMAGE_SIZE),
+        "num_inference_steps": steps,
+    }
+    guidance = req.guidance_scale if req.guidance_scale is not None else (defaults.guidance_scale or None)
+    if guidance is not None:
+        common["guidance_scale"] = guidance
+    plan = ItemPlan(
+        item=item,
+        num_outputs=num_outputs,
+        seeds=[seed + i for i in range(num_outputs)],
+        output_format=fmt,
+        scheduler=req.scheduler or "",
+        common=common,
+        specific=specific,
+    )
+    return plan, sleep_ms
+
+
+class NullRun:
+    """One assignment on the null pipeline; the drivers (`run_null`, `run_null_sync`) do the waiting."""
+
+    def __init__(
+        self, assignment: Assignment, emit: EventSink, flags: CancelFlags, *, worker_id: str, backend: str
+    ) -> None:
+        self.assignment = assignment
+        self.spec = assignment.model
+        self.worker_id = worker_id
+        self.recorder = RunRecorder(emit)
+        self.stop = StopCheck(flags, assignment)
+        self.placement = _placement(backend, self.spec.runtime)
+        self.outcomes: dict[str, ItemOutcome] = {}
+        self.active: list[tuple[ItemPlan, float]] = []
+        self.denoise_start = time.perf_counter()
+
+    def step_delay_s(self) -> float:
+        """How long the next step takes: the longest sleep any running job asked for."""
+        return max((sleep_ms for _, sleep_ms in self.active), default=0.0) / 1000.0
+
+    def begin(self) -> None:
+        """RUNNING events, plans, the stop check before start, and the start of `denoise`."""
+        for item in self.assignment.items:
+            self.recorder.running(item.job_id, self.worker_id, item.attempt)
+        for item in self.assignment.items:
+            try:
+                plan, sleep_ms = plan_null_item(item, self.spec)
+            except JobFailure as failure:
+                self._fail(item.job_id, failure.error)
+                continue
+            reason = self.stop.reason(item.job_id)
+            if reason:
+                self.outcomes[item.job_id] = ItemOutcome(
+                    item.job_id, error=stop_error(reason, "before start")
+                )
+                continue
+            self.active.append((plan, sleep_ms))
+        self.denoise_start = time.perf_counter()
+        self.recorder.stage_started([plan.job_id for plan, _ in self.active], "denoise")
+
+    def step(self, step: int) -> None:
+        """Step `step` (1-based) is done: progress, stop checks, results of the jobs it completes."""
+        still = []
+        for plan, sleep_ms in self.active:
+            total = plan.common["num_inference_steps"]
+            self.recorder.progress([plan.job_id], step, total)
+            reason = self.stop.reason(plan.job_id)
+            if reason:
+                self.outcomes[plan.job_id] = ItemOutcome(
+                    plan.job_id, error=stop_error(reason, "while running")
+                )
+            elif step >= total:
+                self.recorder.stage_finished([plan.job_id], "denoise", self.denoise_start)
+                self.outcomes[plan.job_id] = self._result(plan)
+            else:
+                still.append((plan, sleep_ms))
+        self.active = still
+
+    def finish(self) -> list[ItemOutcome]:
+        """One outcome per item, in item order."""
+        missing = t.JobError("INTERNAL", "the null pipeline produced no outcome for this job")
+        return [
+            self.outcomes.get(i.job_id) or ItemOutcome(i.job_id, error=missing) for i in self.assignment.items
+        ]
+
+    def _fail(self, job_id: str, error: t.JobError) -> None:
+        self.outcomes[job_id] = ItemOutcome(job_id, error=error)
+
+    def _result(self, plan: ItemPlan) -> ItemOutcome:
+        job_id = plan.job_id
+        req = plan.item.request
+        export_start = time.perf_counter()
+        self.recorder.stage_started([job_id], "export")
+        artifacts = [null_artifact(seed, i, job_id, plan.output_format) for i, seed in enumerate(plan.seeds)]
+        self.recorder.stage_finished([job_id], "export", export_start)
+        extra = {
+            "dtype": self.placement.dtype,
+            "device": self.placement.device,
+            "pipeline_class": PIPELINE_CLASS,
+            "source": self.spec.source or self.spec.id,
+        }
+        if plan.scheduler:
+            extra["scheduler"] = plan.scheduler
+        report = t.RunReport(
+            run_id=str(uuid.uuid4()),
+            job_id=job_id,
+            worker_id=self.worker_id,
+            model=self.spec.id,
+            task=req.task or (self.spec.tasks[0] if self.spec.tasks else None),
+            backend=self.placement.backend,
+            execution_mode=MODE,
+            device=self.placement.device,
+            dtype=self.placement.dtype,
+            queue_wait_ms=plan.item.queue_wait_ms,
+            timings=list(self.recorder.timings.get(job_id, [])),
+            execution_ms=self.recorder.elapsed_ms(),
+            peak_memory_bytes=_rss_bytes(),
+            config_resolved=resolved_config(plan, extra),
+            cold_start=False,
+            attempt=plan.item.attempt,
+            batch_size=len(self.assignment.items),
+            batch_group_id=self.assignment.batch_group_id,
+            seeds=list(plan.seeds),
+            trace_id=_trace_id(self.assignment.trace_context),
+            started_at=self.recorder.started_at,
+            finished_at=datetime.now(UTC),
+            pipeline_class=PIPELINE_CLASS,
+            omnirt_version=omnirt.__version__,
+        )
+        return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))
+
+
+def _placement(backend: str, runtime: dict[str, Any]) -> backends.Placement:
+    """What the report names as backend, device and dtype (nothing runs there)."""
+    try:
+        return backends.placement_for(backend, runtime)
+    except backends.BackendError:  # an unresolved `auto`, or a dtype the null model never uses
+        return backends.placement_for(backend if backend in backends.DEVICES else "cpu")
+
+
+def _trace_id(trace_context: dict[str, str]) -> str:
+    parts = trace_context.get("traceparent", "").split("-")
+    return parts[1] if len(parts) == 4 else ""
+
+
+YIELD_EVERY = 64
+
+
+async def run_null(
+    assignment: Assignment, emit: EventSink, flags: CancelFlags, *, worker_id: str, backend: str
+) -> list[ItemOutcome]:
+    """Run `assignment` on the event loop (no thread): `emit` is called on the loop's thread."""
+    run = NullRun(assignment, emit, flags, worker_id=worker_id, backend=backend)
+    run.begin()
+    step = 0
+    while run.active:
+        step += 1
+        # Sleeping steps yield, which lets heartbeats, other jobs and cancels through; steps
+        # without a delay yield only every YIELD_EVERY steps, so a short job's events and result
+        # reach the stream together (one write instead of one per step).
+        delay = run.step_delay_s()
+        if delay > 0 or step % YIELD_EVERY == 0:
+            await asyncio.sleep(delay)
+        run.step(step)
+    return run.finish()
+
+
+def run_null_sync(
+    assignment: Assignment, emit: EventSink, flags: CancelFlags, *, worker_id: str, backend: str
+) -> list[ItemOutcome]:
+    """`run_null` in the calling thread (blocks while it sleeps)."""
+    run = NullRun(assignment, emit, flags, worker_id=worker_id, backend=backend)
+    run.begin()
+    step = 0
+    while run.active:
+        step += 1
+        delay = run.step_delay_s()
+        if delay:
+            time.sleep(delay)
+        run.step(step)
+    return run.finish()

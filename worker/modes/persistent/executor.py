@@ -1,0 +1,406 @@
+"""`PersistentWorkerExecutor`: the `persistent_worker` execution mode.
+
+Each model gets a resident process group (`ResidentGroup`: torchrun, one rank per
+`runtime.nproc_per_node`), started when the worker starts (`preload`, the daemon's `--preload`,
+on by default in this mode) or else on its first assignment, and kept until it idles out
+(`runtime.idle_unload_s`) or the worker stops. The model is loaded and `torch.distributed`
+initialised once per start; requests then cost only their compute. The rank program runs
+Stable Diffusion-style text-to-image, by `runtime.program`: `cfg_parallel` (default,
+`cfg_denoise`: classifier-free guidance split across ranks, one job per request, a batch from
+the controller job by job) or `data_parallel` (`data_parallel`: the compatible jobs of an
+assignment in one request, their outputs split across ranks).
+
+Requests run one at a time per group. Events per job: RUNNING; `load` start/end on the first
+job after a (re)start that was not a preload, and on a job that waited for a start
+(`cold_start` true; the timing is the group's start: spawn, dist init, model load, or the part
+of it the job waited for; its offset is negative when the group started before the job
+arrived); `denoise` start, one `progress` per step, `denoise` end, `decode` start/end, `export`
+start/end. Cancel and deadline are checked at every step (rank 0 waits for the daemon's answer
+and broadcasts it). A group that dies fails its job with UNAVAILABLE (the controller retries
+it) and is restarted with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import omnirt
+from omnirt import types as t
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.export import outputs as output_export
+from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopCheck, stop_error
+from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
+from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec
+from omnirt.worker.modes.persistent.settings import GroupSettings, SettingsError
+from omnirt.worker.modes.thread_events import ThreadEvents
+from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
+from omnirt.worker.protocol import Assignment, ItemOutcome
+from omnirt.worker.runtime import backends
+from omnirt.worker.tiny import registry as tiny_models
+
+log = logging.getLogger(__name__)
+
+MODE = "persistent_worker"
+DEFAULT_PIPELINE_CLASS = "StableDiffusionPipeline"
+
+
+def _trace_id(trace_context: dict[str, str]) -> str:
+    parts = trace_context.get("traceparent", "").split("-")
+    return parts[1] if len(parts) == 4 else ""
+
+
+def check_supported(plan: ItemPlan) -> None:
+    """The rank programs take prompts, size, steps, guidance, seeds and scheduler; nothing else."""
+    req = plan.item.request
+    for key in req.extra:
+        raise JobFailure(INVALID_ARGUMENT, f"the persistent pipeline does not take {key!r}", f"extra.{key}")
+    if req.inputs:
+        raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline takes no media inputs", "inputs")
+    if req.strength is not None:
+        raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline does not take 'strength'", "strength")
+    if req.adapters:  # the ranks load the model once; they have no per-request LoRA
+        raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline does not apply adapters", "adapters")
+
+
+def job_fields(plan: ItemPlan) -> dict[str, Any]:
+    """The request as the ranks receive it (`cfg_denoise.TextJob` fields)."""
+    req, common = plan.item.request, plan.common
+    fields: dict[str, Any] = {
+        "prompt": req.prompt,
+        "negative_prompt": req.negative_prompt or "",
+        "seeds": list(plan.seeds),
+        "scheduler": plan.scheduler,
+    }
+    for key in ("width", "height", "num_inference_steps"):
+        if key in common:
+            fields[key] = int(common[key])
+    if "guidance_scale" in common:
+        fields["guidance_scale"] = float(common["guidance_scale"])
+    return fields
+
+
+def launch_spec(
+    spec: t.ModelSpec, backend: str, config: WorkerConfig
+) -> tuple[LaunchSpec, backends.Placement]:
+    """How to start `spec`'s group on `backend`; GroupError(FAILED_PRECONDITION) when it cannot be."""
+    try:
+        placement = backends.placement_for(backend, spec.runtime)
+        settings = GroupSettings.from_runtime(spec.runtime, placement.backend)
+    except (backends.BackendError, SettingsError) as exc:
+        raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
+    source = spec.source or spec.id
+    name = tiny_models.builtin_name(source)
+    if name is not None:
+        try:  # built here once, so the ranks only load it
+            source = str(tiny_models.ensure_builtin(name, config.model_dir))
+        except tiny_models.BuiltinModelError as exc:
+            raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
+    launch = LaunchSpec(
+        model_id=spec.id,
+        source=source,
+        pipeline_class=spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
+        device=placement.device,
+        dtype=placement.dtype,
+        threads=config.torch_threads,
+        settings=settings,
+    )
+    return launch, placement
+
+
+class PersistentWorkerExecutor(Executor):
+    """Runs assignments on resident torchrun process groups, one group per model."""
+
+    mode = MODE
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self._backend = ""
+        self._lock = threading.Lock()
+        self._groups: dict[str, ResidentGroup] = {}
+        # A worker that exits without close() (an exception in the daemon) still stops its groups.
+        atexit.register(self.close_sync)
+
+    @property
+    def backend(self) -> str:
+        return self._backend or self.config.backend
+
+    async def start(self) -> None:
+        self._backend = await asyncio.to_thread(backends.detect_backend, self.config.backend)
+
+    def loaded_models(self) -> list[str]:
+        with self._lock:
+            return sorted(model_id for model_id, group in self._groups.items() if group.ready)
+
+    def group(self, model_id: str) -> ResidentGroup | None:
+        """The process group of `model_id`, if one was created."""
+        with self._lock:
+            return self._groups.get(model_id)
+
+    def group_for(self, spec: LaunchSpec) -> ResidentGroup:
+        """The group of `spec.model_id`, created on first use (replaced when its launch changed)."""
+        old = None
+        with self._lock:
+            group = self._groups.get(spec.model_id)
+            if group is None or group.spec.launch_key() != spec.launch_key():
+                old, group = group, ResidentGroup(spec)
+                self._groups[spec.model_id] = group
+            elif group.spec != spec:
+                group.update(spec)
+        if old is not None:
+            log.info("model %s: its catalog entry changed, replacing its process group", spec.model_id)
+            threading.Thread(target=old.close, daemon=True).start()
+        return group
+
+    def preload_sync(self, spec: t.ModelSpec) -> None:
+        """Start `spec`'s group and wait until it is ready; GroupError when it cannot start."""
+        launch, _ = launch_spec(spec, self.backend, self.config)
+        self.group_for(launch).preload()
+
+    async def preload(self, spec: t.ModelSpec) -> None:
+        await asyncio.to_thread(self.preload_sync, spec)
+
+    async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        events = ThreadEvents(asyncio.get_running_loop(), emit, self.config.progress_interval_ms / 1000)
+        return await events.run(self.run_sync, assignment, events, flags)
+
+    def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        """`run` without the event loop: blocks; `emit` is called from this thread."""
+        return _PersistentRun(self, assignment, emit, flags).execute()
+
+    def close_sync(self) -> None:
+        """Stop every group (idempotent)."""
+        with self._lock:
+            groups, self._groups = list(self._groups.values()), {}
+        # In parallel: each group's ranks take a moment to wind down.
+        closers = [threading.Thread(target=group.close, daemon=True) for group in groups]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.close_sync)
+
+
+class _PersistentRun:
+    """One assignment, job by job, on the model's process group."""
+
+    def __init__(
+        self, executor: PersistentWorkerExecutor, assignment: Assignment, emit: EventSink, flags: CancelFlags
+    ) -> None:
+        self.executor = executor
+        self.assignment = assignment
+        self.spec = assignment.model
+        self.recorder = RunRecorder(emit)
+        self.stop = StopCheck(flags, assignment)
+        self.outcomes: dict[str, ItemOutcome] = {}
+
+    def fail(self, job_id: str, error: t.JobError) -> None:
+        self.outcomes.setdefault(job_id, ItemOutcome(job_id, error=error))
+
+    def execute(self) -> list[ItemOutcome]:
+        worker_id = self.executor.config.worker_id
+        for item in self.assignment.items:
+            self.recorder.running(item.job_id, worker_id, item.attempt)
+        try:
+            self._execute()
+        except Exception as exc:  # a bug here must cost the jobs, never the worker
+            log.exception("assignment %s failed", self.assignment.assignment_id)
+            for job_id in self.assignment.job_ids:
+                self.fail(job_id, t.JobError("INTERNAL", f"{type(exc).__name__}: {exc}"))
+        return [self.outcomes[job_id] for job_id in self.assignment.job_ids]
+
+    def _launch_spec(self) -> tuple[LaunchSpec, backends.Placement] | None:
+        try:
+            return launch_spec(self.spec, self.executor.backend, self.executor.config)
+        except GroupError as exc:
+            for job_id in self.assignment.job_ids:
+                self.fail(job_id, t.JobError(exc.code, str(exc)))
+            return None
+
+    def _execute(self) -> None:
+        plans = []
+        for item in self.assignment.items:
+            try:
+                plan = plan_item(item, self.spec)
+                check_supported(plan)
+                plans.append(plan)
+            except JobFailure as failure:
+                self.fail(item.job_id, failure.error)
+        if not plans:
+            return
+        resolved = self._launch_spec()
+        if resolved is None:
+            return
+        spec, placement = resolved
+        group = self.executor.group_for(spec)
+        for batch in self._batches(plans, group.settings.program):
+            kept = []
+            for plan in batch:
+                reason = self.stop.reason(plan.job_id)
+                if reason:
+                    self.fail(plan.job_id, stop_error(reason, "before start"))
+                else:
+                    kept.append(plan)
+            if kept:
+                self._run_work(group, kept, placement)
+
+    @staticmethod
+    def _batches(plans: list[ItemPlan], program: str) -> list[list[ItemPlan]]:
+        """One request per job (cfg_parallel), or per group of compatible jobs (data_parallel)."""
+        if program != "data_parallel":
+            return [[plan] for plan in plans]
+        batches: dict[str, list[ItemPlan]] = {}
+        for plan in plans:
+            batches.setdefault(plan.group_key(), []).append(plan)
+        return list(batches.values())
+
+    def _run_work(self, group: ResidentGroup, plans: list[ItemPlan], placement: backends.Placement) -> None:
+        """One request to the group: one job (`{"job": ...}`) or a data-parallel batch (`{"jobs": [...]}`)."""
+        ids = [plan.job_id for plan in plans]
+        batched = group.settings.program == "data_parallel"
+        work: dict[str, Any] = (
+            {"jobs": [job_fields(plan) for plan in plans]} if batched else {"job": job_fields(plans[0])}
+        )
+        waited: list[float] = []
+        dispatched: list[float] = []
+        last_step: list[float] = []
+
+        def on_wait() -> None:
+            waited.append(time.perf_counter())
+            self.recorder.stage_started(ids, "load")
+
+        def on_dispatch(lease: Lease) -> None:
+            if lease.cold:
+                start = lease.record.started
+                if not waited:  # started before this job (a restart, or for an earlier job)
+                    self.recorder.stage_started(ids, "load")
+                else:  # what this job waited for (a preload may have begun before it arrived)
+                    start = max(start, waited[0])
+                self.recorder.stage_finished(ids, "load", start, lease.record.ready_at)
+            dispatched.append(time.perf_counter())
+            self.recorder.stage_started(ids, "denoise")
+
+        def on_progress(step: int, total: int) -> bool:
+            now = time.perf_counter()
+            last_step[:] = [now]
+            self.recorder.progress(ids, step, total)
+            # A batch goes on while one of its jobs still wants its result (the others' are dropped).
+            stop = self.stop.all_stopped(ids)
+            if step >= total and not stop:
+                self.recorder.stage_finished(ids, "denoise", dispatched[0], now)
+                self.recorder.stage_started(ids, "decode")
+            return stop
+
+        def should_abort() -> str | None:
+            return self.stop.reason(ids[0]) if self.stop.all_stopped(ids) else None
+
+        try:
+            lease, reply = group.run(work, on_progress, on_wait, should_abort, on_dispatch)
+        except Aborted:
+            for job_id in ids:
+                why = self.stop.reason(job_id) or "CANCELLED"
+                self.fail(job_id, stop_error(why, "while waiting for the process group"))
+            return
+        except GroupError as exc:
+            for job_id in ids:
+                self.fail(job_id, t.JobError(exc.code, str(exc)))
+            return
+        returned = time.perf_counter()
+        kind = reply.get("type")
+        if kind == "stopped":
+            for job_id in ids:
+                self.fail(job_id, stop_error(self.stop.reason(job_id) or "CANCELLED", "while running"))
+            return
+        if kind != "result":
+            code = str(reply.get("code") or "INTERNAL")
+            message = str(reply.get("message", "the process group failed"))
+            for job_id in ids:
+                self.fail(job_id, t.JobError(code, message, str(reply.get("field", ""))))
+            return
+        if last_step:
+            self.recorder.stage_finished(ids, "decode", last_step[0], returned)
+        per_job = reply["images"] if batched else [reply["images"]]
+        finished = []
+        for plan, images in zip(plans, per_job, strict=True):
+            reason = self.stop.reason(plan.job_id)
+            if reason:  # stopped while the rest of its batch went on: its images are dropped
+                self.fail(plan.job_id, stop_error(reason, "while running"))
+            else:
+                finished.append((plan, images))
+        for plan, artifacts in output_export.export_outputs(finished, self.recorder):
+            try:
+                self.outcomes[plan.job_id] = self._result(plan, artifacts, reply, lease, placement, group)
+            except Exception as exc:
+                log.exception("export failed")
+                self.fail(plan.job_id, t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}"))
+
+    def _result(
+        self,
+        plan: ItemPlan,
+        artifacts: list[t.Artifact] | Exception,
+        reply: dict[str, Any],
+        lease: Any,
+        placement: backends.Placement,
+        group: ResidentGroup,
+    ) -> ItemOutcome:
+        if isinstance(artifacts, Exception):
+            raise artifacts
+        job_id = plan.job_id
+        req = plan.item.request
+        record = lease.record
+        pipeline_class = record.pipeline_class or group.spec.pipeline_class
+        config = resolved_config(
+            plan,
+            {
+                "width": reply["width"],
+                "height": reply["height"],
+                "num_inference_steps": reply["num_inference_steps"],
+                "scheduler": reply["scheduler"],
+                "dtype": placement.dtype,
+                "device": placement.device,
+                "pipeline_class": pipeline_class,
+                "source": self.spec.source,
+                "nproc_per_node": record.world_size,
+                "dist_backend": group.settings.dist_backend,
+                "cfg_parallel": bool(reply.get("cfg_parallel")),
+                "program": group.settings.program,
+            },
+        )
+        if "outputs_per_rank" in reply:  # data parallel: how the batch's outputs were split
+            config["outputs_per_rank"] = list(reply["outputs_per_rank"])
+        report = t.RunReport(
+            run_id=str(uuid.uuid4()),
+            job_id=job_id,
+            worker_id=self.executor.config.worker_id,
+            model=self.spec.id,
+            task=req.task or (self.spec.tasks[0] if self.spec.tasks else None),
+            backend=placement.backend,
+            execution_mode=MODE,
+            device=placement.device,
+            dtype=placement.dtype,
+            queue_wait_ms=plan.item.queue_wait_ms,
+            timings=list(self.recorder.timings.get(job_id, [])),
+            execution_ms=self.recorder.elapsed_ms(),
+            peak_memory_bytes=int(reply.get("peak_memory_bytes", 0)),
+            config_resolved=config,
+            cold_start=lease.cold,
+            attempt=plan.item.attempt,
+            batch_size=len(self.assignment.items),
+            batch_group_id=self.assignment.batch_group_id,
+            seeds=list(plan.seeds),
+            trace_id=_trace_id(self.assignment.trace_context),
+            started_at=self.recorder.started_at,
+            finished_at=datetime.now(UTC),
+            pipeline_class=pipeline_class,
+            omnirt_version=omnirt.__version__,
+        )
+        return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))

@@ -1,0 +1,1 @@
+"""Diffusers pipeline plumbing: call arguments per task, media inputs, the model cache."""

@@ -1,0 +1,302 @@
+"""From a resolved request to diffusers pipeline arguments.
+
+`plan_item` checks what can be checked without the model (output format, scheduler name,
+seeds); `pipeline_kwargs` adds what needs the loaded pipeline (its call signature decides
+which extras and media inputs it takes). Every refusal is a `JobFailure` naming the field.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import re
+import secrets
+import sys
+from collections.abc import Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnirt import types as t
+from omnirt.worker.export import video as video_export
+from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.pipelines import media_inputs
+from omnirt.worker.pipelines import tasks as task_pipelines
+from omnirt.worker.protocol import AssignmentItem
+
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+# Most characters of a request value quoted in an error.
+ECHO_CHARS = 64
+
+# Request media roles -> the pipeline argument that takes them.
+MEDIA_ARGUMENTS = {
+    t.MediaRole.IMAGE: "image",
+    t.MediaRole.MASK: "mask_image",
+    t.MediaRole.CONTROL_IMAGE: "control_image",
+}
+# Arguments the executor sets itself; a request's extras may not override them.
+RESERVED_ARGUMENTS = frozenset(
+    {
+        "prompt",
+        "negative_prompt",
+        "num_images_per_prompt",
+        "generator",
+        "callback_on_step_end",
+        "callback_on_step_end_tensor_inputs",
+        "callback",
+        "callback_steps",
+        "output_type",
+        "return_dict",
+        "latents",
+        "prompt_embeds",
+        "negative_prompt_embeds",
+    }
+)
+
+
+@dataclass
+class ItemPlan:
+    """One job's share of a pipeline call."""
+
+    item: AssignmentItem
+    num_outputs: int
+    seeds: list[int]
+    output_format: str
+    scheduler: str
+    # width, height, num_inference_steps, guidance_scale when set (request, else model default).
+    common: dict[str, Any] = field(default_factory=dict)
+    # Model-specific extras and media inputs, filled once the pipeline is known.
+    specific: dict[str, Any] = field(default_factory=dict)
+    task: t.Task = t.Task.TEXT2IMAGE
+    # Frames per second of a video output (export only; 0 for images).
+    fps: float = 0.0
+
+    @property
+    def job_id(self) -> str:
+        return self.item.job_id
+
+    def group_key(self) -> str:
+        """Plans with equal keys can share one pipeline call (seeds, prompts and counts differ)."""
+        if any(k in self.specific for k in MEDIA_ARGUMENTS.values()):
+            return "solo:" + self.job_id  # media inputs are not batched
+        key = [self.task.value, self.fps, self.common, self.scheduler, self.specific]
+        return json.dumps(key, sort_keys=True, default=str)
+
+
+def scheduler_class(name: str) -> Any:
+    """The diffusers scheduler class called `name`; JobFailure(INVALID_ARGUMENT) when there is none."""
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
+        raise JobFailure(
+            INVALID_ARGUMENT, f"unknown scheduler {name!r} (a diffusers scheduler class name)", "scheduler"
+        )
+    return cls
+
+
+def _first_positive(*values: Any) -> Any:
+    return next((v for v in values if v is not None and v > 0), None)
+
+
+def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
+    """Validate one item and fix its seeds; request values first, then the model's defaults."""
+    req, defaults = item.request, spec.defaults
+    num_outputs = 1 if req.num_outputs is None else req.num_outputs
+    if num_outputs < 1:
+        raise JobFailure(INVALID_ARGUMENT, "num_outputs must be at least 1", "num_outputs")
+    task = task_pipelines.task_of(req, spec)
+    try:
+        fmt = task_pipelines.output_format(task, req.output_format)
+    except ValueError as exc:
+        raise JobFailure(INVALID_ARGUMENT, str(exc), "output.format") from exc
+    scheduler = req.scheduler or ""
+    if scheduler:
+        scheduler_class(scheduler)
+    # Seed of output 0; random (and reported) when the request left it unset.
+    seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+    common = {
+        "width": _first_positive(req.width, defaults.width),
+        "height": _first_positive(req.height, defaults.height),
+        "num_inference_steps": _first_positive(req.num_inference_steps, defaults.num_inference_steps),
+        "guidance_scale": req.guidance_scale
+        if req.guidance_scale is not None
+        else (defaults.guidance_scale or None),
+    }
+    fps = 0.0
+    if task_pipelines.is_video(task):
+        common["num_frames"] = _first_positive(req.num_frames, defaults.num_frames)
+        fps = float(_first_positive(req.fps, defaults.fps) or video_export.DEFAULT_FPS)
+    return ItemPlan(
+        item=item,
+        num_outputs=num_outputs,
+        seeds=[seed + i for i in range(num_outputs)],
+        output_format=fmt,
+        scheduler=scheduler,
+        common={k: v for k, v in common.items() if v is not None},
+        task=task,
+        fps=fps,
+    )
+
+
+def call_parameters(pipeline: Any) -> frozenset[str]:
+    """Names the pipeline's `__call__` accepts (read once per `__call__` function)."""
+    call = pipeline.__call__
+    function = getattr(call, "__func__", None)
+    if function is None:  # not a plain method: read it each time
+        return frozenset(inspect.signature(call).parameters)
+    return _parameters(function)
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(function: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters) - {"self"}
+
+
+def _plain_number(value: Any) -> Any:
+    # google.protobuf.Struct carries every number as a double; integral ones go back to int,
+    # also inside lists (token indices, a [height, width] pair).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_plain_number(v) for v in value]
+    return value
+
+
+def pipeline_kwargs(plan: ItemPlan, accepted: Set[str], inputs: media_inputs.InputPolicy) -> None:
+    """Fill `plan.specific` with the request's extras, media inputs and strength the pipeline takes.
+
+    `inputs` says which `file://` URIs the worker may read.
+    """
+    req = plan.item.request
+    specific: dict[str, Any] = {}
+    for key, value in req.extra.items():
+        if key in RESERVED_ARGUMENTS or key not in accepted:
+            raise JobFailure(INVALID_ARGUMENT, f"the pipeline does not take {key!r}", f"extra.{key}")
+        specific[key] = _plain_number(value)
+    for index, media in enumerate(req.inputs):
+        argument = MEDIA_ARGUMENTS.get(media.role) if media.role else None
+        if argument is None or argument not in accepted:
+            role = media.role.value if media.role else "unspecified"
+            reason = f"the pipeline does not take a {role} input"
+            raise JobFailure(INVALID_ARGUMENT, reason, f"inputs[{index}]")
+    width, height = plan.common.get("width"), plan.common.get("height")
+    size = (int(width), int(height)) if width and height else None
+    specific.update(media_inputs.image_inputs(req.inputs, MEDIA_ARGUMENTS, size, inputs))
+    if req.strength is not None:
+        if "strength" not in accepted:
+            raise JobFailure(INVALID_ARGUMENT, "the pipeline does not take 'strength'", "strength")
+        steps = plan.common.get("num_inference_steps")
+        if steps and int(steps * req.strength) < 1:  # diffusers would fail on an empty schedule
+            reason = f"strength {req.strength} runs 0 of {steps} steps; raise strength or num_inference_steps"
+            raise JobFailure(INVALID_ARGUMENT, reason, "strength")
+        specific["strength"] = req.strength
+    plan.specific = specific
+
+
+def _echo(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _bad_extra(key: str, reason: str, code: str = INVALID_ARGUMENT) -> JobFailure:
+    return JobFailure(code, f"extra.{key}: {reason}", f"extra.{key}")
+
+
+# An annotation that takes a sequence too (`float | list[float]`: one per ControlNet).
+_TAKES_SEQUENCE = re.compile(r"\b(?:list|List|tuple|Tuple|Sequence)\b")
+
+
+@functools.lru_cache(maxsize=256)
+def _number_defaults(function: Any) -> dict[str, bool]:
+    """The parameters of `function` whose default is a number (not a bool), each with whether its
+    annotation takes a list of numbers too (diffusers' ControlNet scales)."""
+    parameters = inspect.signature(function).parameters.values()
+    return {
+        p.name: bool(
+            _TAKES_SEQUENCE.search(p.annotation if isinstance(p.annotation, str) else str(p.annotation))
+        )
+        for p in parameters
+        if _is_number(p.default)
+    }
+
+
+def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
+    """Refuse, before the call, request extras the pipeline would fail on with a Python error.
+
+    `clip_skip` is checked against the model's text encoders, `guidance_rescale` must be a number
+    from 0 to 1, and an argument whose default is a number must get a number (or a list of them,
+    when its annotation takes one). JobFailure naming `extra.KEY`.
+    """
+    extra = {k: plan.specific[k] for k in plan.item.request.extra if k in plan.specific}
+    if "clip_skip" in extra:
+        _check_clip_skip(pipeline, extra["clip_skip"])
+    rescale = extra.get("guidance_rescale")
+    if rescale is not None and not (_is_number(rescale) and 0 <= rescale <= 1):  # NaN fails too
+        raise _bad_extra("guidance_rescale", f"a number from 0 to 1 (got {_echo(rescale)})")
+    call = getattr(pipeline.__call__, "__func__", None)
+    numbers = _number_defaults(call) if call is not None else {}
+    for key, value in extra.items():
+        if key not in numbers or _is_number(value):
+            continue
+        if not numbers[key]:
+            raise _bad_extra(key, f"a number (got {_echo(value)})")
+        if not (isinstance(value, list) and value and all(_is_number(v) for v in value)):
+            raise _bad_extra(key, f"a number or a list of numbers (got {_echo(value)})")
+
+
+def _check_clip_skip(pipeline: Any, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad_extra("clip_skip", f"an integer (got {_echo(value)})")
+    if value < 0:
+        raise _bad_extra("clip_skip", f"at least 0 (got {value})")
+    encoders = [getattr(pipeline, n, None) for n in ("text_encoder", "text_encoder_2")]
+    depths = [getattr(getattr(e, "config", None), "num_hidden_layers", None) for e in encoders]
+    layers = [d for d in depths if isinstance(d, int)]
+    # clip_skip layers are skipped from the end; at least one must run.
+    if layers and value > min(layers) - 1:
+        raise _bad_extra(
+            "clip_skip", f"at most {min(layers) - 1} for this model's text encoder (got {value})"
+        )
+    encoder = encoders[0]
+    if (
+        encoder is not None
+        and not hasattr(encoder, "text_model")
+        and _uses_text_model(type(pipeline).__module__)
+    ):
+        # diffusers' SD pipelines apply `text_encoder.text_model.final_layer_norm` after the
+        # skip; transformers 5 flattened CLIPTextModel (no `text_model`): every clip_skip failed.
+        reason = (
+            f"{type(pipeline).__name__} cannot skip layers of this text encoder with the worker's "
+            "diffusers and transformers versions (it has no text_model)"
+        )
+        raise _bad_extra("clip_skip", reason, "FAILED_PRECONDITION")
+
+
+@functools.cache  # two threads at once may both read the file: the same answer, harmless
+def _uses_text_model(module: str) -> bool:
+    """Whether a pipeline's `module` reaches into `text_encoder.text_model` (read from its file,
+    not through inspect's line cache, which is shared and not thread-safe)."""
+    path = getattr(sys.modules.get(module), "__file__", None) or ""
+    try:
+        return "text_encoder.text_model" in Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+def resolved_config(plan: ItemPlan, extra: dict[str, Any]) -> dict[str, Any]:
+    """The configuration a job really ran with, for `RunReport.config_resolved` (no prompts, no media)."""
+    config: dict[str, Any] = dict(plan.common)
+    config.update({k: v for k, v in plan.specific.items() if k not in MEDIA_ARGUMENTS.values()})
+    config.update(seeds=plan.seeds, num_outputs=plan.num_outputs, output_format=plan.output_format)
+    if plan.fps:
+        config["fps"] = plan.fps
+    config.update(extra)
+    return config

@@ -1,0 +1,495 @@
+"""`ModelCache`: loaded pipelines, kept warm between requests.
+
+Entries are keyed by (source, pipeline class, device, dtype, device map, load-time runtime
+options: compile, offload, layerwise casting, quantization): a second request for the same
+key reuses the pipeline (no load, `cold_start` false). Loads of one key are serialized, so
+two concurrent first requests load once; loads of different keys also run one after another,
+under the process-wide `LOAD_LOCK` (below: building modules is not thread-safe). A load whose
+modules come out with tensors on the meta device fails (ModelLoadError) and is not cached.
+
+Every source goes through the same loading code: `builtin:NAME` is first built into
+`model_dir/NAME` (see `tiny_models`) and then loaded from that path like any local model or
+hub id with `from_pretrained`.
+
+Memory budget (`budget_bytes`, 0 = unlimited): a pipeline's size is the bytes of its modules'
+parameters and buffers. Before a load the cache frees room for the new model (its size from
+an earlier load, else its weight files on disk) by evicting the least recently used *idle*
+entries; an entry handed out by `get` stays in use until `release`, and is never evicted
+while in use. After the load the real size is checked again. A model bigger than the whole
+budget is refused (`ModelTooLargeError`); when only in-use entries block the room, the load
+goes ahead over budget and says so in `CachedPipeline.warnings`.
+
+LoRA adapters loaded later on a pipeline are part of its size: `memory(cached)` gives the
+adapters code an `EntryMemory` that measures the entry again and evicts idle entries for them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnirt import types as t
+from omnirt.worker.redact import redact_paths
+from omnirt.worker.runtime import backends, quantization
+from omnirt.worker.runtime import options as runtime_options
+from omnirt.worker.runtime.backends import Placement
+from omnirt.worker.tiny import registry as tiny_models
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PIPELINE_CLASS = "DiffusionPipeline"
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+
+# Building torch modules is not thread-safe while a model loads: diffusers' `low_cpu_mem_usage`
+# path (accelerate's `init_empty_weights`) replaces `torch.nn.Module.register_parameter` for the
+# whole process, and `no_init_weights` the `torch.nn.init` functions, for as long as a model is
+# built. A second thread building modules meanwhile (another model's load, a LoRA adapter's
+# layers, a builtin model's builder) got meta tensors ("Cannot copy out of meta tensor", models
+# smaller than they should be), and two overlapping patches can restore each other's wrapper, which
+# leaves the process patched for good. So every module build of this process holds this one lock:
+# loads of different models run one after another. The cost: cold loads no longer overlap, two
+# at once take the sum of their times (tiny-sd 66 ms + tiny-wan 40 ms alone; both from two
+# threads at once 109 ms, where a perfect overlap on 2 cores could at best have been 66 ms; a hub
+# id's first download runs under it too). Pipeline calls never take it.
+LOAD_LOCK = threading.Lock()
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message names the model, its source and the reason."""
+
+    def __init__(self, model_id: str, source: str, reason: str) -> None:
+        super().__init__(f"cannot load model {model_id!r} from {source!r}: {reason}")
+        self.model_id = model_id
+        self.source = source
+        self.reason = reason
+
+
+class ModelTooLargeError(ModelLoadError):
+    """The model alone is bigger than the whole model cache budget."""
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What makes two loads the same."""
+
+    source: str
+    pipeline_class: str
+    device: str
+    dtype: str
+    device_map: str = ""
+    # Load-time runtime options (`runtime_options.LoadOptions.key()`).
+    options: str = ""
+
+
+@dataclass
+class _Entry:
+    pipeline: Any
+    load_ms: float
+    model_ids: set[str] = field(default_factory=set)
+    last_used: float = 0.0
+    # The pipeline's bytes now (loaded adapters included); `base_nbytes` as loaded.
+    nbytes: int = 0
+    in_use: int = 0
+    base_nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class CachedPipeline:
+    """A pipeline handed out by the cache; `cold` when this request loaded it (`load_ms` > 0)."""
+
+    pipeline: Any
+    key: CacheKey
+    cold: bool
+    load_ms: float
+    # Catalog ids of the models this load evicted to fit the budget.
+    evicted: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def cache_key(spec: t.ModelSpec, placement: Placement) -> CacheKey:
+    """The cache key of `spec` placed on `placement`."""
+    return CacheKey(
+        source=spec.source or spec.id,
+        pipeline_class=spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
+        device=placement.device,
+        dtype=placement.dtype,
+        device_map=placement.device_map,
+        options=_options_key(spec),
+    )
+
+
+def _options_key(spec: t.ModelSpec) -> str:
+    try:
+        return runtime_options.load_options(spec.runtime).key()
+    except backends.BackendError:
+        return "invalid"  # refused again, with the reason, by the load
+
+
+def _dtype_argument() -> str:
+    """`dtype` on diffusers that renamed it (0.42+, where `torch_dtype` warns), else `torch_dtype`."""
+    try:
+        from diffusers.utils import deprecation_utils
+    except ImportError:
+        return "torch_dtype"
+    return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+
+
+def tensor_bytes(tensor: Any) -> int:
+    """Bytes `tensor` holds; a tensor subclass (torchao's int8 weights) by its inner tensors."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None:
+        names, _ = flatten()
+        return sum(tensor_bytes(getattr(tensor, name)) for name in names)
+    return int(tensor.numel() * tensor.element_size())
+
+
+def pipeline_bytes(pipeline: Any) -> int:
+    """Bytes of the parameters and buffers of `pipeline`'s torch modules (shared tensors once).
+
+    Loaded LoRA adapters are parameters of those modules, so they are counted too.
+    """
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+    for component in getattr(pipeline, "components", {}).values():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        for tensor in (*component.parameters(), *component.buffers()):
+            if tensor.device.type == "meta" or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            total += tensor_bytes(tensor)
+    return total
+
+
+def weight_file_bytes(location: str) -> int:
+    """Bytes of the weight files under a local model folder (0 for a hub id): a pre-load estimate."""
+    root = Path(location)
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes for a message: `4.4 MB (4415348 bytes)`."""
+    return f"{n / 1e6:.1f} MB ({n} bytes)"
+
+
+def cache_warnings(cached: CachedPipeline) -> list[str]:
+    """RunReport warnings of a `get`: the models its load evicted, and any over-budget load."""
+    warnings = list(cached.warnings)
+    if cached.evicted:
+        names = ", ".join(cached.evicted)
+        warnings.insert(0, f"evicted model(s) {names} from the model cache to fit its memory budget")
+    return warnings
+
+
+def meta_components(pipeline: Any) -> list[str]:
+    """Names of `pipeline`'s torch modules with a parameter or buffer on the meta device (no data)."""
+    import torch
+
+    return [
+        name
+        for name, component in getattr(pipeline, "components", {}).items()
+        if isinstance(component, torch.nn.Module)
+        and any(x.device.type == "meta" for x in (*component.parameters(), *component.buffers()))
+    ]
+
+
+def _short_reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+class ModelCache:
+    """Pipelines loaded by this worker, by `CacheKey` (thread-safe; loads run in worker threads)."""
+
+    def __init__(self, model_dir: str | Path, budget_bytes: int = 0) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, not {budget_bytes}")
+        self.model_dir = Path(model_dir)
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        self._entries: dict[CacheKey, _Entry] = {}
+        self._load_locks: dict[CacheKey, threading.Lock] = {}
+        # Real sizes of models loaded before (evicted ones too): better than a disk estimate.
+        self._known_bytes: dict[CacheKey, int] = {}
+
+    def get(
+        self, spec: t.ModelSpec, placement: Placement, on_load_start: Callable[[], None] | None = None
+    ) -> CachedPipeline:
+        """The pipeline for `spec`, loading it first if needed (`on_load_start` is called then).
+
+        The entry is in use until `release(result)`. Raises ModelLoadError when the model
+        cannot be loaded (ModelTooLargeError when it exceeds the budget); failures are not cached.
+        """
+        key = cache_key(spec, placement)
+        warm = self._lookup(key, spec.id)
+        if warm is not None:
+            return warm
+        with self._lock:
+            load_lock = self._load_locks.setdefault(key, threading.Lock())
+        with load_lock:
+            warm = self._lookup(key, spec.id)
+            if warm is not None:
+                return warm
+            if on_load_start is not None:
+                on_load_start()
+            started = time.perf_counter()
+            estimate, exact = self._estimate(key)
+            evicted = self._make_room(spec, key, estimate, refuse=exact)
+            pipeline = self._load(spec, key, placement)
+            load_ms = (time.perf_counter() - started) * 1000.0
+            nbytes = pipeline_bytes(pipeline)
+            self._known_bytes[key] = nbytes
+            evicted += self._make_room(spec, key, nbytes, refuse=True)
+            warnings = self._over_budget_warning(spec, nbytes)
+            with self._lock:
+                self._entries[key] = _Entry(
+                    pipeline, load_ms, {spec.id}, time.monotonic(), nbytes, in_use=1, base_nbytes=nbytes
+                )
+            log.info(
+                "loaded model %s from %s in %.0f ms (%s)", spec.id, key.source, load_ms, format_bytes(nbytes)
+            )
+            return CachedPipeline(
+                pipeline, key, cold=True, load_ms=load_ms, evicted=tuple(evicted), warnings=warnings
+            )
+
+    def release(self, cached: CachedPipeline) -> None:
+        """The caller is done with `cached` (from `get`): its entry may be evicted again once idle."""
+        with self._lock:
+            entry = self._entries.get(cached.key)
+            if entry is not None and entry.pipeline is cached.pipeline and entry.in_use > 0:
+                entry.in_use -= 1
+                entry.last_used = time.monotonic()
+
+    def _estimate(self, key: CacheKey) -> tuple[int, bool]:
+        """(bytes `key` will take, whether that is exact: measured at an earlier load)."""
+        if not self.budget_bytes:
+            return 0, False
+        known = self._known_bytes.get(key)
+        if known is not None:
+            return known, True
+        name = tiny_models.builtin_name(key.source)
+        location = str(self.model_dir / name) if name else os.path.expanduser(key.source)
+        # Files may hold another dtype than the one loaded: an estimate only, capped at the budget.
+        return min(weight_file_bytes(location), self.budget_bytes), False
+
+    def _make_room(self, spec: t.ModelSpec, key: CacheKey, nbytes: int, *, refuse: bool) -> list[str]:
+        """Evict idle entries, least recently used first, until `nbytes` more fit the budget.
+
+        With `refuse`, `nbytes` is exact and a model bigger than the budget is an error.
+        """
+        if not self.budget_bytes:
+            return []
+        if refuse and nbytes > self.budget_bytes:
+            reason = (
+                f"the model needs {format_bytes(nbytes)}, more than the whole model cache budget of "
+                f"{format_bytes(self.budget_bytes)} (--model-cache-bytes / OMNIRT_MODEL_CACHE_BYTES)"
+            )
+            raise ModelTooLargeError(spec.id, key.source, reason)
+        return self._evict_for(key, nbytes)
+
+    def _evict_for(self, key: CacheKey, nbytes: int) -> list[str]:
+        """Evict idle entries other than `key`, LRU first, until they hold at most budget - `nbytes`."""
+        evicted: list[str] = []
+        with self._lock:
+            idle = sorted((e.last_used, k) for k, e in self._entries.items() if k != key and e.in_use == 0)
+            for _, victim in idle:
+                if self._held_bytes(exclude=key) + nbytes <= self.budget_bytes:
+                    break
+                entry = self._entries.pop(victim)
+                evicted.extend(sorted(entry.model_ids))
+                log.info(
+                    "evicted model %s (%s) to fit the model cache budget",
+                    ", ".join(sorted(entry.model_ids)),
+                    format_bytes(entry.nbytes),
+                )
+        if evicted:
+            _free_memory()
+        return evicted
+
+    def memory(self, cached: CachedPipeline) -> EntryMemory:
+        """The budget as seen by `cached` (in use) when it grows: loaded adapters."""
+        return EntryMemory(self, cached.key)
+
+    def _held_bytes(self, exclude: CacheKey | None = None) -> int:
+        return sum(e.nbytes for k, e in self._entries.items() if k != exclude)
+
+    def _over_budget_warning(self, spec: t.ModelSpec, nbytes: int) -> tuple[str, ...]:
+        if not self.budget_bytes:
+            return ()
+        with self._lock:
+            held = self._held_bytes()
+        if held + nbytes <= self.budget_bytes:
+            return ()
+        text = (
+            f"model cache over budget: {spec.id} ({format_bytes(nbytes)}) loaded beside "
+            f"{format_bytes(held)} in use by running jobs; budget {format_bytes(self.budget_bytes)}"
+        )
+        log.warning("%s", text)
+        return (text,)
+
+    def _lookup(self, key: CacheKey, model_id: str) -> CachedPipeline | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            entry.model_ids.add(model_id)
+            entry.last_used = time.monotonic()
+            entry.in_use += 1
+            return CachedPipeline(entry.pipeline, key, cold=False, load_ms=0.0)
+
+    def _load(self, spec: t.ModelSpec, key: CacheKey, placement: Placement) -> Any:
+        location = key.source
+        try:
+            import diffusers
+            from diffusers.utils import logging as diffusers_logging
+
+            diffusers_logging.disable_progress_bar()
+            cls = getattr(diffusers, key.pipeline_class, None)
+            if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
+                raise ModelLoadError(spec.id, key.source, f"unknown pipeline class {key.pipeline_class!r}")
+            kwargs: dict[str, Any] = {_dtype_argument(): placement.torch_dtype()}
+            if importlib.util.find_spec("accelerate") is None:
+                # Without accelerate diffusers falls back to this anyway, with a warning per load.
+                kwargs["low_cpu_mem_usage"] = False
+            if placement.device_map:  # spread over several devices by diffusers; no `.to()` then
+                kwargs["device_map"] = placement.device_map
+                limits = backends.max_memory(placement)
+                if limits:
+                    kwargs["max_memory"] = limits
+            options = runtime_options.load_options(spec.runtime)
+            if options.quantization:
+                quantization.quiet_import_logs()
+            with LOAD_LOCK:
+                location = self._resolve_source(key.source)
+                kwargs.update(runtime_options.load_kwargs(options, location))
+                pipeline = cls.from_pretrained(location, **kwargs)
+            # Before `apply`: sequential CPU offload moves weights to the meta device on purpose.
+            on_meta = meta_components(pipeline)
+            if on_meta:
+                names = ", ".join(on_meta)
+                raise ModelLoadError(spec.id, key.source, f"component(s) {names} came out on the meta device")
+            runtime_options.apply(pipeline, options, placement)  # places it too
+            pipeline.set_progress_bar_config(disable=True)
+            return pipeline
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            # The client sees the reason without the worker's folders; the log keeps them.
+            log.warning("loading model %s from %s (%s) failed: %s", spec.id, key.source, location, exc)
+            known = {location: key.source, str(self.model_dir): "MODEL_DIR"}
+            reason = redact_paths(_short_reason(exc), known, keep=[key.source])
+            raise ModelLoadError(spec.id, key.source, reason) from exc
+
+    def _resolve_source(self, source: str) -> str:
+        name = tiny_models.builtin_name(source)
+        if name is not None:
+            return str(tiny_models.ensure_builtin(name, self.model_dir))
+        expanded = os.path.expanduser(source)
+        return expanded if os.path.exists(expanded) else source
+
+    def loaded_models(self) -> list[str]:
+        """Catalog ids of the models held (sorted)."""
+        with self._lock:
+            return sorted({model_id for entry in self._entries.values() for model_id in entry.model_ids})
+
+    def held_bytes(self) -> int:
+        """Bytes of the pipelines held (what the budget counts)."""
+        with self._lock:
+            return self._held_bytes()
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every pipeline (their memory is freed once no run uses them)."""
+        with self._lock:
+            self._entries.clear()
+        _free_memory()
+
+
+class EntryMemory:
+    """One in-use entry's share of the budget, for what it loads after the model (LoRA adapters).
+
+    The entry's size is measured again after each change (`remeasure`); `make_room` evicts idle
+    *other* entries, least recently used first. Warnings about evictions collect in `warnings`.
+    """
+
+    def __init__(self, cache: ModelCache, key: CacheKey) -> None:
+        self._cache = cache
+        self._key = key
+        self.warnings: list[str] = []
+
+    @property
+    def budget_bytes(self) -> int:
+        """The cache's budget (0 = unlimited)."""
+        return self._cache.budget_bytes
+
+    def _entry(self) -> _Entry | None:
+        return self._cache._entries.get(self._key)
+
+    def base_bytes(self) -> int:
+        """The entry's size as loaded (without adapters)."""
+        with self._cache._lock:
+            entry = self._entry()
+            return entry.base_nbytes if entry else 0
+
+    def over_by(self, nbytes: int) -> int:
+        """How far `nbytes` more would go over the budget (<= 0: they fit; always fits without one)."""
+        if not self.budget_bytes:
+            return 0
+        with self._cache._lock:
+            return self._cache._held_bytes() + nbytes - self.budget_bytes
+
+    def make_room(self, nbytes: int, what: str) -> None:
+        """Evict idle other entries (LRU) until `nbytes` more fit, saying so in `warnings`."""
+        if self.over_by(nbytes) <= 0:
+            return
+        with self._cache._lock:
+            entry = self._entry()
+            own = entry.nbytes if entry else 0
+        evicted = self._cache._evict_for(self._key, own + nbytes)
+        if evicted:
+            names = ", ".join(evicted)
+            self.warnings.append(f"evicted model(s) {names} from the model cache to fit {what}")
+
+    def remeasure(self) -> int:
+        """Measure the entry again (after adapters were loaded or deleted); its new size."""
+        with self._cache._lock:
+            entry = self._entry()
+        if entry is None:
+            return 0
+        nbytes = pipeline_bytes(entry.pipeline)
+        with self._cache._lock:
+            entry.nbytes = nbytes
+        return nbytes
+
+
+def _free_memory() -> None:
+    """Return freed accelerator memory to the device (evicted pipelines are garbage by now)."""
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,2 @@
+"""Tiny random-weight models built offline (`source: builtin:NAME`): the registry and one module
+per family."""
