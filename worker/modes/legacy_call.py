@@ -22,12 +22,9 @@ import dataclasses
 import logging
 import threading
 import time
-import uuid
 import weakref
-from datetime import UTC, datetime
 from typing import Any
 
-import omnirt
 from omnirt import types as t
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
@@ -43,6 +40,7 @@ from omnirt.worker.modes.base import (
     stop_error,
 )
 from omnirt.worker.modes.events import RunRecorder, StepMonitor
+from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs, model_cache
 from omnirt.worker.pipelines import tasks as task_pipelines
@@ -64,12 +62,6 @@ from omnirt.worker.runtime.memory import PeakMemory
 log = logging.getLogger(__name__)
 
 MODE = "legacy_call"
-
-
-def _trace_id(trace_context: dict[str, str]) -> str:
-    # W3C traceparent: version-traceid-spanid-flags.
-    parts = trace_context.get("traceparent", "").split("-")
-    return parts[1] if len(parts) == 4 else ""
 
 
 def _quiet_libraries() -> None:
@@ -491,7 +483,6 @@ class _AssignmentRun:
         if isinstance(artifacts, Exception):
             raise artifacts
         job_id = plan.job_id
-        req = plan.item.request
         pipeline_class = info.get("pipeline_class") or type(cached.pipeline).__name__
         first = artifacts[0]
         config = resolved_config(
@@ -525,37 +516,26 @@ class _AssignmentRun:
             config.update(device_map=self.placement.device_map, devices=list(self.placement.devices))
         if first.num_frames:  # the frames really made (Wan rounds num_frames to 4k+1)
             config["num_frames"] = first.num_frames
-        report = t.RunReport(
-            run_id=str(uuid.uuid4()),
-            job_id=job_id,
+        report = run_report(
+            self.assignment,
+            plan.item,
+            self.recorder,
             worker_id=self.executor.config.worker_id,
-            model=self.spec.id,
-            task=req.task or (self.spec.tasks[0] if self.spec.tasks else None),
+            execution_mode=self.executor.mode,
             backend=self.placement.backend,
-            execution_mode=MODE,
             device=self.placement.device,
             dtype=self.placement.dtype,
-            queue_wait_ms=plan.item.queue_wait_ms,
-            timings=list(self.recorder.timings.get(job_id, [])),
-            execution_ms=self.recorder.elapsed_ms(),
+            seeds=plan.seeds,
             peak_memory_bytes=self.memory.peak_bytes(),
             config_resolved=config,
             cold_start=self.cold,
-            attempt=plan.item.attempt,
-            batch_size=len(self.assignment.items),
-            batch_group_id=self.assignment.batch_group_id,
-            seeds=list(plan.seeds),
-            cache_hits=dict(info.get("cache_hits", {})),
-            trace_id=_trace_id(self.assignment.trace_context),
+            pipeline_class=pipeline_class,
+            cache_hits=info.get("cache_hits", {}),
             warnings=[
                 *self.cache_warnings,
                 *self.call_warnings.get(job_id, []),
                 *runtime_options.notes(cached.pipeline),
                 *info["warnings"],
             ],
-            started_at=self.recorder.started_at,
-            finished_at=datetime.now(UTC),
-            pipeline_class=pipeline_class,
-            omnirt_version=omnirt.__version__,
         )
         return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))

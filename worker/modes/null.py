@@ -20,15 +20,14 @@ import functools
 import hashlib
 import secrets
 import time
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
-import omnirt
 from omnirt import types as t
+from omnirt._internal.modes import ExecutionMode
 from omnirt.worker.export import image as export
 from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopCheck, stop_error
 from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.report import run_report
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, resolved_config
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.runtime import backends
@@ -37,7 +36,7 @@ from omnirt.worker.runtime.memory import current_rss_bytes
 NULL_FAMILY = "null"
 NULL_SOURCE = "builtin:null"
 PIPELINE_CLASS = "NullPipeline"
-MODE = "legacy_call"
+MODE = ExecutionMode.LEGACY_CALL  # null models run in legacy_call workers
 IMAGE_SIZE = 8
 SLEEP_EXTRA = "sleep_ms_per_step"
 MAX_SLEEP_MS_PER_STEP = 60_000.0
@@ -222,7 +221,6 @@ class NullRun:
 
     def _result(self, plan: ItemPlan) -> ItemOutcome:
         job_id = plan.job_id
-        req = plan.item.request
         export_start = time.perf_counter()
         self.recorder.stage_started([job_id], "export")
         artifacts = [null_artifact(seed, i, job_id, plan.output_format) for i, seed in enumerate(plan.seeds)]
@@ -235,31 +233,19 @@ class NullRun:
         }
         if plan.scheduler:
             extra["scheduler"] = plan.scheduler
-        report = t.RunReport(
-            run_id=str(uuid.uuid4()),
-            job_id=job_id,
+        report = run_report(
+            self.assignment,
+            plan.item,
+            self.recorder,
             worker_id=self.worker_id,
-            model=self.spec.id,
-            task=req.task or (self.spec.tasks[0] if self.spec.tasks else None),
-            backend=self.placement.backend,
             execution_mode=MODE,
+            backend=self.placement.backend,
             device=self.placement.device,
             dtype=self.placement.dtype,
-            queue_wait_ms=plan.item.queue_wait_ms,
-            timings=list(self.recorder.timings.get(job_id, [])),
-            execution_ms=self.recorder.elapsed_ms(),
+            seeds=plan.seeds,
             peak_memory_bytes=_rss_bytes(),
             config_resolved=resolved_config(plan, extra),
-            cold_start=False,
-            attempt=plan.item.attempt,
-            batch_size=len(self.assignment.items),
-            batch_group_id=self.assignment.batch_group_id,
-            seeds=list(plan.seeds),
-            trace_id=_trace_id(self.assignment.trace_context),
-            started_at=self.recorder.started_at,
-            finished_at=datetime.now(UTC),
             pipeline_class=PIPELINE_CLASS,
-            omnirt_version=omnirt.__version__,
         )
         return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))
 
@@ -270,11 +256,6 @@ def _placement(backend: str, runtime: dict[str, Any]) -> backends.Placement:
         return backends.placement_for(backend, runtime)
     except backends.BackendError:  # an unresolved `auto`, or a dtype the null model never uses
         return backends.placement_for(backend if backend in backends.DEVICES else "cpu")
-
-
-def _trace_id(trace_context: dict[str, str]) -> str:
-    parts = trace_context.get("traceparent", "").split("-")
-    return parts[1] if len(parts) == 4 else ""
 
 
 YIELD_EVERY = 64

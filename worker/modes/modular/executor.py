@@ -190,10 +190,7 @@ class _ModularRun(_AssignmentRun):
             self.fail([job_id], t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}"))
             return
         if outcome.result is not None and outcome.result.report is not None:
-            hits = {PROMPT_CACHE: done.hits[job_id]}
-            outcome.result.report = dataclasses.replace(
-                outcome.result.report, execution_mode=MODE, cache_hits=hits
-            )
+            outcome.result.report.cache_hits = {PROMPT_CACHE: done.hits[job_id]}
         self.outcomes[job_id] = outcome
 
     def _check(self, plan: ItemPlan) -> None:

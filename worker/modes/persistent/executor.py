@@ -27,12 +27,10 @@ import atexit
 import logging
 import threading
 import time
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
-import omnirt
 from omnirt import types as t
+from omnirt._internal.modes import ExecutionMode
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopCheck, stop_error
@@ -40,6 +38,7 @@ from omnirt.worker.modes.events import RunRecorder
 from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
 from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec
 from omnirt.worker.modes.persistent.settings import GroupSettings, SettingsError
+from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
 from omnirt.worker.protocol import Assignment, ItemOutcome
@@ -48,13 +47,8 @@ from omnirt.worker.tiny import registry as tiny_models
 
 log = logging.getLogger(__name__)
 
-MODE = "persistent_worker"
+MODE = ExecutionMode.PERSISTENT_WORKER
 DEFAULT_PIPELINE_CLASS = "StableDiffusionPipeline"
-
-
-def _trace_id(trace_context: dict[str, str]) -> str:
-    parts = trace_context.get("traceparent", "").split("-")
-    return parts[1] if len(parts) == 4 else ""
 
 
 def check_supported(plan: ItemPlan) -> None:
@@ -355,7 +349,6 @@ class _PersistentRun:
         if isinstance(artifacts, Exception):
             raise artifacts
         job_id = plan.job_id
-        req = plan.item.request
         record = lease.record
         pipeline_class = record.pipeline_class or group.spec.pipeline_class
         config = resolved_config(
@@ -377,30 +370,19 @@ class _PersistentRun:
         )
         if "outputs_per_rank" in reply:  # data parallel: how the batch's outputs were split
             config["outputs_per_rank"] = list(reply["outputs_per_rank"])
-        report = t.RunReport(
-            run_id=str(uuid.uuid4()),
-            job_id=job_id,
+        report = run_report(
+            self.assignment,
+            plan.item,
+            self.recorder,
             worker_id=self.executor.config.worker_id,
-            model=self.spec.id,
-            task=req.task or (self.spec.tasks[0] if self.spec.tasks else None),
-            backend=placement.backend,
             execution_mode=MODE,
+            backend=placement.backend,
             device=placement.device,
             dtype=placement.dtype,
-            queue_wait_ms=plan.item.queue_wait_ms,
-            timings=list(self.recorder.timings.get(job_id, [])),
-            execution_ms=self.recorder.elapsed_ms(),
+            seeds=plan.seeds,
             peak_memory_bytes=int(reply.get("peak_memory_bytes", 0)),
             config_resolved=config,
             cold_start=lease.cold,
-            attempt=plan.item.attempt,
-            batch_size=len(self.assignment.items),
-            batch_group_id=self.assignment.batch_group_id,
-            seeds=list(plan.seeds),
-            trace_id=_trace_id(self.assignment.trace_context),
-            started_at=self.recorder.started_at,
-            finished_at=datetime.now(UTC),
             pipeline_class=pipeline_class,
-            omnirt_version=omnirt.__version__,
         )
         return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))

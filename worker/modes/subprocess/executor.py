@@ -29,13 +29,12 @@ import dataclasses
 import logging
 import os
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import omnirt
 from omnirt import types as t
+from omnirt._internal.modes import ExecutionMode
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import (
@@ -48,6 +47,7 @@ from omnirt.worker.modes.base import (
     stop_error,
 )
 from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.subprocess import child_process, job_dir, launchers
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
@@ -55,15 +55,10 @@ from omnirt.worker.runtime import backends
 
 log = logging.getLogger(__name__)
 
-MODE = "subprocess"
+MODE = ExecutionMode.SUBPROCESS
 PROGRESS_TAG = "OMNIRT_PROGRESS"
 STAGE_TAG = "OMNIRT_STAGE"
 RUN_STAGE = "run"
-
-
-def _trace_id(trace_context: dict[str, str]) -> str:
-    parts = trace_context.get("traceparent", "").split("-")
-    return parts[1] if len(parts) == 4 else ""
 
 
 class _LineRouter:
@@ -307,30 +302,17 @@ class SubprocessExecutor(Executor):
                     f"into OMNIRT_OUTPUT_DIR; last lines of its log:\n{tail}",
                 ),
             )
-        report = t.RunReport(
-            run_id=str(uuid.uuid4()),
-            job_id=job_id,
+        report = run_report(
+            assignment,
+            item,
+            recorder,
             worker_id=self.config.worker_id,
-            model=assignment.model.id,
-            task=request.task or (assignment.model.tasks[0] if assignment.model.tasks else None),
-            backend=self.backend,
             execution_mode=MODE,
+            backend=self.backend,
             device=backends.DEVICES.get(self.backend, self.backend),
-            queue_wait_ms=item.queue_wait_ms,
-            timings=list(recorder.timings.get(job_id, [])),
-            execution_ms=recorder.elapsed_ms(),
+            seeds=[seed],
             peak_memory_bytes=outcome.peak_rss_bytes,
             config_resolved=self._config(request, assignment.model, command, settings),
-            cold_start=False,
-            attempt=item.attempt,
-            batch_size=len(assignment.items),
-            batch_group_id=assignment.batch_group_id,
-            seeds=[seed],
-            trace_id=_trace_id(assignment.trace_context),
-            started_at=recorder.started_at,
-            finished_at=datetime.now(UTC),
-            pipeline_class="",
-            omnirt_version=omnirt.__version__,
         )
         return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))
 
