@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 from omnirt import types as t
+from omnirt._internal.modes import EXECUTION_MODES, ExecutionMode
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 
 if TYPE_CHECKING:
@@ -27,12 +28,12 @@ EventSink = Callable[[t.JobEvent], None]
 CANCELLED = "CANCELLED"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 
-# execution mode -> (module, class); later issues add modular, subprocess, persistent_worker.
-_EXECUTORS: dict[str, tuple[str, str]] = {
-    "legacy_call": ("omnirt.worker.modes.legacy_call", "LegacyCallExecutor"),
-    "modular": ("omnirt.worker.modes.modular.executor", "ModularExecutor"),
-    "subprocess": ("omnirt.worker.modes.subprocess.executor", "SubprocessExecutor"),
-    "persistent_worker": ("omnirt.worker.modes.persistent.executor", "PersistentWorkerExecutor"),
+# execution mode -> (module, class): a new mode is its folder here and one line below.
+_EXECUTORS: dict[ExecutionMode, tuple[str, str]] = {
+    ExecutionMode.LEGACY_CALL: ("omnirt.worker.modes.legacy_call", "LegacyCallExecutor"),
+    ExecutionMode.MODULAR: ("omnirt.worker.modes.modular.executor", "ModularExecutor"),
+    ExecutionMode.SUBPROCESS: ("omnirt.worker.modes.subprocess.executor", "SubprocessExecutor"),
+    ExecutionMode.PERSISTENT_WORKER: ("omnirt.worker.modes.persistent.executor", "PersistentWorkerExecutor"),
 }
 
 
@@ -115,7 +116,7 @@ def stop_error(reason: str, where: str) -> t.JobError:
 class Executor(ABC):
     """Runs assignments of one execution mode."""
 
-    mode: ClassVar[str]
+    mode: ClassVar[ExecutionMode]
 
     @property
     @abstractmethod
@@ -145,14 +146,15 @@ class Executor(ABC):
 
 def executor_modes() -> list[str]:
     """The execution modes this worker build can run."""
-    return sorted(_EXECUTORS)
+    return sorted(mode.value for mode in _EXECUTORS)
 
 
 def create_executor(config: WorkerConfig) -> Executor:
     """The executor for `config.mode` (its module is imported here, not before)."""
-    if config.mode not in _EXECUTORS:
+    registered = _EXECUTORS.get(ExecutionMode(config.mode)) if config.mode in EXECUTION_MODES else None
+    if registered is None:
         raise ValueError(f"unknown execution mode {config.mode!r}; known: {', '.join(executor_modes())}")
-    module_name, class_name = _EXECUTORS[config.mode]
+    module_name, class_name = registered
     cls = getattr(importlib.import_module(module_name), class_name)
     executor: Executor = cls(config)
     return executor

@@ -26,6 +26,7 @@ import weakref
 from typing import Any
 
 from omnirt import types as t
+from omnirt._internal.modes import ExecutionMode
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
@@ -61,7 +62,7 @@ from omnirt.worker.runtime.memory import PeakMemory
 
 log = logging.getLogger(__name__)
 
-MODE = "legacy_call"
+MODE = ExecutionMode.LEGACY_CALL
 
 
 def _quiet_libraries() -> None:

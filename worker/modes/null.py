@@ -36,7 +36,7 @@ from omnirt.worker.runtime.memory import current_rss_bytes
 NULL_FAMILY = "null"
 NULL_SOURCE = "builtin:null"
 PIPELINE_CLASS = "NullPipeline"
-MODE = ExecutionMode.LEGACY_CALL  # null models run in legacy_call workers
+MODE = ExecutionMode.LEGACY_CALL  # what its reports name, in a modular worker too
 IMAGE_SIZE = 8
 SLEEP_EXTRA = "sleep_ms_per_step"
 MAX_SLEEP_MS_PER_STEP = 60_000.0

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from omnirt import types as t
+from omnirt._internal.modes import ExecutionMode
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes import null as null_model
@@ -53,7 +54,7 @@ from omnirt.worker.runtime import options as runtime_options
 
 log = logging.getLogger(__name__)
 
-MODE = "modular"
+MODE = ExecutionMode.MODULAR
 DEFAULT_PROMPT_CACHE_SIZE = 256
 PROMPT_CACHE = "prompt_embeds"
 STEP_CACHE = "step_cache"  # diffusers cache hooks: legacy_call only
