@@ -55,7 +55,7 @@ def _build_sd15(spec: dict[str, Any], device: str) -> Any:
     from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from omnirt.worker.tiny.registry import write_clip_tokenizer_files
+    from omnirt.worker.tiny.sd import write_clip_tokenizer_files
 
     with tempfile.TemporaryDirectory() as vocab_dir:
         write_clip_tokenizer_files(Path(vocab_dir))
