@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omnirt._internal.limits import MAX_MESSAGE_BYTES
+
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -42,7 +44,7 @@ class ControllerConfig:
     inline_limit_bytes: int = field(
         default=8 * 1024 * 1024, metadata={"help": "larger artifacts go by DownloadArtifact, not inline"}
     )
-    max_message_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "gRPC message size limit"})
+    max_message_bytes: int = field(default=MAX_MESSAGE_BYTES, metadata={"help": "gRPC message size limit"})
     max_finished_jobs: int = field(default=10000, metadata={"help": "finished jobs kept in memory"})
     job_ttl_s: float = field(default=3600.0, metadata={"help": "seconds a finished job stays readable"})
     store: str = field(

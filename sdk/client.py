@@ -22,6 +22,7 @@ import grpc
 
 from omnirt import errors
 from omnirt._internal import convert as conv
+from omnirt._internal.limits import MAX_MESSAGE_BYTES
 from omnirt.types import (
     Adapter,
     Artifact,
@@ -52,8 +53,6 @@ DEFAULT_ADDRESS = "127.0.0.1:50051"
 ADDRESS_ENV = "OMNIRT_CONTROLLER"
 TLS_CA_ENV = "OMNIRT_TLS_CA"  # a CA file: connect over TLS and trust it
 API_KEY_ENV = "OMNIRT_API_KEY"
-# Inline artifacts (a batch of images, a short video) easily pass gRPC's 4 MiB default.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 Media = bytes | str | os.PathLike[str]
 Metadata = Sequence[tuple[str, str]]

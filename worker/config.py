@@ -10,11 +10,11 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-EXECUTION_MODES = ("legacy_call", "modular", "subprocess", "persistent_worker")
+from omnirt._internal.limits import DEFAULT_INPUT_MAX_BYTES
+from omnirt._internal.modes import DEFAULT_MODE, EXECUTION_MODES, ExecutionMode
+
 BACKENDS = ("auto", "cpu", "cuda", "ascend")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-# The controller's default bound on a request's inline input bytes (`ModelLimits.max_input_bytes`).
-DEFAULT_INPUT_MAX_BYTES = 32 * 1024 * 1024
 
 
 def default_worker_id() -> str:
@@ -30,7 +30,7 @@ class WorkerConfig:
         default="127.0.0.1:50051", metadata={"help": "controller address (host:port) to connect to"}
     )
     mode: str = field(
-        default="legacy_call", metadata={"help": "execution mode: " + ", ".join(EXECUTION_MODES)}
+        default=DEFAULT_MODE.value, metadata={"help": "execution mode: " + ", ".join(EXECUTION_MODES)}
     )
     backend: str = field(
         default="cpu", metadata={"help": "backend: cpu, cuda, ascend or auto (cuda, then ascend, then cpu)"}
@@ -126,7 +126,7 @@ class WorkerConfig:
         if self.tls_ca or self.tls_cert or self.tls_key or self.tls_server_name:
             object.__setattr__(self, "tls", True)
         if self.preload is None:  # a resident group takes long to start: start it before any user waits
-            object.__setattr__(self, "preload", self.mode == "persistent_worker")
+            object.__setattr__(self, "preload", self.mode == ExecutionMode.PERSISTENT_WORKER)
         if self.mode not in EXECUTION_MODES:
             raise ValueError(f"mode must be one of {', '.join(EXECUTION_MODES)}, not {self.mode!r}")
         if self.backend not in BACKENDS:

@@ -42,6 +42,7 @@ import grpc
 import omnirt
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.limits import MAX_MESSAGE_BYTES, STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
 from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker import protocol, redact
 from omnirt.worker.config import WorkerConfig
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 
 # grpc-stubs do not know grpc.aio.EOF, the sentinel read() returns at the end of a stream.
 STREAM_END: Any = grpc.aio.EOF  # type: ignore[attr-defined]
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -74,10 +74,6 @@ DRAIN_GRACE_S = 10.0
 # The JobError code of jobs stopped because the drain timed out: retryable elsewhere.
 DRAIN_STOP_CODE = "UNAVAILABLE"
 DESCRIBE_TIMEOUT_S = 10.0
-# Messages queued while a write is in flight go up together as one batch (when the controller
-# reads batches): one stream write per batch instead of one per event.
-BATCH_MAX_MESSAGES = 256
-BATCH_MAX_BYTES = 1024 * 1024
 # The controller's answers that reconnecting does not change: the worker exits with EXIT_REFUSED.
 REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 EXIT_REFUSED = 2
@@ -426,8 +422,10 @@ class WorkerDaemon:
 
     async def _write_loop(self, call: Any) -> None:
         while True:
-            limit = BATCH_MAX_MESSAGES if self._batch_writes else 1
-            items = await self._outbox.get_many(limit, BATCH_MAX_BYTES, protocol.message_size)
+            # Messages queued while a write is in flight go up together as one batch (when the
+            # controller reads batches).
+            limit = STREAM_BATCH_MAX_MESSAGES if self._batch_writes else 1
+            items = await self._outbox.get_many(limit, STREAM_BATCH_MAX_BYTES, protocol.message_size)
             if len(items) == 1:
                 message = items[0].message
             else:

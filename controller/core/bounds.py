@@ -16,11 +16,10 @@ import math
 import re
 from typing import Any
 
+from omnirt._internal.limits import ECHO_CHARS, MAX_ADAPTER_NAME_CHARS, MAX_ADAPTER_SCALE, MAX_FILE_NAME_BYTES
 from omnirt.errors import InvalidRequest
 from omnirt.types import GenerateRequest, ModelLimits
 
-# Most characters of user text an error message quotes.
-ECHO_CHARS = 64
 # Most characters of an error's field path and of its reason (a few hundred bytes of trailers).
 MAX_FIELD_CHARS = 512
 MAX_REASON_CHARS = 256
@@ -38,12 +37,6 @@ MAX_LABEL_KEY_CHARS = 128
 MAX_LABEL_VALUE_CHARS = 256
 # A request's LoRA adapters: more than the worker keeps loaded (8 by default) makes no sense.
 MAX_ADAPTERS = 16
-# An adapter name is a catalog name or a path: bounded like a path, and each part of it like a
-# file name (NAME_MAX is 255 bytes; a 300-character name reached the worker's file system).
-MAX_ADAPTER_NAME_CHARS = 1024
-MAX_FILE_NAME_BYTES = 255
-# Adapter scales, as the worker bounds them.
-MAX_ADAPTER_SCALE = 100.0
 MAX_INPUTS = 16
 MAX_URI_CHARS = 4096
 MAX_MIME_TYPE_CHARS = 128

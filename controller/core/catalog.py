@@ -11,11 +11,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from omnirt._internal.modes import DEFAULT_MODE, EXECUTION_MODES
 from omnirt.controller.core.bounds import INT32_MAX, INT64_MAX, MAX_MODEL_NAME_CHARS, check_length, echo
 from omnirt.errors import InvalidRequest, ModelNotFound
 from omnirt.types import ModelDefaults, ModelLimits, ModelSpec, Preset, Task
 
-EXECUTION_MODES = ("legacy_call", "modular", "subprocess", "persistent_worker")
 # Most model ids a ModelNotFound lists when nothing is close to the name asked for.
 MAX_LISTED_MODELS = 20
 
@@ -48,7 +48,7 @@ def spec_from_dict(entry: dict[str, Any], where: str) -> ModelSpec:
         raise CatalogError(f"{where}: {exc}; tasks are {[t.value for t in Task]}") from None
     if not tasks:
         raise CatalogError(f"{where}: `tasks` must list at least one task")
-    mode = entry.get("execution_mode", "legacy_call")
+    mode = entry.get("execution_mode", DEFAULT_MODE)
     if mode not in EXECUTION_MODES:
         raise CatalogError(f"{where}: execution_mode {mode!r} is not one of {list(EXECUTION_MODES)}")
     presets = [

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from omnirt._internal import convert as c
+from omnirt._internal.limits import STREAM_BATCH_MAX_MESSAGES
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
@@ -24,7 +25,7 @@ log = logging.getLogger("omnirt.controller.edges.worker_stream")
 _CLOSE = object()
 # Messages for a worker that queue up while the stream writes go out as one batch (to workers
 # whose Hello accepts batches): one stream write per batch instead of one per assignment.
-BATCH_MAX_MESSAGES = 256
+BATCH_MAX_MESSAGES = STREAM_BATCH_MAX_MESSAGES
 BATCH_MAX_BYTES = 1024 * 1024
 
 
