@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnirt._internal import runtime_schema
+from omnirt._internal import defaults, runtime_schema
+from omnirt._internal.defaults import MAX_SEED
+from omnirt._internal.modes import ExecutionMode
 from omnirt.controller.core import bounds
 from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Task
 
 MAX_PRIORITY = 100
-MAX_SEED = 2**63 - 1 - 1024  # room for seed + output index
 # Float fields travel as float32; beyond these they are mistakes, not settings.
 MAX_FPS = 1000.0
 MAX_GUIDANCE_SCALE = 1000.0
 MAX_QUALITY = 100  # output.quality is 1-100 (0 = the encoder's default)
 TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
-# Tasks that take `strength` (how far to move from the input image).
-STRENGTH_TASKS = {Task.IMAGE2IMAGE, Task.INPAINT}
 REQUIRED_INPUTS: dict[Task, tuple[MediaRole, ...]] = {
     Task.IMAGE2IMAGE: (MediaRole.IMAGE,),
     Task.INPAINT: (MediaRole.IMAGE, MediaRole.MASK),
@@ -44,18 +42,6 @@ FORMATS = {
     MediaKind.VIDEO: ("mp4", "gif"),
     MediaKind.AUDIO: ("wav",),
 }
-# Request fields a preset (or the model's defaults) may fill in.
-PRESET_FIELDS = (
-    "width",
-    "height",
-    "num_frames",
-    "fps",
-    "num_inference_steps",
-    "guidance_scale",
-    "scheduler",
-    "num_outputs",
-    "strength",
-)
 
 
 @dataclass
@@ -100,7 +86,7 @@ def _check_times(req: GenerateRequest, now_ms: int) -> None:
 
 
 def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
-    """Preset first, then the model's defaults, for every field the request left unset."""
+    """Preset first, then the model's defaults, for every field the request left unset; the seed."""
     overrides: dict[str, Any] = {}
     if req.preset:
         preset = next((p for p in spec.presets if p.name == req.preset), None)
@@ -108,15 +94,7 @@ def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
             names = ", ".join(p.name for p in spec.presets) or "none"
             raise bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")
         overrides = preset.overrides
-    for name in PRESET_FIELDS:
-        if getattr(req, name) not in (None, ""):
-            continue
-        if name == "strength" and req.task not in STRENGTH_TASKS:
-            continue  # a model's default strength is for its image-input tasks only
-        value = overrides.get(name) or getattr(spec.defaults, name, None) or None
-        setattr(req, name, value)
-    if req.num_outputs is None:
-        req.num_outputs = 1
+    defaults.apply(req, spec, overrides)
 
 
 def _check_inputs(req: GenerateRequest, task: Task) -> None:
@@ -136,7 +114,7 @@ def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
     """Validate and normalize `extra.runtime` (runtime options per request; legacy_call models only)."""
     if "runtime" not in req.extra:
         return
-    if spec.execution_mode != "legacy_call":
+    if spec.execution_mode != ExecutionMode.LEGACY_CALL:
         reason = f"{spec.id} runs in {spec.execution_mode} mode, which takes no runtime options per request"
         raise bad("extra.runtime", reason)
     try:
@@ -155,8 +133,7 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     # Sizes first: nothing below walks or quotes an unbounded value.
     bounds.check_request(req, spec.limits)
     _check_times(req, int(time.time() * 1000) if now_ms is None else now_ms)
-    if req.task is None:
-        req.task = spec.tasks[0]
+    req.task = defaults.task_of(req, spec)
     if req.task not in spec.tasks:
         tasks = ", ".join(t.value for t in spec.tasks)
         raise bad("task", f"{spec.id} does not do {req.task.value} (it does: {tasks})")
@@ -188,9 +165,8 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
         raise bad(
             "output.inline_limit_bytes", f"must be between 0 and 2**63-1 (got {req.inline_limit_bytes})"
         )
-    if req.seed is None:
-        req.seed = random.randint(0, 2**31 - 1)
-    elif not 0 <= req.seed <= MAX_SEED:
+    assert req.seed is not None  # _apply_defaults chose one where the request gave none
+    if not 0 <= req.seed <= MAX_SEED:
         raise bad("seed", f"must be between 0 and {MAX_SEED} (got {req.seed})")
     kind = OUTPUT_KIND[req.task]
     req.output_format = (req.output_format or FORMATS[kind][0]).lower()

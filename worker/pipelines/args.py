@@ -7,11 +7,11 @@ which extras and media inputs it takes). Every refusal is a `JobFailure` naming 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
 import re
-import secrets
 import sys
 from collections.abc import Set
 from dataclasses import dataclass, field
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from omnirt import types as t
+from omnirt._internal import defaults
+from omnirt._internal.limits import ECHO_CHARS
 from omnirt.worker.export import video as video_export
 from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.pipelines import media_inputs
@@ -26,8 +28,6 @@ from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.protocol import AssignmentItem
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
-# Most characters of a request value quoted in an error.
-ECHO_CHARS = 64
 
 # Request media roles -> the pipeline argument that takes them.
 MEDIA_ARGUMENTS = {
@@ -96,17 +96,18 @@ def scheduler_class(name: str) -> Any:
     return cls
 
 
-def _first_positive(*values: Any) -> Any:
-    return next((v for v in values if v is not None and v > 0), None)
-
-
 def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
-    """Validate one item and fix its seeds; request values first, then the model's defaults."""
-    req, defaults = item.request, spec.defaults
-    num_outputs = 1 if req.num_outputs is None else req.num_outputs
+    """Validate one item and fix its seeds; request values first, then the model's defaults.
+
+    The plan's item holds the request with its defaults and seed filled in (`item` is left as is).
+    """
+    # The controller's rule, again: a no-op on the requests it validated.
+    req = dataclasses.replace(item.request, task=defaults.task_of(item.request, spec))
+    defaults.apply(req, spec)
+    assert req.task is not None and req.num_outputs is not None and req.seed is not None
+    task, num_outputs = req.task, req.num_outputs
     if num_outputs < 1:
         raise JobFailure(INVALID_ARGUMENT, "num_outputs must be at least 1", "num_outputs")
-    task = task_pipelines.task_of(req, spec)
     try:
         fmt = task_pipelines.output_format(task, req.output_format)
     except ValueError as exc:
@@ -114,24 +115,20 @@ def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
     scheduler = req.scheduler or ""
     if scheduler:
         scheduler_class(scheduler)
-    # Seed of output 0; random (and reported) when the request left it unset.
-    seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
     common = {
-        "width": _first_positive(req.width, defaults.width),
-        "height": _first_positive(req.height, defaults.height),
-        "num_inference_steps": _first_positive(req.num_inference_steps, defaults.num_inference_steps),
-        "guidance_scale": req.guidance_scale
-        if req.guidance_scale is not None
-        else (defaults.guidance_scale or None),
+        "width": req.width,
+        "height": req.height,
+        "num_inference_steps": req.num_inference_steps,
+        "guidance_scale": req.guidance_scale,
     }
     fps = 0.0
     if task_pipelines.is_video(task):
-        common["num_frames"] = _first_positive(req.num_frames, defaults.num_frames)
-        fps = float(_first_positive(req.fps, defaults.fps) or video_export.DEFAULT_FPS)
+        common["num_frames"] = req.num_frames
+        fps = float(req.fps or video_export.DEFAULT_FPS)
     return ItemPlan(
-        item=item,
+        item=dataclasses.replace(item, request=req),
         num_outputs=num_outputs,
-        seeds=[seed + i for i in range(num_outputs)],
+        seeds=defaults.output_seeds(req.seed, num_outputs),
         output_format=fmt,
         scheduler=scheduler,
         common={k: v for k, v in common.items() if v is not None},
