@@ -13,6 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from omnirt._internal.limits import DEFAULT_INPUT_MAX_BYTES
+from omnirt._internal.modes import DEFAULT_MODE
+
 SCHEMA_VERSION = "1.0.0"
 
 
@@ -322,7 +325,7 @@ class ModelLimits:
     # enough that a queue of them fits in memory.
     max_prompt_chars: int = 32_000
     # Bytes of inline `inputs[].data` together, held in the controller while the job is queued.
-    max_input_bytes: int = 32 * 1024 * 1024
+    max_input_bytes: int = DEFAULT_INPUT_MAX_BYTES
 
 
 @dataclass
@@ -341,7 +344,7 @@ class ModelSpec:
     id: str
     family: str = ""
     tasks: list[Task] = field(default_factory=list)
-    execution_mode: str = "legacy_call"
+    execution_mode: str = DEFAULT_MODE.value
     source: str = ""
     pipeline_class: str = ""
     aliases: list[str] = field(default_factory=list)

@@ -48,7 +48,7 @@ def spec_from_dict(entry: dict[str, Any], where: str) -> ModelSpec:
         raise CatalogError(f"{where}: {exc}; tasks are {[t.value for t in Task]}") from None
     if not tasks:
         raise CatalogError(f"{where}: `tasks` must list at least one task")
-    mode = entry.get("execution_mode", DEFAULT_MODE)
+    mode = entry.get("execution_mode", DEFAULT_MODE.value)
     if mode not in EXECUTION_MODES:
         raise CatalogError(f"{where}: execution_mode {mode!r} is not one of {list(EXECUTION_MODES)}")
     presets = [
