@@ -19,7 +19,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.engine_client import EngineClient, MemoryEngineClient
+from omnirt.controller.core.encoded import EncodedJobs
+from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.edges.audit import AuditLog
 from omnirt.controller.edges.auth import Authenticator
 from omnirt.controller.edges.auth_interceptor import AuthInterceptor
@@ -28,6 +29,7 @@ from omnirt.controller.edges.servicers import ClusterServicer, GenerationService
 from omnirt.controller.edges.tls import ServerTls
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
+from omnirt.controller.engines.memory.client import MemoryEngineClient
 from omnirt.controller.engines.memory.engine import Engine
 from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.v1 import (
@@ -125,14 +127,17 @@ def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
     )
 
 
-def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineClient:
-    """The engine `config.store` asks for: in memory (default) or on Redis."""
+def make_engine(config: ControllerConfig, catalog: Catalog) -> tuple[EngineClient, EncodedJobs | None]:
+    """The engine `config.store` asks for, in memory (default) or on Redis, and where it keeps
+    finished jobs encoded for Generate's answers (the memory store's frozen jobs; None on Redis,
+    whose jobs the servicer converts)."""
     if config.store in ("", "memory"):
-        return MemoryEngineClient(Engine(config, catalog))
+        engine = Engine(config, catalog)
+        return MemoryEngineClient(engine), engine.store
     if config.store.startswith(("redis://", "rediss://", "unix://")):
         from omnirt.controller.engines.redis.engine import RedisEngine
 
-        return RedisEngine(config, catalog)
+        return RedisEngine(config, catalog), None
     raise ValueError(f"--store: expected memory or redis://HOST:PORT/DB, got {config.store!r}")
 
 
@@ -147,11 +152,11 @@ class ControllerServer:
         self.admission = WorkerAdmission(
             config.worker_token_file, self.audit, client_ca=bool(config.tls_client_ca)
         )
-        self.engine = make_engine(config, catalog or Catalog.load(config.catalog))
+        self.engine, encoded = make_engine(config, catalog or Catalog.load(config.catalog))
         self._health_task: asyncio.Task[None] | None = None
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
-            SERVICE_NAMES[0]: GenerationServicer(self.engine),
+            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
             SERVICE_NAMES[2]: ClusterServicer(self.engine),
         }

@@ -1,8 +1,11 @@
 """The one interface the edges (gRPC servicers, worker gateway, HTTP) use to reach an engine.
 
-Two engines implement it: `MemoryEngineClient` wraps the in-process `Engine` (jobs in this
-process's memory, the default), `RedisEngine` keeps jobs, queue and events in Redis so several
-controllers share them and a restart loses nothing. The edges never know which one they talk to.
+Two engines implement it: `engines.memory.client.MemoryEngineClient` wraps the in-process
+`Engine` (jobs in this process's memory, the default), `engines.redis.engine.RedisEngine` keeps
+jobs, queue and events in Redis so several controllers share them and a restart loses nothing.
+The edges never know which one they talk to. Everything here is `omnirt.types` dataclasses: no
+protobuf crosses this interface (a worker's encoded result passes as an opaque
+`core.encoded.ResultEncoding`).
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from typing import Protocol
 
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.encoded import ResultEncoding
 from omnirt.controller.core.router import WorkerHandle, WorkerLink
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy
 from omnirt.controller.core.validation import Plan
-from omnirt.controller.engines.memory.engine import Engine
 from omnirt.controller.observability.metrics import EngineMetrics
 from omnirt.types import (
     GenerateRequest,
@@ -28,7 +31,6 @@ from omnirt.types import (
     Task,
     WorkerInfo,
 )
-from omnirt.v1 import types_pb2
 
 
 class EngineClient(Protocol):
@@ -38,13 +40,22 @@ class EngineClient(Protocol):
     catalog: Catalog
     metrics: EngineMetrics
 
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
+    async def start(self) -> None:
+        """Start the engine's own tasks (dispatch, leases, deadlines; Redis upkeep)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop those tasks and close every worker's link."""
+        ...
+
     def ready(self) -> bool:
         """False while the job store cannot be reached (health reports NOT_SERVING)."""
         ...
 
-    def validate(self, request: GenerateRequest) -> Plan: ...
+    def validate(self, request: GenerateRequest) -> Plan:
+        """The request checked against the catalog and resolved (InvalidRequest, ModelNotFound)."""
+        ...
+
     async def submit(
         self,
         request: GenerateRequest,
@@ -66,141 +77,62 @@ class EngineClient(Protocol):
         """The job once it is final."""
         ...
 
-    def job_message(self, job: Job) -> types_pb2.Job:
-        """A final job (from `wait`) as a message, result included."""
-        ...
-
     # The reads below take `tenant`: None = any tenant (admins, auth off); a string = the job
     # must be that tenant's, else the very JobNotFound an unknown id gets (no existence oracle).
-    async def get(self, job_id: str, *, tenant: str | None = None) -> Job: ...
-    async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest: ...
-    async def list_jobs(
-        self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
-    ) -> tuple[list[Job], int]: ...
-    def watch(
-        self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
-    ) -> AsyncIterator[JobEvent]: ...
-    async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]: ...
-    async def abandon(self, job_id: str) -> None: ...
-    async def artifact(
-        self, job_id: str, index: int, *, tenant: str | None = None
-    ) -> tuple[bytes, GenerateResult]: ...
-    def list_models(self, task: Task | None = None) -> list[ModelSpec]: ...
-    def describe_model(self, name: str) -> ModelSpec: ...
-    async def list_workers(self) -> list[WorkerInfo]: ...
-    async def drain_worker(self, worker_id: str) -> WorkerInfo: ...
-
-    # the worker gateway
-    async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle: ...
-    async def worker_heartbeat(
-        self,
-        handle: WorkerHandle,
-        loaded_models: list[str],
-        draining: bool,
-        running: set[tuple[str, str]] | None = None,
-    ) -> None:
-        """A heartbeat; `running` is the (job id, assignment id) pairs the worker holds, when it
-        lists them: a job counted there that it leaves out is released and requeued."""
-        ...
-
-    async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None: ...
-    async def worker_result(
-        self,
-        handle: WorkerHandle,
-        assignment_id: str,
-        job_id: str,
-        result: GenerateResult | None,
-        error: JobError | None,
-        message: types_pb2.GenerateResult | None = None,
-    ) -> None:
-        """A job's outcome; `message` is the result as the worker sent it (an engine may keep it
-        instead of converting `result` back)."""
-        ...
-
-    async def worker_lost(self, handle: WorkerHandle, reason: str) -> None: ...
-
-
-class MemoryEngineClient:
-    """`EngineClient` over the in-process `Engine` (nothing here waits on I/O)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.config = engine.config
-        self.catalog = engine.catalog
-        self.metrics = engine.metrics
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def stop(self) -> None:
-        await self.engine.stop()
-
-    def ready(self) -> bool:
-        return True
-
-    def validate(self, request: GenerateRequest) -> Plan:
-        return self.engine.validate(request)
-
-    async def submit(
-        self,
-        request: GenerateRequest,
-        *,
-        tenant: str = "",
-        policy: TenantPolicy = UNLIMITED,
-        call_deadline_ms: int = 0,
-    ) -> tuple[Job, bool]:
-        record, deduplicated = self.engine.submit(
-            request, tenant=tenant, policy=policy, call_deadline_ms=call_deadline_ms
-        )
-        return record.job, deduplicated
-
-    async def wait(self, job_id: str) -> Job:
-        return (await self.engine.wait(self.engine.store.get(job_id))).job
-
-    def job_message(self, job: Job) -> types_pb2.Job:
-        return self.engine.store.job_message(job)
-
     async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
-        return self.engine.get(job_id, tenant=tenant)
+        """The job as clients see it (with queue position and waiting reason when queued)."""
+        ...
 
     async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
-        return self.engine.record(job_id, tenant=tenant).plan.request
+        """The request the job runs (as validated, with its effective deadline)."""
+        ...
 
     async def list_jobs(
         self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
     ) -> tuple[list[Job], int]:
-        return self.engine.list_jobs(states, model, limit, offset, tenant=tenant)
+        """Jobs newest first, filtered by state and model; the page and the next offset (0: no more)."""
+        ...
 
     def watch(
         self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
     ) -> AsyncIterator[JobEvent]:
-        return self.engine.watch(job_id, after_sequence, tenant=tenant)
+        """The job's events after `after_sequence`, live, until its final state event."""
+        ...
 
     async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
-        return self.engine.cancel(job_id, tenant=tenant)
+        """Cancel a queued or running job; returns it and False when it was final already."""
+        ...
 
     async def abandon(self, job_id: str) -> None:
-        self.engine.abandon(job_id)
+        """The client of a Generate went away: past its deadline the job expires, else it is cancelled."""
+        ...
 
     async def artifact(
         self, job_id: str, index: int, *, tenant: str | None = None
     ) -> tuple[bytes, GenerateResult]:
-        return self.engine.artifact(job_id, index, tenant=tenant)
+        """The full bytes of one artifact of a succeeded job, and the job's result."""
+        ...
 
     def list_models(self, task: Task | None = None) -> list[ModelSpec]:
-        return self.engine.list_models(task)
+        """The catalog's models (those of `task`), with how many workers serve each."""
+        ...
 
     def describe_model(self, name: str) -> ModelSpec:
-        return self.engine.describe_model(name)
+        """One model by id or alias (ModelNotFound), with how many workers serve it."""
+        ...
 
     async def list_workers(self) -> list[WorkerInfo]:
-        return self.engine.list_workers()
+        """The workers connected to this controller (and, on Redis, to the others)."""
+        ...
 
     async def drain_worker(self, worker_id: str) -> WorkerInfo:
-        return self.engine.drain_worker(worker_id)
+        """Let the worker finish its jobs and take no new ones (WorkerNotFound)."""
+        ...
 
+    # the worker gateway
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
-        return self.engine.worker_connected(info, link)
+        """Register a worker that said Hello (AlreadyExists while another process holds its id)."""
+        ...
 
     async def worker_heartbeat(
         self,
@@ -209,10 +141,16 @@ class MemoryEngineClient:
         draining: bool,
         running: set[tuple[str, str]] | None = None,
     ) -> None:
-        self.engine.worker_heartbeat(handle, loaded_models, draining, running)
+        """A worker's heartbeat.
+
+        `running` is the (job id, assignment id) pairs the worker holds, when it lists them: a
+        job counted there that it leaves out is released and requeued.
+        """
+        ...
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
-        self.engine.worker_event(handle, assignment_id, event)
+        """A running job's progress, stage, preview or log event (state changes are the engine's)."""
+        ...
 
     async def worker_result(
         self,
@@ -221,9 +159,15 @@ class MemoryEngineClient:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        message: types_pb2.GenerateResult | None = None,
+        encoding: ResultEncoding | None = None,
     ) -> None:
-        self.engine.worker_result(handle, assignment_id, job_id, result, error, message)
+        """A job's outcome: its result or its error (a late or foreign one is ignored).
+
+        `encoding` is the result as the worker sent it: an engine may keep its bytes instead of
+        converting `result` back (see `core.encoded`).
+        """
+        ...
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
-        self.engine.worker_lost(handle, reason)
+        """The worker's stream ended: its jobs are requeued (or failed when attempts are spent)."""
+        ...

@@ -1,20 +1,73 @@
-"""A job record: the job, its plan, its event log, and waiting for new events (in memory)."""
+"""A job record (the job, its plan, its event log, waiting for new events) and the job rules
+both engines share: a new job, an idempotency fingerprint, the client's view of a result."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from omnirt.controller.core.validation import Plan
-from omnirt.types import GenerateResult, Job, JobEvent, JobState
-from omnirt.v1 import types_pb2
+from omnirt.types import GenerateRequest, GenerateResult, Job, JobEvent, JobState, ModelSpec
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def request_fingerprint(request: GenerateRequest) -> bytes:
+    """What makes two submissions 'the same request' for an idempotency key (deadlines aside)."""
+    data = asdict(request)
+    for name in ("deadline_ms", "timeout_ms"):
+        data.pop(name)
+    return hashlib.sha256(repr(sorted(data.items())).encode()).digest()
+
+
+def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
+    """A QUEUED job of `tenant` for a validated request; the request gets the job's effective
+    deadline."""
+    req = plan.request
+    deadlines = [req.deadline_ms, call_deadline_ms]
+    # Validation bounds timeout_ms (a year at most): the sum stays far inside the int64 field.
+    if req.timeout_ms:
+        deadlines.append(int(time.time() * 1000) + req.timeout_ms)
+    job = Job(
+        id="job-" + uuid.uuid4().hex[:16],
+        state=JobState.QUEUED,
+        model=plan.spec.id,
+        task=req.task,
+        priority=req.priority,
+        created_at=utcnow(),
+        idempotency_key=req.idempotency_key,
+        labels=dict(req.labels),
+        deadline_ms=min((d for d in deadlines if d), default=0),
+        tenant=tenant,
+    )
+    # Workers see one deadline per job: the effective one.
+    req.deadline_ms = job.deadline_ms
+    return job
+
+
+def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResult:
+    """The result with artifacts over `limit` bytes replaced by a download reference."""
+    artifacts = []
+    for a in result.artifacts:
+        a.size_bytes = a.size_bytes or len(a.data)
+        if a.size_bytes > limit:
+            a = replace(a, data=b"", uri=f"omnirt://jobs/{job_id}/artifacts/{a.index}")
+        artifacts.append(a)
+    return replace(result, artifacts=artifacts)
+
+
+def waiting_reason(spec: ModelSpec, serving: int) -> str:
+    """Why a queued job of `spec` waits, given how many workers serve the model."""
+    if serving == 0:
+        return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
+    return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
 
 
 @dataclass
@@ -27,8 +80,9 @@ class JobRecord:
     events: list[JobEvent] = field(default_factory=list)
     # The result with every artifact's bytes; `job.result` is the same minus oversized bytes.
     result: GenerateResult | None = None
-    # The client's view of the result as the worker sent it, when it is that (kept for freezing).
-    result_message: types_pb2.GenerateResult | None = None
+    # `result` encoded (omnirt.v1.GenerateResult) as the worker sent it, when it is that (see
+    # `core.encoded`): freezing keeps these bytes instead of converting the result back.
+    result_encoded: bytes | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
     # Kept across requeues, so a retried job keeps its place (and its aging).
     first_enqueued_at: float = field(default_factory=time.monotonic)

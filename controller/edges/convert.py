@@ -1,11 +1,14 @@
-"""Converters for the worker protocol (`omnirt.worker.v1`), controller side."""
+"""Converters for the worker protocol (`omnirt.worker.v1`), controller side, and the encoded
+jobs and results of `core.encoded` (the worker's result kept as sent, a Generate answered from
+the store's bytes)."""
 
 from __future__ import annotations
 
 from omnirt._internal import convert as c
+from omnirt.controller.core.encoded import EncodedJob
 from omnirt.controller.core.router import Assignment, CancelAssignment, Drain, Outbound
-from omnirt.types import ModelSpec, WorkerInfo, WorkerState
-from omnirt.v1 import models_pb2
+from omnirt.types import GenerateResult, Job, ModelSpec, WorkerInfo, WorkerState
+from omnirt.v1 import generation_pb2, models_pb2, types_pb2
 from omnirt.worker.v1 import gateway_pb2 as pb
 
 # Converted ModelSpecs by spec object: every assignment carries its model's spec, and catalog
@@ -73,3 +76,43 @@ def outbound_to_proto(message: Outbound) -> pb.ConnectResponse:
     if isinstance(message, Drain):
         return pb.ConnectResponse(drain=pb.Drain(reason=message.reason))
     raise TypeError(f"not a worker message: {message!r}")
+
+
+class WireResult:
+    """A worker's result message as a `core.encoded.ResultEncoding` (the engine's opaque view)."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: types_pb2.GenerateResult) -> None:
+        self._message = message
+
+    def keeps(self, result: GenerateResult) -> bool:
+        """True when `result` has every artifact of the message as it was (sizes, references)."""
+        sent = self._message.artifacts
+        return len(sent) == len(result.artifacts) and all(
+            m.uri == a.uri and m.size_bytes == a.size_bytes
+            for m, a in zip(sent, result.artifacts, strict=True)
+        )
+
+    def stamped(self, job_id: str, trace_id: str, tenant: str) -> bytes:
+        """The message's bytes with the controller's ids (the message is the stream's, used once)."""
+        message = self._message
+        message.job_id = job_id
+        message.report.trace_id = trace_id
+        message.report.tenant = tenant
+        return message.SerializeToString()
+
+
+def generate_response(job: Job, encoded: EncodedJob | None) -> generation_pb2.GenerateResponse:
+    """A final job's GenerateResponse: parsed from the store's bytes when it has them (straight
+    into the answer's fields, no copy of the result between), else converted from `job`."""
+    response = generation_pb2.GenerateResponse()
+    if encoded is None:
+        response.job.CopyFrom(c.job_to_proto(job, with_result=False))
+        if job.result is not None:
+            response.result.CopyFrom(c.result_to_proto(job.result))
+        return response
+    response.job.MergeFromString(encoded.job)
+    if encoded.result is not None:
+        response.result.MergeFromString(encoded.result)
+    return response

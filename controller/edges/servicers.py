@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
 from omnirt._internal import convert as c
+from omnirt.controller.core.encoded import EncodedJobs
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.edges.auth import caller
+from omnirt.controller.edges.convert import generate_response
 from omnirt.errors import InvalidRequest, error_for
+from omnirt.types import GenerateRequest
 from omnirt.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
@@ -32,22 +36,33 @@ DEFAULT_PAGE = 100
 MAX_PAGE_TOKEN_DIGITS = 9  # offsets below 10**9: more jobs than any store keeps
 
 
-def _call_deadline_ms(context: grpc.aio.ServicerContext) -> int:
+def _call_deadline_ms(context: grpc.aio.ServicerContext[Any, Any]) -> int:
     remaining = context.time_remaining()
     return int((time.time() + remaining) * 1000) if remaining is not None else 0
 
 
-def _request(msg: types_pb2.GenerateRequest):  # type: ignore[no-untyped-def]
+def _request(msg: types_pb2.GenerateRequest) -> GenerateRequest:
     if msg.task and c.task_from_proto(msg.task) is None:
         raise InvalidRequest(f"task: unknown task number {msg.task}", field="task")
     return c.request_from_proto(msg)
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
-    def __init__(self, engine: EngineClient) -> None:
-        self.engine = engine
+    """GenerationService over an engine.
 
-    async def Generate(self, request, context):  # type: ignore[no-untyped-def]
+    `encoded` is where finished jobs are kept encoded (the memory store): Generate answers from
+    those bytes instead of converting the job again; without it the job is converted.
+    """
+
+    def __init__(self, engine: EngineClient, encoded: EncodedJobs | None = None) -> None:
+        self.engine = engine
+        self.encoded = encoded
+
+    async def Generate(
+        self,
+        request: types_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext[types_pb2.GenerateRequest, generation_pb2.GenerateResponse],
+    ) -> generation_pb2.GenerateResponse:
         principal = caller()
         job, _ = await self.engine.submit(
             _request(request),
@@ -68,13 +83,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 if err
                 else error_for("UNKNOWN", "no result")
             )
-        job_msg = self.engine.job_message(job)
-        response = generation_pb2.GenerateResponse(result=job_msg.result)
-        job_msg.ClearField("result")  # the result travels once
-        response.job.CopyFrom(job_msg)
-        return response
+        # The result travels once: in `result`, not in `job` too.
+        return generate_response(job, self.encoded.encoded(job) if self.encoded is not None else None)
 
-    async def Submit(self, request, context):  # type: ignore[no-untyped-def]
+    async def Submit(
+        self,
+        request: generation_pb2.SubmitRequest,
+        context: grpc.aio.ServicerContext[generation_pb2.SubmitRequest, generation_pb2.SubmitResponse],
+    ) -> generation_pb2.SubmitResponse:
         principal = caller()
         job, dedup = await self.engine.submit(
             _request(request.request), tenant=principal.tenant, policy=principal.policy
@@ -83,11 +99,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             job=c.job_to_proto(await self.engine.get(job.id)), deduplicated=dedup
         )
 
-    async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
+    async def GetJob(
+        self,
+        request: generation_pb2.GetJobRequest,
+        context: grpc.aio.ServicerContext[generation_pb2.GetJobRequest, generation_pb2.GetJobResponse],
+    ) -> generation_pb2.GetJobResponse:
         job = await self.engine.get(request.job_id, tenant=caller().scope)
         return generation_pb2.GetJobResponse(job=c.job_to_proto(job))
 
-    async def ListJobs(self, request, context):  # type: ignore[no-untyped-def]
+    async def ListJobs(
+        self,
+        request: generation_pb2.ListJobsRequest,
+        context: grpc.aio.ServicerContext[generation_pb2.ListJobsRequest, generation_pb2.ListJobsResponse],
+    ) -> generation_pb2.ListJobsResponse:
         states = [s for s in (c.state_from_proto(v) for v in request.states) if s is not None]
         token = request.page_token or "0"
         # A token is the offset ListJobs gave: a plain decimal within any list's reach.
@@ -101,16 +125,28 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             jobs=[c.job_to_proto(j) for j in jobs], next_page_token=str(next_offset) if next_offset else ""
         )
 
-    async def WatchJob(self, request, context) -> AsyncIterator[generation_pb2.WatchJobResponse]:  # type: ignore[no-untyped-def]
+    async def WatchJob(
+        self,
+        request: generation_pb2.WatchJobRequest,
+        context: grpc.aio.ServicerContext[generation_pb2.WatchJobRequest, generation_pb2.WatchJobResponse],
+    ) -> AsyncIterator[generation_pb2.WatchJobResponse]:
         events = self.engine.watch(request.job_id, request.after_sequence, tenant=caller().scope)
         async for event in events:
             yield generation_pb2.WatchJobResponse(event=c.event_to_proto(event))
 
-    async def CancelJob(self, request, context):  # type: ignore[no-untyped-def]
+    async def CancelJob(
+        self,
+        request: generation_pb2.CancelJobRequest,
+        context: grpc.aio.ServicerContext[generation_pb2.CancelJobRequest, generation_pb2.CancelJobResponse],
+    ) -> generation_pb2.CancelJobResponse:
         job, cancelled = await self.engine.cancel(request.job_id, tenant=caller().scope)
         return generation_pb2.CancelJobResponse(job=c.job_to_proto(job), cancelled=cancelled)
 
-    async def Validate(self, request, context):  # type: ignore[no-untyped-def]
+    async def Validate(
+        self,
+        request: generation_pb2.ValidateRequest,
+        context: grpc.aio.ServicerContext[generation_pb2.ValidateRequest, generation_pb2.ValidateResponse],
+    ) -> generation_pb2.ValidateResponse:
         plan = self.engine.validate(_request(request.request))
         return generation_pb2.ValidateResponse(
             model=plan.spec.id,
@@ -120,7 +156,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             warnings=plan.warnings,
         )
 
-    async def DownloadArtifact(self, request, context):  # type: ignore[no-untyped-def]
+    async def DownloadArtifact(
+        self,
+        request: generation_pb2.DownloadArtifactRequest,
+        context: grpc.aio.ServicerContext[
+            generation_pb2.DownloadArtifactRequest, generation_pb2.DownloadArtifactResponse
+        ],
+    ) -> AsyncIterator[generation_pb2.DownloadArtifactResponse]:
         data, result = await self.engine.artifact(request.job_id, request.index, tenant=caller().scope)
         meta = c.artifact_to_proto(result.artifacts[request.index])
         meta.ClearField("data")
@@ -132,29 +174,49 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
 
 class ModelServicer(models_pb2_grpc.ModelServiceServicer):
+    """ModelService: the catalog, with how many workers serve each model."""
+
     def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
-    async def ListModels(self, request, context):  # type: ignore[no-untyped-def]
+    async def ListModels(
+        self,
+        request: models_pb2.ListModelsRequest,
+        context: grpc.aio.ServicerContext[models_pb2.ListModelsRequest, models_pb2.ListModelsResponse],
+    ) -> models_pb2.ListModelsResponse:
         specs = self.engine.list_models(c.task_from_proto(request.task))
         return models_pb2.ListModelsResponse(models=[c.model_to_proto(s) for s in specs])
 
-    async def DescribeModel(self, request, context):  # type: ignore[no-untyped-def]
+    async def DescribeModel(
+        self,
+        request: models_pb2.DescribeModelRequest,
+        context: grpc.aio.ServicerContext[models_pb2.DescribeModelRequest, models_pb2.DescribeModelResponse],
+    ) -> models_pb2.DescribeModelResponse:
         return models_pb2.DescribeModelResponse(
             model=c.model_to_proto(self.engine.describe_model(request.model))
         )
 
 
 class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
+    """ClusterService: the workers of the cluster, and draining one."""
+
     def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
-    async def ListWorkers(self, request, context):  # type: ignore[no-untyped-def]
+    async def ListWorkers(
+        self,
+        request: cluster_pb2.ListWorkersRequest,
+        context: grpc.aio.ServicerContext[cluster_pb2.ListWorkersRequest, cluster_pb2.ListWorkersResponse],
+    ) -> cluster_pb2.ListWorkersResponse:
         return cluster_pb2.ListWorkersResponse(
             workers=[c.worker_to_proto(w) for w in await self.engine.list_workers()]
         )
 
-    async def DrainWorker(self, request, context):  # type: ignore[no-untyped-def]
+    async def DrainWorker(
+        self,
+        request: cluster_pb2.DrainWorkerRequest,
+        context: grpc.aio.ServicerContext[cluster_pb2.DrainWorkerRequest, cluster_pb2.DrainWorkerResponse],
+    ) -> cluster_pb2.DrainWorkerResponse:
         return cluster_pb2.DrainWorkerResponse(
             worker=c.worker_to_proto(await self.engine.drain_worker(request.worker_id))
         )

@@ -15,7 +15,7 @@ from omnirt._internal.limits import STREAM_BATCH_MAX_MESSAGES
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
-from omnirt.controller.edges.convert import outbound_to_proto, worker_from_hello
+from omnirt.controller.edges.convert import WireResult, outbound_to_proto, worker_from_hello
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.types import JobError
 from omnirt.worker.v1 import gateway_pb2 as pb
@@ -119,7 +119,9 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         self._closing: set[asyncio.Future[None]] = set()
 
     async def Connect(
-        self, request_iterator: AsyncIterator[pb.ConnectRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[pb.ConnectRequest],
+        context: grpc.aio.ServicerContext[pb.ConnectRequest, pb.ConnectResponse],
     ) -> AsyncIterator[pb.ConnectResponse]:
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("message") != "hello":
@@ -227,5 +229,6 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                 result, error = None, JobError("INTERNAL", reason[:300])
             if result is None and error is None:
                 error = JobError("INTERNAL", "worker sent a result without an outcome")
-            sent = r.result if result is not None else None
+            # The message goes along opaquely: the memory store may keep its bytes as they came.
+            sent = WireResult(r.result) if result is not None else None
             await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error, sent)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import heapq
 import json
 import logging
@@ -20,7 +19,15 @@ from collections.abc import AsyncIterator, Hashable
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.encoded import ResultEncoding
+from omnirt.controller.core.jobs import (
+    JobRecord,
+    client_view,
+    new_job,
+    request_fingerprint,
+    utcnow,
+    waiting_reason,
+)
 from omnirt.controller.core.router import (
     Assignment,
     AssignmentItem,
@@ -61,18 +68,9 @@ from omnirt.types import (
     Task,
     WorkerInfo,
 )
-from omnirt.v1 import types_pb2
 
 log = logging.getLogger("omnirt.controller")
 TICK_S = 0.1
-
-
-def _fingerprint(request: GenerateRequest) -> bytes:
-    """What makes two submissions 'the same request' for an idempotency key (deadlines aside)."""
-    data = dataclasses.asdict(request)
-    for name in ("deadline_ms", "timeout_ms"):
-        data.pop(name)
-    return hashlib.sha256(repr(sorted(data.items())).encode()).digest()
 
 
 def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
@@ -88,57 +86,6 @@ def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
     shape = (r.width, r.height, r.num_frames, r.fps, r.num_inference_steps, r.guidance_scale, r.strength)
     output = (r.output_format, r.quality, r.inline_limit_bytes)
     return (spec.id, r.task, shape, r.scheduler, adapters, output, json.dumps(r.extra, sort_keys=True))
-
-
-def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
-    """A QUEUED job of `tenant` for a validated request; the request gets the job's effective
-    deadline."""
-    req = plan.request
-    deadlines = [req.deadline_ms, call_deadline_ms]
-    # Validation bounds timeout_ms (a year at most): the sum stays far inside the int64 field.
-    if req.timeout_ms:
-        deadlines.append(int(time.time() * 1000) + req.timeout_ms)
-    job = Job(
-        id="job-" + uuid.uuid4().hex[:16],
-        state=JobState.QUEUED,
-        model=plan.spec.id,
-        task=req.task,
-        priority=req.priority,
-        created_at=utcnow(),
-        idempotency_key=req.idempotency_key,
-        labels=dict(req.labels),
-        deadline_ms=min((d for d in deadlines if d), default=0),
-        tenant=tenant,
-    )
-    # Workers see one deadline per job: the effective one.
-    req.deadline_ms = job.deadline_ms
-    return job
-
-
-def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResult:
-    """The result with artifacts over `limit` bytes replaced by a download reference."""
-    artifacts = []
-    for a in result.artifacts:
-        a.size_bytes = a.size_bytes or len(a.data)
-        if a.size_bytes > limit:
-            a = dataclasses.replace(a, data=b"", uri=f"omnirt://jobs/{job_id}/artifacts/{a.index}")
-        artifacts.append(a)
-    return dataclasses.replace(result, artifacts=artifacts)
-
-
-def _same_artifacts(message: types_pb2.GenerateResult, view: GenerateResult) -> bool:
-    """True when the client's view left every artifact of the worker's message as it was."""
-    return len(message.artifacts) == len(view.artifacts) and all(
-        m.uri == a.uri and m.size_bytes == a.size_bytes
-        for m, a in zip(message.artifacts, view.artifacts, strict=True)
-    )
-
-
-def waiting_reason(spec: ModelSpec, serving: int) -> str:
-    """Why a queued job of `spec` waits, given how many workers serve the model."""
-    if serving == 0:
-        return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
-    return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
 
 
 def batch_limit(config: ControllerConfig, spec: ModelSpec) -> int:
@@ -217,7 +164,7 @@ class Engine:
         plan = self.validate(request)
         validated_ns = time.time_ns()
         # Only an idempotency key is ever compared with it: no hashing for the other requests.
-        fingerprint = _fingerprint(request) if request.idempotency_key else b""
+        fingerprint = request_fingerprint(request) if request.idempotency_key else b""
         if request.idempotency_key:
             existing = self.store.by_idempotency_key(tenant, request.idempotency_key)
             if existing is not None:
@@ -433,8 +380,9 @@ class Engine:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        message: types_pb2.GenerateResult | None = None,
+        encoding: ResultEncoding | None = None,
     ) -> None:
+        """A job's outcome; `encoding` is the result as the worker sent it (see `core.encoded`)."""
         handle.last_seen = time.monotonic()
         if self.workers.release(handle, job_id, assignment_id):
             self._wake.set()
@@ -460,13 +408,10 @@ class Engine:
         result.report.tenant = record.job.tenant  # the controller's word, not the worker's
         record.result = result
         record.job.result = self._client_view(record, result)
-        if message is not None and _same_artifacts(message, record.job.result):
-            # What the client sees is what the worker sent: the store keeps that message instead
-            # of converting the result back (with the controller's job id and trace id).
-            message.job_id = job_id
-            message.report.trace_id = result.report.trace_id
-            message.report.tenant = result.report.tenant
-            record.result_message = message
+        if encoding is not None and encoding.keeps(result):
+            # The result is what the worker sent: the store keeps its bytes instead of converting
+            # it back (with the controller's job id, trace id and tenant).
+            record.result_encoded = encoding.stamped(job_id, result.report.trace_id, result.report.tenant)
         self._finish(record, JobState.SUCCEEDED)
 
     def worker_lost(self, handle: WorkerHandle, reason: str) -> None:

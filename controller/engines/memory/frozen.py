@@ -16,7 +16,7 @@ from typing import NamedTuple
 from omnirt._internal import convert as c
 from omnirt.controller.core.jobs import JobRecord
 from omnirt.controller.core.validation import Plan
-from omnirt.types import EventKind, JobEvent, JobState, ModelSpec
+from omnirt.types import EventKind, GenerateResult, JobEvent, JobState, ModelSpec
 from omnirt.v1 import types_pb2
 
 
@@ -31,7 +31,8 @@ class FinishedJob(NamedTuple):
     fingerprint: bytes
     finished_at_monotonic: float
     spec: ModelSpec  # the catalog's, shared by every job of the model
-    job: bytes  # omnirt.v1.Job, its result as clients see it
+    job: bytes  # omnirt.v1.Job without its result
+    result: bytes | None  # omnirt.v1.GenerateResult as clients see it (None: the job has none)
     # omnirt.v1.GenerateResult with every artifact's bytes, when the job's result left some out.
     full_result: bytes
     request: bytes  # omnirt.v1.GenerateRequest
@@ -42,9 +43,7 @@ class FinishedJob(NamedTuple):
 def freeze(record: JobRecord) -> FinishedJob:
     """The bytes of a finished record (it must not change any more)."""
     job = record.job
-    full = record.result
-    # Only when an artifact was cut from the client's view does the full result differ from it.
-    cut = job.result is not None and any(a.uri for a in job.result.artifacts)
+    result, full_result = _result_bytes(record)
     return FinishedJob(
         id=job.id,
         state=job.state,
@@ -54,19 +53,29 @@ def freeze(record: JobRecord) -> FinishedJob:
         fingerprint=record.fingerprint,
         finished_at_monotonic=record.finished_at_monotonic,
         spec=record.plan.spec,
-        job=_job_bytes(record),
-        full_result=c.result_to_proto(full).SerializeToString() if full is not None and cut else b"",
+        job=c.job_to_proto(job, with_result=False).SerializeToString(),
+        result=result,
+        full_result=full_result,
         request=c.request_to_proto(record.plan.request).SerializeToString(),
         events=tuple(_event_bytes(e) for e in record.events),
     )
 
 
-def _job_bytes(record: JobRecord) -> bytes:
-    if record.result_message is None or record.job.result is None:
-        return c.job_to_proto(record.job).SerializeToString()
-    msg = c.job_to_proto(record.job, with_result=False)
-    msg.result.CopyFrom(record.result_message)
-    return msg.SerializeToString()
+def _result_bytes(record: JobRecord) -> tuple[bytes | None, bytes]:
+    """The client's view of the result, and the full result when an artifact was cut from the
+    view (b"" else: only then does it differ): the worker's own bytes where they are that."""
+    view, full, sent = record.job.result, record.result, record.result_encoded
+    if view is None:
+        return None, b""
+    if not any(a.uri for a in view.artifacts):
+        return (sent if sent is not None else _encode(view)), b""
+    if full is None:
+        return _encode(view), b""
+    return _encode(view), (sent if sent is not None else _encode(full))
+
+
+def _encode(result: GenerateResult) -> bytes:
+    return c.result_to_proto(result).SerializeToString()
 
 
 def _event_bytes(event: JobEvent) -> bytes:
@@ -80,6 +89,8 @@ def _event_bytes(event: JobEvent) -> bytes:
 def thaw(entry: FinishedJob) -> JobRecord:
     """A new record with the finished job's contents."""
     job = c.job_from_proto(types_pb2.Job.FromString(entry.job))
+    if entry.result is not None:
+        job.result = c.result_from_proto(types_pb2.GenerateResult.FromString(entry.result))
     events = [c.event_from_proto(types_pb2.JobEvent.FromString(e)) for e in entry.events]
     for event in events:
         if event.kind is EventKind.RESULT:

@@ -6,12 +6,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from omnirt._internal import convert as c
+from omnirt.controller.core.encoded import EncodedJob
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.engines.memory.frozen import FinishedJob, freeze, thaw
 from omnirt.errors import JobNotFound
 from omnirt.types import EventKind, Job, JobError, JobEvent, JobState
-from omnirt.v1 import types_pb2
 
 
 class JobStore:
@@ -103,14 +102,13 @@ class JobStore:
         if isinstance(entry, JobRecord) and entry.job.state.terminal:
             self._jobs[job_id] = freeze(entry)
 
-    def job_message(self, job: Job) -> types_pb2.Job:
-        """A finished job as a message, result included: parsed from its frozen bytes (freezing it
-        now when it is not yet, so the conversion is made once for the answer and the store)."""
+    def encoded(self, job: Job) -> EncodedJob | None:
+        """A finished job's frozen bytes (`core.encoded.EncodedJobs`), freezing it now when it is
+        not yet, so the conversion is made once for the answer and the store; None when it is
+        evicted already, or not final (the edge converts `job` as it is)."""
         self.freeze_finished(job.id)
         entry = self._jobs.get(job.id)
-        if isinstance(entry, FinishedJob):
-            return types_pb2.Job.FromString(entry.job)
-        return c.job_to_proto(job)  # evicted already, or not final: converted as it is
+        return EncodedJob(entry.job, entry.result) if isinstance(entry, FinishedJob) else None
 
     def evict(self, now: float | None = None) -> int:
         """Drop finished jobs past the TTL or beyond the count bound; returns how many."""

@@ -22,11 +22,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import redis.exceptions
 
-from omnirt._internal import convert as c
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.encoded import ResultEncoding
+from omnirt.controller.core.jobs import (
+    JobRecord,
+    client_view,
+    new_job,
+    request_fingerprint,
+    utcnow,
+    waiting_reason,
+)
 from omnirt.controller.core.router import (
     CancelAssignment,
     WorkerHandle,
@@ -45,14 +52,7 @@ from omnirt.controller.core.tenants import (
     rate_exceeded,
 )
 from omnirt.controller.core.validation import Plan, validate
-from omnirt.controller.engines.memory.engine import (
-    _fingerprint,
-    batch_key,
-    batch_limit,
-    client_view,
-    new_job,
-    waiting_reason,
-)
+from omnirt.controller.engines.memory.engine import batch_key, batch_limit
 from omnirt.controller.engines.redis.store import (
     QuotaRefusal,
     RedisJobStore,
@@ -85,7 +85,6 @@ from omnirt.types import (
     WorkerInfo,
     WorkerState,
 )
-from omnirt.v1 import types_pb2
 
 log = logging.getLogger("omnirt.controller")
 # How long a waiter sleeps between checks when no notification comes.
@@ -183,7 +182,7 @@ class RedisEngine:
         plan = self.validate(request)
         validated_ns = time.time_ns()
         # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs).
-        fingerprint = _fingerprint(request)
+        fingerprint = request_fingerprint(request)
         job = new_job(plan, call_deadline_ms, tenant)
         aging = self.config.priority_aging_s
         rank = (time.time() / aging if aging > 0 else 0.0) - job.priority
@@ -278,9 +277,6 @@ class RedisEngine:
                 changed.clear()
         finally:
             self._unwait(job_id, changed)
-
-    def job_message(self, job: Job) -> types_pb2.Job:
-        return c.job_to_proto(job)
 
     async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
         stored = await self._load(job_id, tenant)
@@ -573,7 +569,7 @@ class RedisEngine:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        message: types_pb2.GenerateResult | None = None,  # unused: Redis stores its own conversion
+        encoding: ResultEncoding | None = None,  # unused: Redis stores its own conversion
     ) -> None:
         handle.last_seen = time.monotonic()
         if self.workers.release(handle, job_id, assignment_id):

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from omnirt.controller.core.tenants import TenantPolicy
+from omnirt.controller.edges.convert import generate_response
 from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import JobNotFound, QuotaExceeded
 from omnirt.types import GenerateResult, JobError, JobState
@@ -204,8 +205,8 @@ def test_results_carry_the_tenant_and_run_times_are_learnt() -> None:
     engine.dispatch()
     finish_next(engine, 0, link)
     assert job.result is not None and job.result.report.tenant == "alice"
-    message = engine.store.job_message(job.job)  # the frozen job, as GetJob and Generate send it
-    assert message.tenant == "alice" and message.result.report.tenant == "alice"
+    answer = generate_response(job.job, engine.store.encoded(job.job))  # from the frozen job
+    assert answer.job.tenant == "alice" and answer.result.report.tenant == "alice"
     assert engine.run_times.estimate("tiny-sd") < 1.0  # learnt from the run (well under 1 s here)
     got = samples(engine)
     assert got[("omnirt_jobs_total", frozenset({

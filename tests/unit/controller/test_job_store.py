@@ -9,6 +9,7 @@ from typing import Any
 
 from omnirt._internal import convert as c
 from omnirt.controller.core.jobs import JobRecord
+from omnirt.controller.edges.convert import WireResult, generate_response
 from omnirt.controller.engines.memory.engine import Engine
 from omnirt.controller.engines.memory.frozen import FinishedJob
 from omnirt.controller.observability.tracing import IdOnlyTracer, JobTracing, trace_id_of
@@ -169,12 +170,17 @@ def test_a_job_is_frozen_only_after_its_waiters_were_woken() -> None:
     asyncio.run(scenario())
 
 
-def test_the_job_message_of_a_finished_job_is_its_conversion_made_once() -> None:
+def answer(engine: Engine, job: Job) -> Any:
+    """What the Generate servicer answers for a final job (from the store's bytes when it has them)."""
+    return generate_response(job, engine.store.encoded(job))
+
+
+def test_the_answer_of_a_finished_job_is_its_conversion_made_once() -> None:
     async def generate_like(engine: Engine, record: JobRecord) -> tuple[bool, Job, Any]:
-        """What the Generate servicer does: wait for the job, then take its message."""
+        """What the Generate servicer does: wait for the job, then answer it."""
         job = (await engine.wait(record)).job
         live_then = isinstance(engine.store._jobs[job.id], JobRecord)
-        message = engine.store.job_message(job)
+        message = answer(engine, job)
         frozen_by_it = isinstance(engine.store._jobs[job.id], FinishedJob)
         return live_then and frozen_by_it, job, message
 
@@ -186,14 +192,16 @@ def test_the_job_message_of_a_finished_job_is_its_conversion_made_once() -> None
         await asyncio.sleep(0)
         run_to_end(engine, record, result(record.job.id, 100, 2000))
         live_then, job, message = await waiter
-        # The waiter took the message before the job was frozen, and taking it froze the job
-        # (the freeze scheduled after the waiters then finds it done): one conversion for both.
+        # The waiter answered before the job was frozen, and answering froze the job (the
+        # freeze scheduled after the waiters then finds it done): one conversion for both.
         assert live_then and isinstance(engine.store._jobs[job.id], FinishedJob)
-        assert message == c.job_to_proto(job)
+        assert message.job == c.job_to_proto(job, with_result=False), "the result travels once"
+        assert job.result is not None and message.result == c.result_to_proto(job.result)
         assert message.result.artifacts[1].uri and not message.result.artifacts[1].data
-        assert engine.store.job_message(job) == message  # frozen already: read back alike
+        assert answer(engine, job) == message  # frozen already: read back alike
         engine.store._jobs.pop(job.id)
-        assert engine.store.job_message(job) == message, "evicted meanwhile: converted as it is"
+        assert engine.store.encoded(job) is None
+        assert answer(engine, job) == message, "evicted meanwhile: converted as it is"
 
     asyncio.run(scenario())
 
@@ -214,16 +222,29 @@ def test_a_result_kept_as_the_worker_sent_it_is_what_clients_read() -> None:
         sent.job_id = ""  # the worker's message, as the controller then completes it
         sent.report.warnings.append("only in the message")  # marks where the answer came from
         sent.report.trace_id = "f" * 32  # the worker's idea of the trace
-        engine.worker_result(handle, record.assignment_id, record.job.id, outcome, None, sent)
+        engine.worker_result(handle, record.assignment_id, record.job.id, outcome, None, WireResult(sent))
         jobs[name] = record
 
-    small = engine.store.job_message(jobs["small"].job)
+    small = answer(engine, jobs["small"].job)
     assert "only in the message" in small.result.report.warnings, "kept as sent"
     assert small.result.job_id == jobs["small"].job.id
     assert small.result.report.trace_id == trace_id_of(jobs["small"].job.id) != "f" * 32
     assert engine.get(jobs["small"].job.id).result.artifacts[0].data == PNG[:100]  # type: ignore[union-attr]
-    # An artifact cut from the client's view: the message is not what clients see, so it is not kept.
-    cut = engine.store.job_message(jobs["cut"].job)
+    # An artifact cut from the client's view: the message is not what clients see (the view is
+    # converted), but it is the full result DownloadArtifact reads, kept as sent.
+    cut = answer(engine, jobs["cut"].job)
     assert "only in the message" not in cut.result.report.warnings
     assert cut.result.artifacts[1].uri and not cut.result.artifacts[1].data
-    assert engine.artifact(jobs["cut"].job.id, 1)[0] == PNG[:2000]
+    data, full = engine.artifact(jobs["cut"].job.id, 1)
+    assert data == PNG[:2000] and "only in the message" in full.report.warnings
+    assert full.job_id == jobs["cut"].job.id and full.report.trace_id == trace_id_of(jobs["cut"].job.id)
+    # A worker that leaves sizes out: the view says them, so its message is not kept at all.
+    record, _ = engine.submit(request(prompt="sizes"))
+    engine.dispatch()
+    outcome = result(record.job.id, 100)
+    sent = c.result_to_proto(outcome)
+    sent.report.warnings.append("only in the message")
+    engine.worker_result(handle, record.assignment_id, record.job.id, outcome, None, WireResult(sent))
+    sized = answer(engine, record.job)
+    assert "only in the message" not in sized.result.report.warnings
+    assert sized.result.artifacts[0].size_bytes == 100

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from omnirt.controller.core.engine_client import MemoryEngineClient
 from omnirt.controller.edges.worker_stream import StreamLink, WorkerGateway
+from omnirt.controller.engines.memory.client import MemoryEngineClient
 from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import AlreadyExists
 from omnirt.types import JobError, JobState, WorkerInfo
