@@ -321,9 +321,9 @@ class _AssignmentRun:
             except JobFailure as failure:
                 self.fail([plan.job_id], failure.error)
                 continue
-            # Different adapters or runtime options never share a call, even within one assignment.
-            options_key = self.options[plan.job_id].group_key()
-            key = (plan.group_key(), repr(adapters.group_key(request.adapters)) + options_key)
+            # Different adapters (part of the plan's key) or runtime options never share a call,
+            # even within one assignment.
+            key = (plan.group_key(), self.options[plan.job_id].group_key())
             groups.setdefault(key, []).append(plan)
         for group in groups.values():
             self._run_group(cached, group)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
 import re
 import sys
 from collections.abc import Set
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from omnirt import types as t
-from omnirt._internal import defaults
+from omnirt._internal import batching, defaults
 from omnirt._internal.limits import ECHO_CHARS
 from omnirt.worker.export import video as video_export
 from omnirt.worker.modes.base import JobFailure
@@ -77,11 +76,14 @@ class ItemPlan:
         return self.item.job_id
 
     def group_key(self) -> str:
-        """Plans with equal keys can share one pipeline call (seeds, prompts and counts differ)."""
-        if any(k in self.specific for k in MEDIA_ARGUMENTS.values()):
-            return "solo:" + self.job_id  # media inputs are not batched
-        key = [self.task.value, self.fps, self.common, self.scheduler, self.specific]
-        return json.dumps(key, sort_keys=True, default=str)
+        """Plans with equal keys can share one pipeline call (`omnirt._internal.batching`), on the
+        values this plan resolved: seeds, prompts and counts may differ; media inputs never batch."""
+        if not batching.batchable(self.item.request):
+            return "solo:" + self.job_id
+        extra = dict(self.specific)  # the pipeline's own arguments, and the request's strength
+        fields = {"task": self.task, "fps": self.fps, **self.common, "scheduler": self.scheduler}
+        fields["adapters"] = self.item.request.adapters
+        return batching.call_key({**fields, "strength": extra.pop("strength", None), "extra": extra})
 
 
 def scheduler_class(name: str) -> Any:

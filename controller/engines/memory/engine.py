@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 import dataclasses
 import heapq
-import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Hashable
 
 from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.batching import batch_key, batch_limit, window_due
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.encoded import ResultEncoding
@@ -71,27 +71,6 @@ from omnirt.types import (
 
 log = logging.getLogger("omnirt.controller")
 TICK_S = 0.1
-
-
-def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
-    """What jobs must share to run in one pipeline call; None when this one never batches.
-
-    Prompts, negative prompts, seeds and output counts may differ; jobs with media inputs are
-    not batched yet.
-    """
-    spec, r = plan.spec, plan.request
-    if max_batch_size <= 1 or not spec.supports_batching or r.inputs:
-        return None
-    adapters = tuple((a.name, a.scale) for a in r.adapters)
-    shape = (r.width, r.height, r.num_frames, r.fps, r.num_inference_steps, r.guidance_scale, r.strength)
-    output = (r.output_format, r.quality, r.inline_limit_bytes)
-    return (spec.id, r.task, shape, r.scheduler, adapters, output, json.dumps(r.extra, sort_keys=True))
-
-
-def batch_limit(config: ControllerConfig, spec: ModelSpec) -> int:
-    """Most jobs of `spec` in one pipeline call (the model's own limit within the controller's)."""
-    model_limit = spec.limits.max_batch_size or config.max_batch_size
-    return max(1, min(config.max_batch_size, model_limit))
 
 
 class Engine:
@@ -516,15 +495,19 @@ class Engine:
         handle = self.workers.pick(record.plan.spec)
         if handle is None:
             return False
-        limit = self._batch_limit(record.plan.spec)
-        window_s = self._window_s(record.plan.spec)
-        if (
-            window_s
-            and self.queue.batchable(record.job.id)
-            and self.queue.count_peers(record.job.id) + 1 < limit
-        ):
-            due = record.enqueued_at + window_s
-            if due > time.monotonic():  # wait a little for companions
+        spec = record.plan.spec
+        limit = self._batch_limit(spec)
+        if self.queue.batchable(record.job.id):
+            due = window_due(
+                enqueued=record.enqueued_at,
+                now=time.monotonic(),
+                window=self.config.batch_window_ms / 1000,
+                busy_window=self.config.batch_busy_window_ms / 1000,
+                model_running=self.workers.running_of(spec.id) > 0,
+                peers=self.queue.count_peers(record.job.id),
+                limit=limit,
+            )
+            if due is not None:  # wait a little for companions
                 self._window_due = min(self._window_due or due, due)
                 return False
         batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
@@ -547,15 +530,6 @@ class Engine:
             )
         )
         return True
-
-    def _window_s(self, spec: ModelSpec) -> float:
-        """How long a batchable job of `spec` may wait for companions now (the busy window while
-        jobs of the model run: under load the next companions are already on their way)."""
-        window_ms = self.config.batch_window_ms
-        busy_ms = self.config.batch_busy_window_ms
-        if busy_ms > window_ms and self.workers.running_of(spec.id):
-            window_ms = busy_ms
-        return window_ms / 1000
 
     def _start(self, record: JobRecord, handle: WorkerHandle, assignment_id: str) -> AssignmentItem:
         """Mark one job RUNNING on `handle` under `assignment_id`."""

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import redis.exceptions
 
 from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.batching import batch_key, batch_key_id, batch_limit
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.encoded import ResultEncoding
@@ -52,12 +53,10 @@ from omnirt.controller.core.tenants import (
     rate_exceeded,
 )
 from omnirt.controller.core.validation import Plan, validate
-from omnirt.controller.engines.memory.engine import batch_key, batch_limit
 from omnirt.controller.engines.redis.store import (
     QuotaRefusal,
     RedisJobStore,
     StoredJob,
-    batch_key_id,
     raise_lost_cancel,
 )
 from omnirt.controller.engines.redis.upkeep import SLOW_TICK_S, RedisUpkeep

@@ -7,11 +7,10 @@ What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,11 +62,6 @@ class QuotaRefusal(Exception):
     def __init__(self, reason: str, active: int = 0, wait_s: float = 0.0) -> None:
         super().__init__(reason)
         self.reason, self.active, self.wait_s = reason, active, wait_s
-
-
-def batch_key_id(key: Hashable | None) -> str:
-    """A short, stable name for a batch key (part of a Redis key)."""
-    return "" if key is None else hashlib.sha1(repr(key).encode()).hexdigest()[:20]
 
 
 @dataclass

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import redis.exceptions
 
+from omnirt.controller.core.batching import batch_limit
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.core.router import Assignment, AssignmentItem
 from omnirt.controller.core.validation import Plan
-from omnirt.controller.engines.memory.engine import batch_limit
 from omnirt.controller.engines.redis.store import Claimed, raise_lost_cancel
 from omnirt.errors import OmniRTError
 from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec

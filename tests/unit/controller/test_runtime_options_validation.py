@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from omnirt._internal import runtime_schema
+from omnirt.controller.core.batching import batch_key
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.validation import validate
-from omnirt.controller.engines.memory.engine import batch_key
 from omnirt.errors import InvalidRequest
 from omnirt.types import GenerateRequest
 
