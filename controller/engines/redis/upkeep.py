@@ -9,20 +9,22 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 import redis.exceptions
 
+from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_limit
+from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import JobRecord, utcnow
-from omnirt.controller.core.router import Assignment, AssignmentItem
+from omnirt.controller.core.router import Assignment, AssignmentItem, WorkerHandle, WorkerRegistry
 from omnirt.controller.core.validation import Plan
-from omnirt.controller.engines.redis.store import Claimed, raise_lost_cancel
+from omnirt.controller.engines.redis.store import Claimed, RedisJobStore, raise_lost_cancel
+from omnirt.controller.observability.metrics import EngineMetrics, Gauges
+from omnirt.controller.observability.tracing import JobTracing
 from omnirt.errors import OmniRTError
-from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec
-
-if TYPE_CHECKING:
-    from omnirt.controller.engines.redis.engine import RedisEngine
+from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec, WorkerInfo
 
 log = logging.getLogger("omnirt.controller")
 TICK_S = 0.1
@@ -38,11 +40,64 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class UpkeepEngine(Protocol):
+    """What `RedisUpkeep` needs of its engine (`RedisEngine` is one), and nothing more."""
+
+    # The parts the upkeep works with: the engine never replaces them, so they are taken once.
+    @property
+    def id(self) -> str: ...
+    @property
+    def config(self) -> ControllerConfig: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def store(self) -> RedisJobStore: ...
+    @property
+    def workers(self) -> WorkerRegistry: ...
+    @property
+    def metrics(self) -> EngineMetrics: ...
+    @property
+    def tracing(self) -> JobTracing: ...
+    @property
+    def wake(self) -> asyncio.Event: ...
+    # The jobs this controller takes part in, those running on its workers, the jobs someone
+    # waits on, and the worker results kept while Redis was away.
+    @property
+    def records(self) -> dict[str, JobRecord]: ...
+    @property
+    def running(self) -> dict[str, JobRecord]: ...
+    @property
+    def waiters(self) -> Mapping[str, object]: ...
+    @property
+    def pending(self) -> list[Callable[[], Awaitable[None]]]: ...
+
+    # What the upkeep finds out for the engine: readiness, the cluster's workers and gauges.
+    store_ok: bool
+    cluster: list[WorkerInfo]
+    depth: Gauges
+
+    # The engine's own transitions, which the upkeep's loops call for.
+    def notify(self, job_id: str) -> None: ...
+    def claim_ms(self) -> int: ...
+    def id_lost(self, handle: WorkerHandle) -> None: ...
+    def stop_local(self, job_id: str, assignment_id: str, reason: str) -> None: ...
+    def closed(self, job_id: str, state: JobState, error: JobError | None) -> None: ...
+    async def requeue(
+        self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0
+    ) -> None: ...
+    async def end(self, job_id: str, state: JobState, error: JobError) -> tuple[Job, bool]: ...
+    async def worker_lost(self, handle: WorkerHandle, reason: str) -> None: ...
+
+
 class RedisUpkeep:
     """The loops a `RedisEngine` runs while it serves."""
 
-    def __init__(self, engine: RedisEngine) -> None:
+    def __init__(self, engine: UpkeepEngine) -> None:
         self.engine = engine
+        self.controller_id, self.config, self.catalog = engine.id, engine.config, engine.catalog
+        self.store, self.workers, self.wake = engine.store, engine.workers, engine.wake
+        self.metrics, self.tracing = engine.metrics, engine.tracing
+        self.records, self.running, self.pending = engine.records, engine.running, engine.pending
         # When a job held back for batch companions must go anyway (monotonic; 0 = none).
         self._window_due = 0.0
         self._tasks: list[asyncio.Task[None]] = []
@@ -76,21 +131,21 @@ class RedisUpkeep:
         waiting: set[str] = set()
         while True:
             models = {
-                spec.id: batch_limit(self.engine.config, spec)
-                for spec in self.engine.catalog
-                if spec.id not in waiting and self.engine.workers.pick(spec) is not None
+                spec.id: batch_limit(self.config, spec)
+                for spec in self.catalog
+                if spec.id not in waiting and self.workers.pick(spec) is not None
             }
             if not models:
                 return placed
             assignment_id = "asg-" + uuid.uuid4().hex[:16]
-            claim = await self.engine.store.claim(
+            claim = await self.store.claim(
                 models,
-                self.engine.id,
+                self.controller_id,
                 assignment_id,
-                self.engine.config.lease_timeout_ms,
-                self.engine.config.batch_window_ms,
+                self.config.lease_timeout_ms,
+                self.config.batch_window_ms,
                 _now_ms(),
-                busy_window_ms=self.engine.config.batch_busy_window_ms,
+                busy_window_ms=self.config.batch_busy_window_ms,
             )
             if claim is None:
                 return placed
@@ -100,11 +155,11 @@ class RedisUpkeep:
                 due = time.monotonic() + max(0, claimed - _now_ms()) / 1000
                 self._window_due = min(self._window_due or due, due)
                 continue
-            await self._send(self.engine.catalog.resolve(model), assignment_id, claimed)
+            await self._send(self.catalog.resolve(model), assignment_id, claimed)
             placed += 1
 
     async def _send(self, spec: ModelSpec, assignment_id: str, claimed: list[Claimed]) -> None:
-        handle = self.engine.workers.pick(spec)
+        handle = self.workers.pick(spec)
         if handle is None:  # the worker went away while we claimed
             for c in claimed:
                 await self.engine.requeue(c.job_id, assignment_id, "no worker left to take the job")
@@ -113,8 +168,8 @@ class RedisUpkeep:
         batch: list[JobRecord] = []
         items = []
         for c in claimed:
-            self.engine.tracing.adopt(c.job_id, c.traceparent)  # accepted by another controller
-            record = self.engine.records.get(c.job_id) or JobRecord(
+            self.tracing.adopt(c.job_id, c.traceparent)  # accepted by another controller
+            record = self.records.get(c.job_id) or JobRecord(
                 job=Job(
                     id=c.job_id, state=JobState.RUNNING, model=spec.id, task=c.request.task, tenant=c.tenant
                 ),
@@ -132,14 +187,14 @@ class RedisUpkeep:
             # What the run-time estimate learns from when the result comes (see tenants.RunTimes).
             record.dispatched_at, record.batch_size = time.monotonic(), len(claimed)
             handle.start(c.job_id, assignment_id, spec.id)
-            self.engine.running[c.job_id] = record
+            self.running[c.job_id] = record
             batch.append(record)
             items.append(
                 AssignmentItem(c.job_id, c.request, c.attempts, max(0.0, float(now - c.enqueued_ms)))
             )
         await asyncio.gather(
             *(
-                self.engine.store.append(
+                self.store.append(
                     r.job.id,
                     assignment_id,
                     JobEvent(
@@ -154,15 +209,15 @@ class RedisUpkeep:
                 for r in batch
             )
         )
-        self.engine.metrics.dispatched(batch)
-        self.engine.tracing.dispatched(batch, handle.id, assignment_id)
+        self.metrics.dispatched(batch)
+        self.tracing.dispatched(batch, handle.id, assignment_id)
         handle.link.send(
             Assignment(
                 assignment_id,
                 items,
                 spec,
                 deadline_ms=claimed[0].request.deadline_ms if len(claimed) == 1 else 0,
-                trace_context=self.engine.tracing.assignment_context(batch),
+                trace_context=self.tracing.assignment_context(batch),
                 batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(claimed) > 1 else "",
             )
         )
@@ -173,8 +228,8 @@ class RedisUpkeep:
             timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else POLL_S
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
-                    await self.engine.wake.wait()
-            self.engine.wake.clear()
+                    await self.wake.wait()
+            self.wake.clear()
             self._window_due = 0.0
             try:
                 await self.dispatch()
@@ -196,7 +251,7 @@ class RedisUpkeep:
                 if not await self._retry_pending():
                     continue
                 now = time.monotonic()
-                if now - last_renew >= self.engine.config.lease_timeout_ms / 3000:
+                if now - last_renew >= self.config.lease_timeout_ms / 3000:
                     last_renew = now
                     await self._renew_leases()
                 await self._expire_leases()
@@ -210,24 +265,24 @@ class RedisUpkeep:
     async def _renew_leases(self) -> None:
         """Renew the leases of jobs our workers run; requeue any we hold for no worker (never stuck)."""
         held, orphans = [], []
-        for job_id, record in list(self.engine.running.items()):
+        for job_id, record in list(self.running.items()):
             try:
-                handle = self.engine.workers.get(record.job.worker_id)
+                handle = self.workers.get(record.job.worker_id)
             except OmniRTError:
                 handle = None
             if handle is not None and handle.running.get(job_id) == record.assignment_id:
                 held.append(job_id)
             else:
                 orphans.append((job_id, record.assignment_id))
-        await self.engine.store.renew(self.engine.id, held, _now_ms() + self.engine.config.lease_timeout_ms)
+        await self.store.renew(self.controller_id, held, _now_ms() + self.config.lease_timeout_ms)
         for job_id, assignment_id in orphans:
             log.warning("job held for no connected worker: requeued", extra={"job_id": job_id})
             await self.engine.requeue(job_id, assignment_id, "its worker is no longer connected")
 
     def _reap_workers(self) -> None:
-        lease_s = self.engine.config.lease_timeout_ms / 1000
+        lease_s = self.config.lease_timeout_ms / 1000
         now = time.monotonic()
-        for handle in self.engine.workers.all():
+        for handle in self.workers.all():
             if now - handle.last_seen > lease_s:
                 handle.link.close()
                 task = asyncio.create_task(
@@ -238,27 +293,27 @@ class RedisUpkeep:
 
     async def _retry_pending(self) -> bool:
         """Store results kept while Redis was away; False while it still is."""
-        while self.engine.pending:
+        while self.pending:
             try:
-                await self.engine.pending[0]()
+                await self.pending[0]()
             except redis.exceptions.RedisError:
                 return False
-            self.engine.pending.pop(0)
+            self.pending.pop(0)
         return True
 
     async def _expire_leases(self) -> None:
         now = _now_ms()
-        for job_id in await self.engine.store.expired_leases(now):
-            if job_id in self.engine.running:
+        for job_id in await self.store.expired_leases(now):
+            if job_id in self.running:
                 continue  # ours: renewed on the next tick
             await self.engine.requeue(
                 job_id, "", "the controller holding the job stopped renewing its lease", now
             )
 
     async def _expire_deadlines(self) -> None:
-        for job_id in await self.engine.store.due_deadlines(_now_ms()):
+        for job_id in await self.store.due_deadlines(_now_ms()):
             with contextlib.suppress(OmniRTError):
-                stored = await self.engine.store.load(job_id)
+                stored = await self.store.load(job_id)
                 where = "while running" if stored.job.state is JobState.RUNNING else "while queued"
                 await self.engine.end(
                     job_id, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}")
@@ -270,29 +325,28 @@ class RedisUpkeep:
         while True:
             raise_lost_cancel()
             try:
-                await self.engine.store.ping()
+                await self.store.ping()
                 if not self.engine.store_ok:
-                    log.warning("job store reachable again: %s", self.engine.config.store)
-                    self.engine.wake.set()
-                    for job_id in list(self.engine.waiters):
-                        self.engine.notify(job_id)
+                    log.warning("job store reachable again: %s", self.config.store)
+                    self.wake.set()
+                    self._notify_waiters()
                 self.engine.store_ok = True
                 # This controller's workers into the cluster's view, and their ids' claims renewed.
-                expiry = _now_ms() + self.engine.config.lease_timeout_ms
-                handles = self.engine.workers.all()
+                expiry = _now_ms() + self.config.lease_timeout_ms
+                handles = self.workers.all()
                 snapshots = [w.snapshot() for w in handles]
-                lost = await self.engine.store.put_workers(
-                    snapshots, self.engine.id, self.engine.claim_ms(), expiry
+                lost = await self.store.put_workers(
+                    snapshots, self.controller_id, self.engine.claim_ms(), expiry
                 )
                 for handle in handles:
                     if handle.id in lost:
                         self.engine.id_lost(handle)
-                self.engine.cluster = await self.engine.store.workers(_now_ms())
-                self.engine.depth = await self.engine.store.depth([spec.id for spec in self.engine.catalog])
+                self.engine.cluster = await self.store.workers(_now_ms())
+                self.engine.depth = await self.store.depth([spec.id for spec in self.catalog])
                 await self._sweep_records()
                 if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
                     last_sweep = time.monotonic()
-                    await asyncio.to_thread(self.engine.store.sweep_artifacts, time.time())
+                    await asyncio.to_thread(self.store.sweep_artifacts, time.time())
                 await self._tidy()
             except redis.exceptions.RedisError as exc:
                 if self.engine.store_ok:
@@ -309,7 +363,7 @@ class RedisUpkeep:
         if time.monotonic() - self._tidied < TIDY_S:
             return
         self._tidied = time.monotonic()
-        store = self.engine.store
+        store = self.store
         now = _now_ms()
         await store.prune_fair(now / 1000)
         created_before = now - store.ttl_s * 1000  # a younger job cannot have expired yet
@@ -323,12 +377,12 @@ class RedisUpkeep:
 
     async def _sweep_records(self) -> None:
         """Forget jobs submitted here that finished elsewhere (the observers see them end)."""
-        ids = [job_id for job_id in self.engine.records if job_id not in self.engine.running]
+        ids = [job_id for job_id in self.records if job_id not in self.running]
         for start in range(0, len(ids), SWEEP_PAGE):
             page = ids[start : start + SWEEP_PAGE]
-            for job_id, state in zip(page, await self.engine.store.states(page), strict=True):
+            for job_id, state in zip(page, await self.store.states(page), strict=True):
                 if state is None or state.terminal:
-                    record = self.engine.records.get(job_id)
+                    record = self.records.get(job_id)
                     error = record.job.error if record else None
                     self.engine.closed(job_id, state or JobState.FAILED, error)
 
@@ -336,13 +390,12 @@ class RedisUpkeep:
         """Notifications from every controller: queued jobs, new events, stops and drains."""
         while True:
             raise_lost_cancel()
-            pubsub = self.engine.store.redis.pubsub()
+            pubsub = self.store.redis.pubsub()
             try:
-                await pubsub.subscribe(self.engine.store.channel)
+                await pubsub.subscribe(self.store.channel)
                 # Catch up on whatever was missed while not subscribed.
-                self.engine.wake.set()
-                for job_id in list(self.engine.waiters):
-                    self.engine.notify(job_id)
+                self.wake.set()
+                self._notify_waiters()
                 async for message in pubsub.listen():
                     raise_lost_cancel()
                     if message.get("type") == "message":
@@ -354,16 +407,21 @@ class RedisUpkeep:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
 
+    def _notify_waiters(self) -> None:
+        """Wake every waiter to look again (what it waits for may have come meanwhile)."""
+        for job_id in list(self.engine.waiters):
+            self.engine.notify(job_id)
+
     def _on_message(self, text: str) -> None:
         kind, _, rest = text.partition(" ")
         if kind == "q":
-            self.engine.wake.set()
+            self.wake.set()
         elif kind == "e":
             self.engine.notify(rest)
         elif kind == "c":
             job_id, assignment_id, owner, reason = [*rest.split(" "), "", "", ""][:4]
-            if owner == self.engine.id:
+            if owner == self.controller_id:
                 self.engine.stop_local(job_id, assignment_id, reason or "CANCELLED")
         elif kind == "d":
             with contextlib.suppress(OmniRTError):
-                self.engine.workers.get(rest).drain()
+                self.workers.get(rest).drain()
