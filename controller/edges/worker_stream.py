@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from omnirt._internal import convert as c
-from omnirt._internal.limits import STREAM_BATCH_MAX_MESSAGES
+from omnirt._internal.limits import STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
@@ -23,10 +23,6 @@ from omnirt.worker.v1 import gateway_pb2_grpc
 
 log = logging.getLogger("omnirt.controller.edges.worker_stream")
 _CLOSE = object()
-# Messages for a worker that queue up while the stream writes go out as one batch (to workers
-# whose Hello accepts batches): one stream write per batch instead of one per assignment.
-BATCH_MAX_MESSAGES = STREAM_BATCH_MAX_MESSAGES
-BATCH_MAX_BYTES = 1024 * 1024
 
 
 class StreamLink:
@@ -79,7 +75,7 @@ class StreamLink:
         """The next messages for the worker, converted, in order; None once the link is closed.
 
         The first is taken whatever its size, then those queued behind it up to `max_messages`
-        and BATCH_MAX_BYTES in all.
+        and STREAM_BATCH_MAX_BYTES in all.
         """
         while not self._pending:
             self._ready.clear()
@@ -96,7 +92,7 @@ class StreamLink:
                 message, outbound = outbound_to_proto(head), head  # type: ignore[arg-type]
             if max_messages > 1:
                 total += message.ByteSize()
-                if taken and total > BATCH_MAX_BYTES:
+                if taken and total > STREAM_BATCH_MAX_BYTES:
                     self._pending[0] = (message, outbound)  # the next batch starts with it
                     break
             self._pending.popleft()
@@ -151,7 +147,9 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                     warnings=handle.warnings,
                 )
             )
-            limit = BATCH_MAX_MESSAGES if hello.accepts_batches else 1
+            # Messages that queue up while a write goes out leave as one batch (workers whose Hello
+            # accepts batches): one stream write per batch instead of one per assignment.
+            limit = STREAM_BATCH_MAX_MESSAGES if hello.accepts_batches else 1
             while (messages := await link.take(limit)) is not None:
                 if len(messages) == 1:
                     yield messages[0]

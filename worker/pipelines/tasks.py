@@ -37,11 +37,6 @@ _lock = threading.Lock()
 _derived: weakref.WeakKeyDictionary[Any, dict[t.Task, Any]] = weakref.WeakKeyDictionary()
 
 
-def task_of(request: t.GenerateRequest, spec: t.ModelSpec) -> t.Task:
-    """The request's task, else the model's first."""
-    return request.task or (spec.tasks[0] if spec.tasks else t.Task.TEXT2IMAGE)
-
-
 def is_video(task: t.Task) -> bool:
     """True when `task` produces a video."""
     return task in VIDEO_TASKS

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from omnirt import types as t
+from omnirt._internal.limits import ECHO_CHARS, MAX_ADAPTER_NAME_CHARS, MAX_ADAPTER_SCALE, MAX_FILE_NAME_BYTES
 from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.pipelines.model_cache import LOAD_LOCK
 from omnirt.worker.redact import redact_paths
@@ -43,10 +44,6 @@ log = logging.getLogger(__name__)
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 DEFAULT_MAX_LOADED = 8
-# Adapter names, as the controller bounds them: a path, each part of it a file name (NAME_MAX).
-MAX_NAME_CHARS = 1024
-MAX_FILE_NAME_BYTES = 255
-ECHO_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -111,7 +108,7 @@ def resolve(
         if path in seen:
             raise _refuse(where, f"adapter {shown} is listed twice")
         seen.add(path)
-        if not (adapter.scale == adapter.scale) or abs(adapter.scale) > 100:  # NaN or absurd
+        if not (adapter.scale == adapter.scale) or abs(adapter.scale) > MAX_ADAPTER_SCALE:  # NaN or absurd
             raise _refuse(f"{where}.scale", f"adapter scale {adapter.scale} is out of range")
         resolved.append(ResolvedAdapter(name, path, float(adapter.scale), index))
     return resolved
@@ -128,8 +125,8 @@ def _echo(name: str) -> str:
 def _check_name(name: str, where: str) -> None:
     """Refuse a name no path can be made of (before it reaches the file system: its error would
     show the worker's folders); the controller checks the same, an older one may not."""
-    if len(name) > MAX_NAME_CHARS:
-        raise _refuse(where, f"at most {MAX_NAME_CHARS} characters (got {len(name)})")
+    if len(name) > MAX_ADAPTER_NAME_CHARS:
+        raise _refuse(where, f"at most {MAX_ADAPTER_NAME_CHARS} characters (got {len(name)})")
     if not name.isprintable():
         raise _refuse(where, f"may not contain control characters (got {_echo(name)})")
     if any(len(part.encode()) > MAX_FILE_NAME_BYTES for part in name.split("/")):
@@ -157,11 +154,6 @@ def _resolve_path(name: str, folders: Sequence[Path], where: str) -> Path:
         "(the worker's model dir and the model's runtime.adapter_dirs)"
     )
     raise _refuse(where, reason)
-
-
-def group_key(adapters: Sequence[t.Adapter]) -> list[tuple[str, float]]:
-    """The part of a batching key that adapters decide: different adapters never share a call."""
-    return [(a.name, float(a.scale)) for a in adapters]
 
 
 class _SharedExclusiveLock:

@@ -166,6 +166,8 @@ return {'ok'}
 
 # Take the best queued job among the given models (and up to limit-1 jobs that can share its
 # call), mark them RUNNING under one assignment held by `owner`.
+# The batch rule (key, limit, window) is controller/core/batching.py's; this is its copy inside
+# Redis, held to the same answers by tests/integration/test_batching_rule.py.
 # ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, busy_window_ms (the window while jobs
 # of the model run, when longer), then model, limit pairs.
 # Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
