@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnirt.worker.modes.legacy_call import _scheduler_copy
+from omnirt.worker.modes.schedulers import scheduler_copy
 
 
 def _scheduler_classes() -> list[type]:
@@ -64,8 +64,8 @@ def test_copies_run_like_deep_copies_side_by_side_and_leave_the_template_alone()
             before = copy.deepcopy(template.__dict__)
             # Two calls at once on copies of one template (two slots), their steps interleaved.
             (step_a, times_a), (step_b, times_b) = (
-                _steps(_scheduler_copy(template), 1),
-                _steps(_scheduler_copy(template), 2),
+                _steps(scheduler_copy(template), 1),
+                _steps(scheduler_copy(template), 2),
             )
             got_a, got_b = [], []
             for t_a, t_b in zip(times_a, times_b, strict=True):
@@ -91,7 +91,7 @@ def test_copies_run_like_deep_copies_side_by_side_and_leave_the_template_alone()
 @pytest.mark.parametrize("name", ["EulerDiscreteScheduler", "DPMSolverMultistepScheduler"])
 def test_a_copy_owns_its_mutable_state(name: str) -> None:
     template = getattr(diffusers, name)()
-    one, two = _scheduler_copy(template), _scheduler_copy(template)
+    one, two = scheduler_copy(template), scheduler_copy(template)
     for attr, value in vars(template).items():
         if isinstance(value, torch.Tensor | np.ndarray | list) or type(value) is dict:
             assert vars(one)[attr] is not value and vars(one)[attr] is not vars(two)[attr], attr

@@ -23,7 +23,8 @@ of the prompt-cache key; a UNet-only adapter is not (its prompts embed like plai
 
 Runtime options (`ModelSpec.runtime`): `prompt_cache_size` (default 256; 0 = no cache); the
 load options and VAE slicing/tiling as in `legacy_call` (not `step_cache`, nor options per
-request). Loading, planning, media decoding, export and the RunReport are `legacy_call`'s.
+request). Loading, planning, grouping, media decoding, export and the RunReport are the shared
+`AssignmentRun`'s (`omnirt.worker.modes.assignment`), as in `legacy_call`.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ from omnirt._internal.modes import ExecutionMode
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes import null as null_model
+from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopRun, stop_error
-from omnirt.worker.modes.legacy_call import LegacyCallExecutor, _AssignmentRun, _fresh_scheduler
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular import stages
+from omnirt.worker.modes.schedulers import fresh_scheduler
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan
 from omnirt.worker.pipelines.model_cache import CachedPipeline, CacheKey, ModelCache
@@ -109,7 +112,7 @@ class ModularExecutor(LegacyCallExecutor):
     def _placement(self, spec: t.ModelSpec) -> Any:
         from omnirt.worker.runtime import backends
 
-        return backends.placement_for(self._start_sync(), spec.runtime)
+        return backends.placement_for(self.start_sync(), spec.runtime)
 
     async def preload(self, spec: t.ModelSpec) -> None:
         """Load `spec`'s components into the model cache now, so its first job finds them warm."""
@@ -120,7 +123,7 @@ class ModularExecutor(LegacyCallExecutor):
         """`run` without the event loop: blocks; `emit` is called from this thread."""
         if null_model.is_null_model(assignment.model):
             return super().run_sync(assignment, emit, flags)
-        return _ModularRun(self, assignment, emit, flags).execute()
+        return ModularRun(self, assignment, emit, flags).execute()
 
 
 @dataclasses.dataclass
@@ -132,12 +135,12 @@ class _Pass:
     hits: dict[str, int]
 
 
-class _ModularRun(_AssignmentRun):
-    """One assignment in the modular mode: legacy_call's planning, grouping and loading, then the stages."""
+class ModularRun(AssignmentRun):
+    """One assignment in the modular mode: the shared planning, grouping and loading, then the stages."""
 
     executor: ModularExecutor
 
-    def _run_group(self, cached: CachedPipeline, group: list[ItemPlan]) -> None:
+    def run_group(self, cached: CachedPipeline, group: list[ItemPlan]) -> None:
         """One batch (plans `legacy_call` would put in one pipeline call) in one pass through the stages."""
         kept = []
         for plan in self.drop_stopped(group, "before start"):
@@ -185,7 +188,7 @@ class _ModularRun(_AssignmentRun):
     ) -> None:
         job_id = plan.job_id
         try:
-            outcome = self._result(plan, artifacts, cached, done.info)
+            outcome = self.result(plan, artifacts, cached, done.info)
         except Exception as exc:
             log.exception("export failed")
             self.fail([job_id], t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}"))
@@ -248,7 +251,7 @@ class _ModularRun(_AssignmentRun):
         base = task_pipelines.pipeline_for_task(cached.pipeline, first.task, self.spec)
         # A shallow copy with its own scheduler (per-call state); the modules stay shared.
         view = copy.copy(base)
-        view.scheduler, warnings = _fresh_scheduler(base.scheduler, first.scheduler)
+        view.scheduler, warnings = fresh_scheduler(base.scheduler, first.scheduler)
         # The model's call options: VAE slicing/tiling on a VAE of the view's own (legacy_call's way).
         call = self.options[first.job_id].call() if first.job_id in self.options else {}
         call_options, notes = runtime_options.call_vae(view, call)
