@@ -131,7 +131,8 @@ def channel_credentials(
     `ca` defaults to `$OMNIRT_TLS_CA` unless `tls=False`; a CA or a client certificate implies
     TLS; `tls=True` alone trusts the system's root certificates. The files are read here, once,
     and checked (ValueError naming the argument and the file), so a wrong file is not a
-    handshake failure later. An unreadable file raises its OSError."""
+    handshake failure later. An unreadable file raises its OSError.
+    """
     if ca is None and tls is not False:
         ca = os.environ.get(TLS_CA_ENV) or None
     if (cert is None) != (key is None):
@@ -168,7 +169,8 @@ def channel_credentials(
 def api_key_or_env(api_key: str | None) -> str:
     """The API key to send: `api_key`, else `$OMNIRT_API_KEY`, else "" (none; "" also turns off the env).
 
-    ValueError when it cannot travel as a gRPC header (never with the key in the message)."""
+    ValueError when it cannot travel as a gRPC header (never with the key in the message).
+    """
     key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
     key = key.strip()
     if key and not (key.isascii() and key.isprintable() and " " not in key):
@@ -199,7 +201,8 @@ class BearerKeyInterceptor(
     """Adds `authorization: Bearer KEY` to every call of a channel, the raw stubs' included.
 
     An interceptor rather than call credentials: grpc sends those only over TLS, and a
-    controller on loopback may check keys without TLS."""
+    controller on loopback may check keys without TLS.
+    """
 
     def __init__(self, api_key: str) -> None:
         self._entry = bearer_entry(api_key)
@@ -218,19 +221,23 @@ class BearerKeyInterceptor(
         )
 
     def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        """The call with the key added to its metadata."""
         return continuation(self._details(client_call_details), request)
 
     def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        """The call with the key added to its metadata."""
         return continuation(self._details(client_call_details), request)
 
     def intercept_stream_unary(
         self, continuation: Any, client_call_details: Any, request_iterator: Any
     ) -> Any:
+        """The call with the key added to its metadata."""
         return continuation(self._details(client_call_details), request_iterator)
 
     def intercept_stream_stream(
         self, continuation: Any, client_call_details: Any, request_iterator: Any
     ) -> Any:
+        """The call with the key added to its metadata."""
         return continuation(self._details(client_call_details), request_iterator)
 
 
@@ -382,6 +389,7 @@ class JobFollower:
 
 
 def wait_timed_out(job_id: str, timeout: float) -> errors.DeadlineExceeded:
+    """The error a wait that gave up after `timeout` seconds raises (the job itself may still run)."""
     return errors.DeadlineExceeded(f"job {job_id} did not finish within {timeout:g} s (it may still run)")
 
 
