@@ -49,6 +49,7 @@ from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
 from omnirt.worker.log import job_context
 from omnirt.worker.modes.base import CancelFlags, Executor, create_executor
+from omnirt.worker.modes.report import trace_id
 from omnirt.worker.outbox import Outbox
 from omnirt.worker.protocol import Assignment, CancelRequest, DrainRequest, ItemOutcome, Welcome
 from omnirt.worker.runtime.memory import current_rss_bytes
@@ -619,8 +620,7 @@ class WorkerDaemon:
     # ---- running -------------------------------------------------------------------------
 
     async def _run_assignment(self, assignment: Assignment) -> None:
-        trace = assignment.trace_context.get("traceparent", "").split("-")
-        with job_context(assignment.job_ids, assignment.assignment_id, trace[1] if len(trace) == 4 else ""):
+        with job_context(assignment.job_ids, assignment.assignment_id, trace_id(assignment.trace_context)):
             async with self._slots:
                 started_ns = time.time_ns()
                 self._busy += len(assignment.items)

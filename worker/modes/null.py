@@ -16,13 +16,14 @@ not stop the others.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
-import secrets
 import time
 from typing import Any
 
 from omnirt import types as t
+from omnirt._internal import defaults
 from omnirt._internal.modes import ExecutionMode
 from omnirt.worker.export import image as export
 from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopCheck, stop_error
@@ -106,13 +107,20 @@ def _sleep_ms(value: Any) -> float:
     return float(value)
 
 
+def _positive(value: int | None, fallback: int) -> int:
+    return value if value is not None and value > 0 else fallback
+
+
 def plan_null_item(item: AssignmentItem, spec: t.ModelSpec) -> tuple[ItemPlan, float]:
     """One job's plan (request values, else the model's defaults) and its sleep per step in ms.
 
     Raises JobFailure naming the field for a bad request.
     """
-    req, defaults = item.request, spec.defaults
-    num_outputs = 1 if req.num_outputs is None else req.num_outputs
+    # The controller's rule for defaults and seeds, again (a no-op on a validated request).
+    req = dataclasses.replace(item.request)
+    defaults.apply(req, spec)
+    assert req.num_outputs is not None and req.seed is not None
+    num_outputs = req.num_outputs
     if num_outputs < 1:
         raise JobFailure(INVALID_ARGUMENT, "num_outputs must be at least 1", "num_outputs")
     try:
@@ -129,20 +137,19 @@ def plan_null_item(item: AssignmentItem, spec: t.ModelSpec) -> tuple[ItemPlan, f
         specific[key] = int(value) if float(value).is_integer() else value
     if req.strength is not None:
         specific["strength"] = req.strength
-    seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
-    steps = next((v for v in (req.num_inference_steps, defaults.num_inference_steps) if v and v > 0), 1)
     common: dict[str, Any] = {
-        "width": next((v for v in (req.width, defaults.width) if v and v > 0), IMAGE_SIZE),
-        "height": next((v for v in (req.height, defaults.height) if v and v > 0), IMAGE_SIZE),
-        "num_inference_steps": steps,
+        "width": req.width if req.width and req.width > 0 else IMAGE_SIZE,
+        "height": req.height if req.height and req.height > 0 else IMAGE_SIZE,
+        "num_inference_steps": req.num_inference_steps
+        if req.num_inference_steps and req.num_inference_steps > 0
+        else 1,
     }
-    guidance = req.guidance_scale if req.guidance_scale is not None else (defaults.guidance_scale or None)
-    if guidance is not None:
-        common["guidance_scale"] = guidance
+    if req.guidance_scale is not None:
+        common["guidance_scale"] = req.guidance_scale
     plan = ItemPlan(
         item=item,
         num_outputs=num_outputs,
-        seeds=[seed + i for i in range(num_outputs)],
+        seeds=defaults.output_seeds(req.seed, num_outputs),
         output_format=fmt,
         scheduler=req.scheduler or "",
         common=common,
