@@ -1,4 +1,4 @@
-"""`RedisJobStore`: jobs, the queue, leases and event logs in Redis (see `redis_scripts` for keys).
+"""`RedisJobStore`: jobs, the queue, leases and event logs in Redis (see `scripts.py` for keys).
 
 This module only stores and loads: protos in, dataclasses out, one Lua script per state change.
 What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
@@ -117,7 +117,7 @@ def raise_lost_cancel() -> None:
 
 
 class RedisJobStore:
-    """Typed access to the keys of `redis_scripts` over one `redis.asyncio` client."""
+    """Typed access to the keys of `scripts.py` over one `redis.asyncio` client."""
 
     def __init__(
         self,
