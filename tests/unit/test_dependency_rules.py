@@ -1,0 +1,191 @@
+"""The dependency direction of LAYOUT.md (principle 4) holds, read from the imports themselves.
+
+`tests/imports.py` reads every import of sdk/, controller/, worker/ and cli/; each rule is
+checked on the repository, and on small synthetic trees that break it, so a checker that
+found nothing could not pass.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.imports import Violation, check, read_all, rule_ids
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def repo_violations() -> list[Violation]:
+    return check(REPO)
+
+
+@pytest.mark.parametrize("rule", rule_ids())
+def test_the_repository_keeps_the_rule(rule: str, repo_violations: list[Violation]) -> None:
+    broken = [str(v) for v in repo_violations if v.rule == rule]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_checker_reads_the_whole_tree() -> None:
+    index, imports = read_all(REPO)
+    for module in ("omnirt", "omnirt._internal.convert", "omnirt.controller.server", "omnirt.cli.main"):
+        assert module in index
+    assert index["omnirt.worker.modes.base"] == REPO / "worker/modes/base.py"
+    # The mode registry imports its executors by name; the checker must see those imports.
+    names = {imp.name for imp in imports["omnirt.worker.modes.base"]}
+    assert {"omnirt.worker.modes.legacy_call", "omnirt.worker.modes.subprocess.executor"} <= names
+    # Function-level imports count (omnirt.generate opens its Client inside the function).
+    assert "omnirt.client.Client" in {imp.name for imp in imports["omnirt"]}
+
+
+# A small tree that keeps every rule: the stores and edges speak protobuf, the worker imports
+# torch (reached by no controller, SDK or CLI module), the mode registry imports by name.
+CLEAN = {
+    "sdk/__init__.py": "from omnirt.types import Job\n",
+    "sdk/types.py": "class Job:\n    pass\n",
+    "sdk/v1/__init__.py": "",
+    "sdk/v1/types_pb2.py": "from google.protobuf import descriptor\n",
+    "sdk/_internal/__init__.py": "",
+    "sdk/_internal/convert.py": "from omnirt.v1 import types_pb2\n",
+    "cli/__init__.py": "",
+    "cli/main.py": "from omnirt._internal import convert\nfrom omnirt.types import Job\n",
+    "controller/__init__.py": "",
+    "controller/server.py": "from omnirt.controller.core import jobs\nfrom .edges import servicers\n",
+    "controller/core/__init__.py": "",
+    "controller/core/jobs.py": "from omnirt import types\n",
+    "controller/edges/__init__.py": "",
+    "controller/edges/servicers.py": "from omnirt.v1 import types_pb2\nimport omnirt.worker.v1.gateway_pb2\n",
+    "controller/engines/__init__.py": "",
+    "controller/engines/memory/__init__.py": "",
+    "controller/engines/memory/engine.py": "from omnirt.controller.core import jobs\nfrom . import store\n",
+    "controller/engines/memory/store.py": "from omnirt.v1 import types_pb2\n",
+    "controller/engines/redis/__init__.py": "",
+    "controller/engines/redis/engine.py": "from ...core import jobs\n",
+    "worker/__init__.py": "",
+    "worker/v1/__init__.py": "",
+    "worker/v1/gateway_pb2.py": "from google.protobuf import descriptor\n",
+    "worker/protocol.py": "from omnirt.worker.v1 import gateway_pb2\n",
+    "worker/modes/__init__.py": "",
+    "worker/modes/base.py": """\
+        import importlib
+
+        MODES = {"null": "omnirt.worker.modes.null"}
+
+
+        def create(mode):
+            return importlib.import_module(MODES[mode])
+        """,
+    "worker/modes/null.py": "import torch\n",
+}
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    for name, source in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source), encoding="utf-8")
+    return root
+
+
+def test_a_tree_that_keeps_the_rules_passes(tmp_path: Path) -> None:
+    assert check(write_tree(tmp_path, CLEAN)) == []
+
+
+BREAKS = {
+    "cli imports the controller inside a function": (
+        {"cli/status.py": "import json\n\n\ndef show():\n    from omnirt.controller import server\n"},
+        {("cli->sdk", "cli/status.py", 5)},
+    ),
+    "the SDK imports the worker under TYPE_CHECKING": (
+        {
+            "sdk/testing.py": """\
+                from typing import TYPE_CHECKING
+
+                if TYPE_CHECKING:
+                    from omnirt.worker.protocol import gateway_pb2
+                """
+        },
+        {("sdk-standalone", "sdk/testing.py", 4)},
+    ),
+    "the controller reaches numpy through a shared helper, by a relative function-level import": (
+        {
+            "controller/core/jobs.py": "def run():\n    from ..._internal import tensors\n",
+            "sdk/_internal/tensors.py": "import numpy as np\n",
+        },
+        {
+            ("controller-no-model-stack", "sdk/_internal/tensors.py", 1),
+            ("sdk-no-model-stack", "sdk/_internal/tensors.py", 1),
+        },
+    ),
+    "the controller imports a worker mode by name (and through it torch)": (
+        {
+            "controller/core/plugins.py": """\
+                import importlib
+
+                PLUGINS = {"null": "omnirt.worker.modes.null"}
+
+
+                def load(name):
+                    return importlib.import_module(PLUGINS[name])
+                """
+        },
+        {
+            ("controller->sdk", "controller/core/plugins.py", 3),
+            ("controller-no-model-stack", "worker/modes/null.py", 1),
+        },
+    ),
+    "the worker imports the controller with import_module": (
+        {
+            "worker/daemon.py": """\
+                from importlib import import_module
+
+                server = import_module("omnirt.controller.server")
+                """
+        },
+        {("worker->sdk", "worker/daemon.py", 3)},
+    ),
+    "core imports protobuf": (
+        {"controller/core/jobs.py": "from omnirt import types\nfrom omnirt.v1 import types_pb2\n"},
+        {("core-no-pb2", "controller/core/jobs.py", 2)},
+    ),
+    "core imports an engine": (
+        {"controller/core/jobs.py": "from omnirt.controller.engines.memory.engine import store\n"},
+        {("core-alone", "controller/core/jobs.py", 1)},
+    ),
+    "an engine (not its store) imports protobuf": (
+        {"controller/engines/memory/engine.py": "from . import store\nfrom omnirt.v1.types_pb2 import Job\n"},
+        {("engines-no-pb2", "controller/engines/memory/engine.py", 2)},
+    ),
+    "the Redis engine imports the memory engine": (
+        {"controller/engines/redis/engine.py": "from ..memory.engine import store\n"},
+        {("engines-apart", "controller/engines/redis/engine.py", 1)},
+    ),
+    "an engine imports an edge": (
+        {"controller/engines/memory/engine.py": "import omnirt.controller.edges.servicers\n"},
+        {("engines-apart", "controller/engines/memory/engine.py", 1)},
+    ),
+    "a worker mode imports protobuf": (
+        {"worker/modes/null.py": "import torch\nfrom omnirt.worker.v1 import gateway_pb2\n"},
+        {("modes-no-pb2", "worker/modes/null.py", 2)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BREAKS))
+def test_a_broken_rule_is_reported(case: str, tmp_path: Path) -> None:
+    changes, expected = BREAKS[case]
+    found = check(write_tree(tmp_path, {**CLEAN, **changes}))
+    assert {(v.rule, str(v.path), v.line) for v in found} == expected
+
+
+def test_a_violation_names_the_file_line_import_and_rule(tmp_path: Path) -> None:
+    tree = {**CLEAN, "controller/core/jobs.py": "def run():\n    from ..._internal import tensors\n"}
+    tree["sdk/_internal/tensors.py"] = "import numpy as np\n"
+    (found,) = (v for v in check(write_tree(tmp_path, tree)) if v.rule == "controller-no-model-stack")
+    assert str(found) == (
+        "sdk/_internal/tensors.py:1: `import numpy` breaks controller-no-model-stack: the controller must "
+        "not reach the model stack (numpy); reached by omnirt.controller.core.jobs -> "
+        "omnirt._internal.tensors -> numpy"
+    )
