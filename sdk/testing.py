@@ -30,12 +30,17 @@ if TYPE_CHECKING:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `check` until it returns True; TimeoutError naming `what` after `timeout` seconds.
+
+    A `grpc.RpcError` from `check` counts as "not yet" (the daemon may still be starting).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -58,27 +63,33 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Self:
+        """Start the process, its stdout and stderr appended to `log_path`."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         return self
 
     @property
     def pid(self) -> int:
+        """The process id (after `start()`)."""
         assert self.proc is not None
         return self.proc.pid
 
     def alive(self) -> bool:
+        """Whether the process was started and has not exited."""
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: int) -> None:
+        """Send `sig` to the process."""
         assert self.proc is not None
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float) -> int:
+        """Wait up to `timeout` seconds for the process to exit; its exit code."""
         assert self.proc is not None
         return self.proc.wait(timeout)
 
     def stop(self, timeout: float = 15) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; the exit code (None if never started)."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(signal.SIGTERM)
@@ -89,9 +100,11 @@ class Daemon:
             return self.proc.wait(5)
 
     def log(self) -> str:
+        """Everything the process wrote so far ("" before it wrote anything)."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def log_tail(self, chars: int = 3000) -> str:
+        """The last `chars` characters of `log()`."""
         return self.log()[-chars:]
 
 
@@ -101,7 +114,8 @@ class Controller(Daemon):
     With `tls_ca` (the CA file that signed the controller's `--tls-cert`, passed in `extra`)
     the readiness check and `workers()` connect over TLS, and `http` is an https:// URL; with
     `api_key` (an admin key of its `--auth-keys`) they send it. `client()` is an
-    `omnirt.Client` with the same settings."""
+    `omnirt.Client` with the same settings.
+    """
 
     def __init__(
         self,
@@ -131,12 +145,14 @@ class Controller(Daemon):
         return grpc.secure_channel(self.address, grpc.ssl_channel_credentials(root_certificates=roots))
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call metadata for raw stubs: the `api_key` as a bearer token, if any."""
         return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
 
     def client(self, **kwargs: Any) -> Client:
         """An `omnirt.Client` to this controller with its CA and key (keywords override them).
 
-        The environment's `OMNIRT_TLS_CA` / `OMNIRT_API_KEY` do not apply: the test says."""
+        The environment's `OMNIRT_TLS_CA` / `OMNIRT_API_KEY` do not apply: the test says.
+        """
         from omnirt.client import Client
 
         settings: dict[str, Any] = {
@@ -147,6 +163,7 @@ class Controller(Daemon):
         return Client(self.address, **{**settings, **kwargs})
 
     def start(self, timeout: float = 30) -> Self:
+        """Start the controller and wait (up to `timeout` seconds) until its health check says SERVING."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc  # the [controller] extra
 
         super().start()
@@ -166,18 +183,22 @@ class Controller(Daemon):
         return self
 
     def workers(self) -> list[cluster_pb2.WorkerInfo]:
+        """The workers connected now (`ClusterService.ListWorkers`)."""
         with self.channel() as channel:
             stub = cluster_pb2_grpc.ClusterServiceStub(channel)
             request = cluster_pb2.ListWorkersRequest()
             return list(stub.ListWorkers(request, timeout=5, metadata=self.metadata()).workers)
 
     def worker_ids(self) -> set[str]:
+        """The ids of the workers connected now."""
         return {w.id for w in self.workers()}
 
     def wait_workers(self, worker_ids: set[str], timeout: float = 120) -> None:
+        """Wait until every one of `worker_ids` is connected."""
         wait_for(lambda: worker_ids <= self.worker_ids(), timeout, f"workers {sorted(worker_ids)} to connect")
 
     def wait_worker(self, worker_id: str, timeout: float = 60, present: bool = True) -> None:
+        """Wait until `worker_id` is connected (or, with `present=False`, has left)."""
         wait_for(
             lambda: any(w.id == worker_id for w in self.workers()) == present,
             timeout,
@@ -233,6 +254,7 @@ class RedisServer(Daemon):
         super().__init__(f"redis-{self.port}", argv, log_dir)
 
     def start(self, timeout: float = 10) -> Self:
+        """Start redis-server and wait (up to `timeout` seconds) until it answers PING."""
         super().start()
 
         def ready() -> bool:

@@ -6,8 +6,10 @@ import ipaddress
 
 
 def is_loopback(address: str) -> bool:
-    """True for HOST:PORT (or HOST) on a loopback host (127.0.0.0/8, ::1, localhost); False for
-    0.0.0.0, [::], an empty host and any other name or address."""
+    """Whether HOST:PORT (or HOST) names a loopback host (127.0.0.0/8, ::1, localhost).
+
+    False for 0.0.0.0, [::], an empty host and any other name or address.
+    """
     host = address.rpartition(":")[0] if ":" in address and not address.endswith("]") else address
     host = host.strip("[]").lower()
     if host == "localhost":
