@@ -29,14 +29,13 @@ from prometheus_client import (
     start_http_server,
 )
 
+from omnirt._internal.buckets import BATCH_BUCKETS, LATENCY_BUCKETS
 from omnirt.types import RunReport
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime.memory import current_rss_bytes
 
 log = logging.getLogger(__name__)
 TRACER_NAME = "omnirt.worker"
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _provider: Any = None
 # False once `setup_tracing` found no exporter: spans would only be made to be dropped.
 _make_spans = True

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from omnirt._internal.buckets import BATCH_BUCKETS, LATENCY_BUCKETS
 from omnirt.errors import OmniRTError
 from omnirt.types import EventKind, GenerateRequest, JobEvent, JobState, WorkerInfo, WorkerState
 
@@ -59,9 +60,6 @@ class Observed(Protocol):
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Seconds: from a 4-step tiny model (tens of ms) to a long video (many minutes).
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 # `_created` series double every counter for little use; Prometheus does not need them.
 disable_created_metrics()

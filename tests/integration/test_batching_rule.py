@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -87,13 +86,6 @@ CASES = [
         model_running=True,
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def redis_server(log_dir: Path) -> Iterator[RedisServer]:
-    server = RedisServer(log_dir).start()
-    yield server
-    server.stop()
 
 
 @dataclass

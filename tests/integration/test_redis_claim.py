@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-
-import pytest
 
 from omnirt.controller.engines.redis.store import RedisJobStore
 from omnirt.types import EventKind, GenerateRequest, Job, JobEvent, JobState
@@ -16,13 +13,6 @@ from tests.daemons import RedisServer
 
 MODEL = "tiny-sd"
 LONG_MS = 600_000  # a window far longer than the test: a job that waits for it stays queued
-
-
-@pytest.fixture(scope="module")
-def redis_server(log_dir: Path) -> Iterator[RedisServer]:
-    server = RedisServer(log_dir).start()
-    yield server
-    server.stop()
 
 
 def now_ms() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,13 +26,6 @@ from tests.daemons import RedisServer
 
 MODEL = "tiny-sd"
 _ids = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def redis_server(log_dir: Path) -> Iterator[RedisServer]:
-    server = RedisServer(log_dir).start()
-    yield server
-    server.stop()
 
 
 def run(

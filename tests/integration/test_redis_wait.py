@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.engines.redis.engine import RedisEngine
 from omnirt.types import GenerateRequest
 from tests.daemons import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_server(log_dir: Path) -> Iterator[RedisServer]:
-    server = RedisServer(log_dir).start()
-    yield server
-    server.stop()
 
 
 async def cancelled_at_a_wake_up(engine: RedisEngine, job_id: str, waiting: asyncio.Future[object]) -> bool:
