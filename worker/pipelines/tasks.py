@@ -139,12 +139,16 @@ def finish_outputs(
 
 
 def check_size(pipeline: Any, common: dict[str, Any]) -> None:
-    """Refuse a width/height the pipeline cannot make (Wan: multiples of VAE factor x patch size)."""
+    """Refuse a width/height the pipeline cannot make: a multiple of the spatial VAE factor
+    times the transformer's spatial patch size (Wan: 8 x 2 from `(1, 2, 2)`; CogVideoX and
+    HunyuanVideo: 8 x their int `patch_size`). Pipelines without both are left to themselves."""
     factor = getattr(pipeline, "vae_scale_factor_spatial", None)
     patch = getattr(getattr(getattr(pipeline, "transformer", None), "config", None), "patch_size", None)
-    if not isinstance(factor, int) or not patch:
+    # Wan's patch is (frames, height, width); the others give one int for height and width.
+    spatial_patch = patch[-1] if isinstance(patch, (list, tuple)) and patch else patch
+    if not isinstance(factor, int) or not isinstance(spatial_patch, int) or spatial_patch < 1:
         return
-    multiple = factor * int(patch[1])
+    multiple = factor * spatial_patch
     for name in ("width", "height"):
         value = common.get(name)
         if value and value % multiple:
