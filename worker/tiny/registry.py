@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, sd, wan
+from omnirt.worker.tiny import cogvideox, sd, svd, wan
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -47,6 +47,11 @@ BUILDERS: dict[str, Builder] = {
     "tiny-wan": Builder(wan.build_tiny_wan, version=1, description="tiny Wan text-to-video, random weights"),
     "tiny-wan-i2v": Builder(
         wan.build_tiny_wan_i2v, version=1, description="tiny Wan image-to-video, random weights"
+    ),
+    "tiny-svd": Builder(
+        svd.build_tiny_svd,
+        version=1,
+        description="tiny Stable Video Diffusion image-to-video, random weights",
     ),
     "tiny-cogvideox": Builder(
         cogvideox.build_tiny_cogvideox, version=1, description="tiny CogVideoX text-to-video, random weights"
