@@ -36,7 +36,7 @@ from omnirt.worker.modes.schedulers import fresh_scheduler
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
-from omnirt.worker.pipelines.args import ItemPlan, call_parameters
+from omnirt.worker.pipelines.args import ItemPlan, call_kwargs, call_parameters
 from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, backends, inference_mode, quantization, step_cache
@@ -229,7 +229,9 @@ class LegacyCallRun(AssignmentRun):
         warnings += notes
         accepted = call_parameters(view)
         generic = {**first.common, **first.specific, **_prompt_kwargs(group)}
-        kwargs = task_pipelines.adapt_kwargs(generic, accepted)
+        if first.fps:
+            generic["fps"] = first.fps
+        kwargs = call_kwargs(generic, accepted)
         device = self.placement.device
         kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for p in group for seed in p.seeds]
         monitor = StepMonitor(

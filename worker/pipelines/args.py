@@ -54,6 +54,80 @@ RESERVED_ARGUMENTS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class CallArgument:
+    """How one of the executor's generic call arguments reaches a pipeline's `__call__`."""
+
+    # The pipeline's names for it, in order: the first one its `__call__` takes gets the value.
+    names: tuple[str, ...]
+    # The request field refused (INVALID_ARGUMENT) when the pipeline takes none of `names` and
+    # the value is not `neutral`; "" when such a value is dropped (the pipeline decides it).
+    field: str = ""
+    neutral: Any = None
+
+
+# The executor's generic arguments -> the pipeline's names for them. One table for every
+# family: a pipeline's signature (`call_parameters`) picks the name, none is tried by calling.
+CALL_ARGUMENTS: dict[str, CallArgument] = {
+    # Stable Video Diffusion takes no prompt at all: its input image is its only condition.
+    "prompt": CallArgument(("prompt",), "prompt", neutral=""),
+    "negative_prompt": CallArgument(("negative_prompt",), "negative_prompt", neutral=""),
+    # Video pipelines count their outputs in videos.
+    "num_images_per_prompt": CallArgument(
+        ("num_images_per_prompt", "num_videos_per_prompt"), "num_outputs", neutral=1
+    ),
+    # SVD ramps its guidance over the frames, from `min_guidance_scale` (1) to this.
+    "guidance_scale": CallArgument(("guidance_scale", "max_guidance_scale"), "guidance_scale"),
+    # Pipelines without a size (image-to-image) take that of their input, already resized to it.
+    "width": CallArgument(("width",)),
+    "height": CallArgument(("height",)),
+    "num_frames": CallArgument(("num_frames",)),
+    # The video's frame rate: SVD, Cosmos and SkyReels-V2 condition on it; others only export at it.
+    "fps": CallArgument(("fps",)),
+}
+# The table's other names are set from request fields too (`max_guidance_scale` is the
+# request's guidance_scale on SVD): extras may not set them either.
+RESERVED_ARGUMENTS |= {"fps", *(name for rule in CALL_ARGUMENTS.values() for name in rule.names[1:])}
+
+
+def call_kwargs(generic: dict[str, Any], accepted: Set[str]) -> dict[str, Any]:
+    """`generic` call arguments under the names the pipeline takes (`CALL_ARGUMENTS`).
+
+    An argument the pipeline takes under none of its names is dropped: `check_call_arguments`
+    refused, at planning, every such value that would change the output.
+    """
+    kwargs: dict[str, Any] = {}
+    for key, value in generic.items():
+        rule = CALL_ARGUMENTS.get(key)
+        if rule is None:  # the pipeline's own arguments and media inputs, checked by name already
+            kwargs[key] = value
+            continue
+        name = next((n for n in rule.names if n in accepted), None)
+        if name is not None:
+            kwargs[name] = value
+    return kwargs
+
+
+def check_call_arguments(plan: ItemPlan, accepted: Set[str]) -> None:
+    """Refuse a request value the pipeline has no argument for (a prompt to Stable Video
+    Diffusion); JobFailure(INVALID_ARGUMENT) naming the request field."""
+    req = plan.item.request
+    values = {
+        "prompt": req.prompt,
+        "negative_prompt": req.negative_prompt,
+        "num_images_per_prompt": plan.num_outputs,
+        **plan.common,
+    }
+    for key, value in values.items():
+        rule = CALL_ARGUMENTS.get(key)
+        if rule is None or not rule.field or value is None or value == rule.neutral:
+            continue
+        if not any(name in accepted for name in rule.names):
+            # No echo of the value: a prompt stays out of errors and logs, as out of reports.
+            reason = f"this model's pipeline takes no {rule.field}; leave it unset"
+            raise JobFailure(INVALID_ARGUMENT, reason, rule.field)
+
+
 @dataclass
 class ItemPlan:
     """One job's share of a pipeline call."""
@@ -166,8 +240,10 @@ def _plain_number(value: Any) -> Any:
 def pipeline_kwargs(plan: ItemPlan, accepted: Set[str], inputs: media_inputs.InputPolicy) -> None:
     """Fill `plan.specific` with the request's extras, media inputs and strength the pipeline takes.
 
+    A request value the pipeline has no argument for is refused (`check_call_arguments`).
     `inputs` says which `file://` URIs the worker may read.
     """
+    check_call_arguments(plan, accepted)
     req = plan.item.request
     specific: dict[str, Any] = {}
     for key, value in req.extra.items():

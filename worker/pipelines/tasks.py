@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Set
 from typing import Any
 
 from omnirt import types as t
@@ -78,21 +77,6 @@ def pipeline_for_task(pipeline: Any, task: t.Task, spec: t.ModelSpec) -> Any:
         if task not in per_task:
             per_task[task] = _derive(pipeline, task, spec)
         return per_task[task]
-
-
-def adapt_kwargs(kwargs: dict[str, Any], accepted: Set[str]) -> dict[str, Any]:
-    """Fit generic call arguments to the pipeline's signature.
-
-    Video pipelines count outputs with `num_videos_per_prompt`; pipelines without `width` /
-    `height` (image-to-image) take the size of their input image, already resized to it.
-    """
-    adapted = dict(kwargs)
-    if "num_images_per_prompt" not in accepted and "num_videos_per_prompt" in accepted:
-        adapted["num_videos_per_prompt"] = adapted.pop("num_images_per_prompt", 1)
-    for name in ("width", "height", "num_frames"):
-        if name in adapted and name not in accepted:
-            del adapted[name]
-    return adapted
 
 
 def call_outputs(output: Any) -> list[Any]:
