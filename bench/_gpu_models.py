@@ -55,7 +55,7 @@ def _build_sd15(spec: dict[str, Any], device: str) -> Any:
     from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from omnirt.worker.tiny.sd import write_clip_tokenizer_files
+    from omnirt.worker.tiny.tokenizers import write_clip_tokenizer_files
 
     with tempfile.TemporaryDirectory() as vocab_dir:
         write_clip_tokenizer_files(Path(vocab_dir))
@@ -87,7 +87,7 @@ def _build_wan(spec: dict[str, Any], device: str) -> Any:
     from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
     from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    from omnirt.worker.tiny.wan import t5_vocabulary
+    from omnirt.worker.tiny.tokenizers import t5_vocabulary
 
     tokenizer = T5Tokenizer(vocab=t5_vocabulary(), extra_ids=0)
     transformer_config = dict(spec["transformer"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import wan
+from omnirt.worker.tiny import tokenizers
 
 LATENT_CHANNELS = 4
 # The pipeline pads every prompt to its default `max_sequence_length` (226) and the
@@ -30,9 +30,9 @@ def build_tiny_cogvideox(target: Path) -> None:
         CogVideoXPipeline,
         CogVideoXTransformer3DModel,
     )
-    from transformers import T5Config, T5EncoderModel, T5Tokenizer
+    from transformers import T5Config, T5EncoderModel
 
-    tokenizer = T5Tokenizer(vocab=wan.t5_vocabulary(), extra_ids=0)
+    tokenizer = tokenizers.t5_tokenizer()
     # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -4,7 +4,7 @@ No machine here reaches a model hub, so the demo and the tests use real diffuser
 with tiny, seeded random weights: every machine builds identical weights, saves them with
 `save_pretrained` and loads them back with `from_pretrained` like any local model.
 
-Builders are registered by name in `BUILDERS`, one module per family (`sd`, `wan`).
+Builders are registered by name in `BUILDERS`, one module per family (`sd`, `wan`, `cogvideox`, `svd`).
 A build goes into a temporary folder beside the target and is renamed into place, under a
 file lock, so workers sharing a model dir never see (or make) a half-written model.
 """

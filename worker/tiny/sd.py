@@ -8,51 +8,11 @@ and a byte-level BPE tokenizer written here (no hub download), with an Euler sch
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2/CLIP byte-level mapping: every byte to a printable unicode character."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
-
-
-# A few frequent English pairs, so common words take fewer tokens than bytes.
-_MERGE_PAIRS = ("th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "or", "es", "ca", "do", "og")
-
-
-def write_clip_tokenizer_files(folder: Path) -> None:
-    """Write a byte-level BPE `vocab.json` + `merges.txt` that CLIPTokenizer loads (~550 tokens)."""
-    symbols = list(_bytes_to_unicode().values())
-    vocab: dict[str, int] = {}
-    for symbol in symbols:
-        vocab[symbol] = len(vocab)
-    for symbol in symbols:
-        vocab[symbol + "</w>"] = len(vocab)
-    merges = []
-    for pair in _MERGE_PAIRS:
-        for suffix in ("", "</w>"):
-            merges.append(f"{pair[0]} {pair[1]}{suffix}")
-            vocab[f"{pair}{suffix}"] = len(vocab)
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+from omnirt.worker.tiny import tokenizers
 
 
 def build_tiny_sd(target: Path) -> None:
@@ -62,7 +22,7 @@ def build_tiny_sd(target: Path) -> None:
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     with tempfile.TemporaryDirectory() as vocab_dir:
-        write_clip_tokenizer_files(Path(vocab_dir))
+        tokenizers.write_clip_tokenizer_files(Path(vocab_dir))
         tokenizer = CLIPTokenizer.from_pretrained(vocab_dir, model_max_length=77)
 
     # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.

@@ -13,34 +13,13 @@ concatenated to the latents with a mask (no CLIP image encoder), so the transfor
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any
 
+from omnirt.worker.tiny import tokenizers
+
 # Latent channels of the tiny VAE; the Wan VAE compresses 4 frames into one latent frame.
 LATENT_CHANNELS = 4
-_WORDS = (
-    *("the", "a", "an", "of", "and", "in", "on", "at", "to", "with", "from", "by", "is", "it", "for"),
-    *("cat", "dog", "fox", "bird", "fish", "horse", "boat", "ship", "car", "train", "sea", "sky"),
-    *("sun", "moon", "star", "night", "day", "city", "street", "tree", "forest", "river", "snow"),
-    *("rain", "light", "fire", "water", "red", "blue", "green", "yellow", "black", "white", "orange"),
-    *("small", "big", "old", "new", "running", "flying", "walking", "video", "frame"),
-)
-
-
-def t5_vocabulary() -> list[tuple[str, float]]:
-    """A SentencePiece-style Unigram vocabulary: (piece, log probability), T5's special ids first."""
-    vocab: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-    vocab += [("\u2581" + word, -3.0) for word in _WORDS]
-    vocab += [("\u2581" + char, -5.5) for char in string.ascii_lowercase + string.digits]
-    vocab += [(char, -5.0) for char in string.ascii_letters + string.digits + string.punctuation]
-    return vocab
-
-
-def _t5_tokenizer() -> Any:
-    from transformers import T5Tokenizer
-
-    return T5Tokenizer(vocab=t5_vocabulary(), extra_ids=0)
 
 
 def _components(transformer_in_channels: int) -> dict[str, Any]:
@@ -49,7 +28,7 @@ def _components(transformer_in_channels: int) -> dict[str, Any]:
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    tokenizer = _t5_tokenizer()
+    tokenizer = tokenizers.t5_tokenizer()
     # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

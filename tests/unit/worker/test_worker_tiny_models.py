@@ -16,7 +16,7 @@ from PIL import Image
 
 from omnirt.worker.export import image as export
 from omnirt.worker.tiny import registry as tiny_models
-from omnirt.worker.tiny import sd as tiny_sd
+from omnirt.worker.tiny import tokenizers
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_unknown_builtin_names_the_known_ones(tmp_path: Path) -> None:
 def test_tokenizer_files_are_byte_level_bpe(tmp_path: Path) -> None:
     from transformers import CLIPTokenizer
 
-    tiny_sd.write_clip_tokenizer_files(tmp_path)
+    tokenizers.write_clip_tokenizer_files(tmp_path)
     tokenizer = CLIPTokenizer.from_pretrained(str(tmp_path))
     assert 300 <= len(tokenizer) <= 1000
     ids = tokenizer("the cat, naïve 猫").input_ids

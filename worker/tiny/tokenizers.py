@@ -1,0 +1,77 @@
+"""Tokenizers the tiny models build offline: CLIP (byte-level BPE) files and a T5 (Unigram) tokenizer.
+
+No machine here reaches a model hub, so the tiny families share these hand-made vocabularies:
+small, but real tokenizer classes that `from_pretrained` loads back like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+_WORDS = (
+    *("the", "a", "an", "of", "and", "in", "on", "at", "to", "with", "from", "by", "is", "it", "for"),
+    *("cat", "dog", "fox", "bird", "fish", "horse", "boat", "ship", "car", "train", "sea", "sky"),
+    *("sun", "moon", "star", "night", "day", "city", "street", "tree", "forest", "river", "snow"),
+    *("rain", "light", "fire", "water", "red", "blue", "green", "yellow", "black", "white", "orange"),
+    *("small", "big", "old", "new", "running", "flying", "walking", "video", "frame"),
+)
+
+
+def t5_vocabulary() -> list[tuple[str, float]]:
+    """A SentencePiece-style Unigram vocabulary: (piece, log probability), T5's special ids first."""
+    vocab: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    vocab += [("\u2581" + word, -3.0) for word in _WORDS]
+    vocab += [("\u2581" + char, -5.5) for char in string.ascii_lowercase + string.digits]
+    vocab += [(char, -5.0) for char in string.ascii_letters + string.digits + string.punctuation]
+    return vocab
+
+
+def t5_tokenizer() -> Any:
+    """A T5 (Unigram) tokenizer over `t5_vocabulary`, made offline."""
+    from transformers import T5Tokenizer
+
+    return T5Tokenizer(vocab=t5_vocabulary(), extra_ids=0)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP byte-level mapping: every byte to a printable unicode character."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+
+
+# A few frequent English pairs, so common words take fewer tokens than bytes.
+_MERGE_PAIRS = ("th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "or", "es", "ca", "do", "og")
+
+
+def write_clip_tokenizer_files(folder: Path) -> None:
+    """Write a byte-level BPE `vocab.json` + `merges.txt` that CLIPTokenizer loads (~550 tokens)."""
+    symbols = list(_bytes_to_unicode().values())
+    vocab: dict[str, int] = {}
+    for symbol in symbols:
+        vocab[symbol] = len(vocab)
+    for symbol in symbols:
+        vocab[symbol + "</w>"] = len(vocab)
+    merges = []
+    for pair in _MERGE_PAIRS:
+        for suffix in ("", "</w>"):
+            merges.append(f"{pair[0]} {pair[1]}{suffix}")
+            vocab[f"{pair}{suffix}"] = len(vocab)
+    vocab["<|startoftext|>"] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
