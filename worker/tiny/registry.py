@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, sd, svd, wan
+from omnirt.worker.tiny import cogvideox, sd, sdxl, svd, wan
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -55,6 +55,9 @@ BUILDERS: dict[str, Builder] = {
     ),
     "tiny-cogvideox": Builder(
         cogvideox.build_tiny_cogvideox, version=1, description="tiny CogVideoX text-to-video, random weights"
+    ),
+    "tiny-sdxl": Builder(
+        sdxl.build_tiny_sdxl, version=1, description="tiny Stable Diffusion XL, 64x64, random weights"
     ),
 }
 
