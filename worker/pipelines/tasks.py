@@ -122,22 +122,54 @@ def finish_outputs(
     return finished
 
 
+# The VAE's compression as the video pipelines name it: (spatial, temporal) attribute names,
+# Wan/CogVideoX/HunyuanVideo's first, then LTX-Video's and Mochi's.
+_SPATIAL_FACTORS = ("vae_scale_factor_spatial", "vae_spatial_compression_ratio", "vae_spatial_scale_factor")
+_TEMPORAL_FACTORS = (
+    "vae_scale_factor_temporal",
+    "vae_temporal_compression_ratio",
+    "vae_temporal_scale_factor",
+)
+# Pipelines that pad and trim to any frame count (Allegro's default is 88 frames).
+_ANY_FRAME_COUNT = frozenset({"AllegroPipeline"})
+
+
+def _factor(pipeline: Any, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = getattr(pipeline, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def check_size(pipeline: Any, common: dict[str, Any]) -> None:
-    """Refuse a width/height the pipeline cannot make: a multiple of the spatial VAE factor
-    times the transformer's spatial patch size (Wan: 8 x 2 from `(1, 2, 2)`; CogVideoX and
-    HunyuanVideo: 8 x their int `patch_size`). Pipelines without both are left to themselves."""
-    factor = getattr(pipeline, "vae_scale_factor_spatial", None)
+    """Refuse a width, height or frame count the pipeline cannot make (INVALID_ARGUMENT naming it).
+
+    Width and height: a multiple of the spatial VAE factor times the transformer's spatial patch
+    size (Wan: 8 x 2 from `(1, 2, 2)`; CogVideoX, HunyuanVideo and Mochi: 8 x their int
+    `patch_size`; LTX-Video: 32 x 1). Frames: k x the temporal VAE factor + 1 (Wan 4k+1, LTX-Video
+    8k+1, Mochi 6k+1): off that grid the pipelines round (Wan, with a warning) or decode another
+    count than asked (LTX-Video). Pipelines without the factors are left to themselves."""
+    factor = _factor(pipeline, _SPATIAL_FACTORS)
     patch = getattr(getattr(getattr(pipeline, "transformer", None), "config", None), "patch_size", None)
     # Wan's patch is (frames, height, width); the others give one int for height and width.
     spatial_patch = patch[-1] if isinstance(patch, (list, tuple)) and patch else patch
-    if not isinstance(factor, int) or not isinstance(spatial_patch, int) or spatial_patch < 1:
-        return
-    multiple = factor * spatial_patch
-    for name in ("width", "height"):
-        value = common.get(name)
-        if value and value % multiple:
-            raise JobFailure(
-                "INVALID_ARGUMENT",
-                f"{name} must be a multiple of {multiple} for this model (got {value})",
-                name,
-            )
+    if factor is not None and isinstance(spatial_patch, int) and spatial_patch >= 1:
+        multiple = factor * spatial_patch
+        for name in ("width", "height"):
+            value = common.get(name)
+            if value and value % multiple:
+                raise JobFailure(
+                    "INVALID_ARGUMENT",
+                    f"{name} must be a multiple of {multiple} for this model (got {value})",
+                    name,
+                )
+    temporal = _factor(pipeline, _TEMPORAL_FACTORS)
+    frames = common.get("num_frames")
+    if temporal and frames and (frames - 1) % temporal and type(pipeline).__name__ not in _ANY_FRAME_COUNT:
+        raise JobFailure(
+            "INVALID_ARGUMENT",
+            f"num_frames must be {temporal}k+1 for this model (e.g. {(frames - 1) // temporal * temporal + 1}"
+            f" or {((frames - 1) // temporal + 1) * temporal + 1}; got {frames})",
+            "num_frames",
+        )
