@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, pixart, sd, sdxl, svd, wan
+from omnirt.worker.tiny import cogvideox, ltx, sd, sdxl, svd, wan
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -59,8 +59,8 @@ BUILDERS: dict[str, Builder] = {
     "tiny-sdxl": Builder(
         sdxl.build_tiny_sdxl, version=1, description="tiny Stable Diffusion XL, 64x64, random weights"
     ),
-    "tiny-pixart-sigma": Builder(
-        pixart.build_tiny_pixart_sigma, version=1, description="tiny PixArt-Sigma, random weights"
+    "tiny-ltx-video": Builder(
+        ltx.build_tiny_ltx_video, version=1, description="tiny LTX-Video text-to-video, random weights"
     ),
 }
 
