@@ -13,6 +13,7 @@ Video tasks return frames: `output.frames` is split per output and exported as M
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any
@@ -124,7 +125,14 @@ def finish_outputs(
 
 # The VAE's compression as the video pipelines name it: (spatial, temporal) attribute names,
 # Wan/CogVideoX/HunyuanVideo's first, then LTX-Video's and Mochi's.
-_SPATIAL_FACTORS = ("vae_scale_factor_spatial", "vae_spatial_compression_ratio", "vae_spatial_scale_factor")
+# Image pipelines (SD3, Flux, PixArt) name theirs plain `vae_scale_factor`, read last (Sana
+# Video sets both names).
+_SPATIAL_FACTORS = (
+    "vae_scale_factor_spatial",
+    "vae_spatial_compression_ratio",
+    "vae_spatial_scale_factor",
+    "vae_scale_factor",
+)
 _TEMPORAL_FACTORS = (
     "vae_scale_factor_temporal",
     "vae_temporal_compression_ratio",
@@ -142,12 +150,21 @@ def _factor(pipeline: Any, names: tuple[str, ...]) -> int | None:
     return None
 
 
+def _image_processor_multiple(pipeline: Any) -> int:
+    """The multiple the pipeline's own image processor sizes images to: Flux's is the VAE factor
+    x 2, as it packs 2x2 latent patches into one token (its transformer's `patch_size` is 1)."""
+    config = getattr(getattr(pipeline, "image_processor", None), "config", None)
+    value = getattr(config, "vae_scale_factor", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
 def check_size(pipeline: Any, common: dict[str, Any]) -> None:
     """Refuse a width, height or frame count the pipeline cannot make (INVALID_ARGUMENT naming it).
 
     Width and height: a multiple of the spatial VAE factor times the transformer's spatial patch
     size (Wan: 8 x 2 from `(1, 2, 2)`; CogVideoX, HunyuanVideo and Mochi: 8 x their int
-    `patch_size`; LTX-Video: 32 x 1). Frames: k x the temporal VAE factor + 1 (Wan 4k+1, LTX-Video
+    `patch_size`; LTX-Video: 32 x 1; SD3: 8 x 2; Flux: 8 x 2 of its latent packing, the multiple
+    of its image processor). Frames: k x the temporal VAE factor + 1 (Wan 4k+1, LTX-Video
     8k+1, Mochi 6k+1): off that grid the pipelines round (Wan, with a warning) or decode another
     count than asked (LTX-Video). Pipelines without the factors are left to themselves."""
     factor = _factor(pipeline, _SPATIAL_FACTORS)
@@ -155,7 +172,7 @@ def check_size(pipeline: Any, common: dict[str, Any]) -> None:
     # Wan's patch is (frames, height, width); the others give one int for height and width.
     spatial_patch = patch[-1] if isinstance(patch, (list, tuple)) and patch else patch
     if factor is not None and isinstance(spatial_patch, int) and spatial_patch >= 1:
-        multiple = factor * spatial_patch
+        multiple = math.lcm(factor * spatial_patch, _image_processor_multiple(pipeline))
         for name in ("width", "height"):
             value = common.get(name)
             if value and value % multiple:
