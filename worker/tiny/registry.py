@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, ltx, sd, sd3, sdxl, svd, wan
+from omnirt.worker.tiny import cogvideox, ltx, mochi, sd, sd3, sdxl, svd, wan
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -64,6 +64,9 @@ BUILDERS: dict[str, Builder] = {
     ),
     "tiny-sd3": Builder(
         sd3.build_tiny_sd3, version=1, description="tiny Stable Diffusion 3, 64x64, random weights"
+    ),
+    "tiny-mochi": Builder(
+        mochi.build_tiny_mochi, version=1, description="tiny Mochi text-to-video, random weights"
     ),
 }
 
