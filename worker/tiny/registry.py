@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, ltx, mochi, sd, sd3, sdxl, svd, wan
+from omnirt.worker.tiny import cogvideox, flux, ltx, mochi, sd, sd3, sdxl, svd, wan
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -68,6 +68,7 @@ BUILDERS: dict[str, Builder] = {
     "tiny-mochi": Builder(
         mochi.build_tiny_mochi, version=1, description="tiny Mochi text-to-video, random weights"
     ),
+    "tiny-flux": Builder(flux.build_tiny_flux, version=1, description="tiny Flux.1, 64x64, random weights"),
 }
 
 

@@ -1,0 +1,111 @@
+"""Tiny random-weight Flux.1 text-to-image model (`builtin:tiny-flux`).
+
+A real diffusers `FluxPipeline` with small seeded weights in the shapes of diffusers' own Flux
+tests, built offline and saved with `save_pretrained`: a `FluxTransformer2DModel` with one
+double-stream and one single-stream block and guidance embedding (as FLUX.1-dev, so the
+request's guidance_scale reaches the model), an `AutoencoderKL` with 4 latent channels and
+Flux's shift/scaling (8x compression), a 2-layer `CLIPTextModel` of width 32 with the offline
+CLIP tokenizer of `tiny-sd`, a 2-layer `T5EncoderModel` of width 32 with the offline T5
+tokenizer, and FLUX.1-dev's dynamically shifted `FlowMatchEulerDiscreteScheduler`.
+
+The pipeline packs 2x2 latent patches into one token (the transformer's own `patch_size` is 1):
+sizes are multiples of 16 (VAE factor 8 x 2); 64x64 makes 8x8 latents, 16 image tokens.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omnirt.worker.tiny import tokenizers
+
+LATENT_CHANNELS = 4
+WIDTH = 32
+
+
+def build_tiny_flux(target: Path) -> None:
+    """A tiny `FluxPipeline`: 64x64 images by default, sizes multiple of 16."""
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel
+
+    with tempfile.TemporaryDirectory() as vocab_dir:
+        tokenizers.write_clip_tokenizer_files(Path(vocab_dir))
+        tokenizer = CLIPTokenizer.from_pretrained(vocab_dir, model_max_length=77)
+    tokenizer_2 = tokenizers.t5_tokenizer()
+    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        text_encoder = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=WIDTH,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=77,
+                projection_dim=WIDTH,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        )
+        text_encoder_2 = T5EncoderModel(
+            T5Config(
+                vocab_size=len(tokenizer_2),
+                d_model=WIDTH,
+                d_kv=8,
+                d_ff=64,
+                num_layers=2,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                pad_token_id=tokenizer_2.pad_token_id,
+                eos_token_id=tokenizer_2.eos_token_id,
+            )
+        )
+        transformer = FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=4 * LATENT_CHANNELS,  # a packed 2x2 patch of latents per token
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=WIDTH,  # T5's hidden states
+            pooled_projection_dim=WIDTH,  # CLIP's pooled output
+            guidance_embeds=True,
+            axes_dims_rope=(4, 4, 8),  # sums to attention_head_dim
+        )
+        vae = AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 4,
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(8, 16, 16, 16),
+            layers_per_block=1,
+            latent_channels=LATENT_CHANNELS,
+            norm_num_groups=8,
+            sample_size=64,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+            shift_factor=0.1159,
+            scaling_factor=0.3611,
+        )
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    pipeline: Any = FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        transformer=transformer,
+    )
+    pipeline.save_pretrained(str(target))
