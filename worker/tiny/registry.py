@@ -4,7 +4,8 @@ No machine here reaches a model hub, so the demo and the tests use real diffuser
 with tiny, seeded random weights: every machine builds identical weights, saves them with
 `save_pretrained` and loads them back with `from_pretrained` like any local model.
 
-Builders are registered by name in `BUILDERS`, one module per family (`sd`, `wan`, `cogvideox`, `svd`).
+Builders are registered by name in `BUILDERS`, one module per family (`sd`, `sdxl`, `sd3`, `flux`,
+`pixart`, `wan`, `cogvideox`, `ltx`, `mochi`, `svd`); `tokenizers` makes their offline tokenizers.
 A build goes into a temporary folder beside the target and is renamed into place, under a
 file lock, so workers sharing a model dir never see (or make) a half-written model.
 """
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, flux, ltx, mochi, sd, sd3, sdxl, svd, wan
+from omnirt.worker.tiny import cogvideox, flux, ltx, mochi, pixart, sd, sd3, sdxl, svd, wan
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -56,17 +57,20 @@ BUILDERS: dict[str, Builder] = {
     "tiny-cogvideox": Builder(
         cogvideox.build_tiny_cogvideox, version=1, description="tiny CogVideoX text-to-video, random weights"
     ),
-    "tiny-sdxl": Builder(
-        sdxl.build_tiny_sdxl, version=1, description="tiny Stable Diffusion XL, 64x64, random weights"
-    ),
     "tiny-ltx-video": Builder(
         ltx.build_tiny_ltx_video, version=1, description="tiny LTX-Video text-to-video, random weights"
     ),
-    "tiny-sd3": Builder(
-        sd3.build_tiny_sd3, version=1, description="tiny Stable Diffusion 3, 64x64, random weights"
-    ),
     "tiny-mochi": Builder(
         mochi.build_tiny_mochi, version=1, description="tiny Mochi text-to-video, random weights"
+    ),
+    "tiny-sdxl": Builder(
+        sdxl.build_tiny_sdxl, version=1, description="tiny Stable Diffusion XL, 64x64, random weights"
+    ),
+    "tiny-pixart-sigma": Builder(
+        pixart.build_tiny_pixart_sigma, version=1, description="tiny PixArt-Sigma, random weights"
+    ),
+    "tiny-sd3": Builder(
+        sd3.build_tiny_sd3, version=1, description="tiny Stable Diffusion 3, 64x64, random weights"
     ),
     "tiny-flux": Builder(flux.build_tiny_flux, version=1, description="tiny Flux.1, 64x64, random weights"),
 }
