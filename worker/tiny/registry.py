@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, flux, ltx, mochi, pixart, sd, sd3, sdxl, svd, wan
+from omnirt.worker.tiny import cogvideox, flux, ltx, mochi, pixart, sana, sd, sd3, sdxl, svd, wan
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -73,6 +73,9 @@ BUILDERS: dict[str, Builder] = {
         sd3.build_tiny_sd3, version=1, description="tiny Stable Diffusion 3, 64x64, random weights"
     ),
     "tiny-flux": Builder(flux.build_tiny_flux, version=1, description="tiny Flux.1, 64x64, random weights"),
+    "tiny-sana": Builder(
+        sana.build_tiny_sana, version=1, description="tiny Sana text-to-image, random weights"
+    ),
 }
 
 

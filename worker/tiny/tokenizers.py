@@ -75,3 +75,41 @@ def write_clip_tokenizer_files(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+
+
+_GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
+
+
+def gemma_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A Gemma-shaped BPE vocabulary and merges: Gemma's special ids first, byte fallback, a few words.
+
+    Ids 0-4 are `<pad>`, `<eos>`, `<bos>`, `<unk>`, `<mask>` as in Gemma; the 256 `<0xNN>` byte
+    tokens let any text encode (byte fallback); the merges join `\u2581`-prefixed words of `_WORDS`.
+    """
+    vocab: dict[str, int] = {}
+    for token in (*_GEMMA_SPECIALS, *(f"<0x{byte:02X}>" for byte in range(256))):
+        vocab[token] = len(vocab)
+    for char in "\u2581" + string.ascii_letters + string.digits + string.punctuation:
+        vocab.setdefault(char, len(vocab))
+    merges: list[tuple[str, str]] = []
+    for word in _WORDS:
+        piece = "\u2581"
+        for char in word:
+            if piece + char not in vocab:
+                merges.append((piece, char))
+                vocab[piece + char] = len(vocab)
+            piece += char
+    return vocab, merges
+
+
+def gemma_tokenizer() -> Any:
+    """A Gemma tokenizer (BPE over `gemma_vocabulary`, `<bos>` first, byte fallback), made offline.
+
+    transformers' GemmaTokenizer rebuilds its BPE from the vocabulary and merges on load, so the
+    tokenizer is made through that same constructor and round-trips through `save_pretrained`.
+    """
+    from transformers import GemmaTokenizer
+
+    vocab, merges = gemma_vocabulary()
+    # The BPE model takes (left, right) pairs; transformers' annotation names only strings.
+    return GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)  # type: ignore[arg-type]
