@@ -21,7 +21,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirt.worker.tiny import cogvideox, flux, ltx, mochi, pixart, sana, sd, sd3, sdxl, svd, wan
+from omnirt.worker.tiny import (
+    cogvideox,
+    flux,
+    hunyuan_video,
+    ltx,
+    lumina2,
+    mochi,
+    pixart,
+    sana,
+    sd,
+    sd3,
+    sdxl,
+    svd,
+    wan,
+)
 
 BUILTIN_PREFIX = "builtin:"
 # Written last into a built model; records which builder version made it.
@@ -57,6 +71,11 @@ BUILDERS: dict[str, Builder] = {
     "tiny-cogvideox": Builder(
         cogvideox.build_tiny_cogvideox, version=1, description="tiny CogVideoX text-to-video, random weights"
     ),
+    "tiny-hunyuan-video": Builder(
+        hunyuan_video.build_tiny_hunyuan_video,
+        version=1,
+        description="tiny HunyuanVideo text-to-video, random weights",
+    ),
     "tiny-ltx-video": Builder(
         ltx.build_tiny_ltx_video, version=1, description="tiny LTX-Video text-to-video, random weights"
     ),
@@ -75,6 +94,9 @@ BUILDERS: dict[str, Builder] = {
     "tiny-flux": Builder(flux.build_tiny_flux, version=1, description="tiny Flux.1, 64x64, random weights"),
     "tiny-sana": Builder(
         sana.build_tiny_sana, version=1, description="tiny Sana text-to-image, random weights"
+    ),
+    "tiny-lumina2": Builder(
+        lumina2.build_tiny_lumina2, version=1, description="tiny Lumina-Image 2.0 text-to-image, random weights"
     ),
 }
 

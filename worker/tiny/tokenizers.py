@@ -113,3 +113,60 @@ def gemma_tokenizer() -> Any:
     vocab, merges = gemma_vocabulary()
     # The BPE model takes (left, right) pairs; transformers' annotation names only strings.
     return GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)  # type: ignore[arg-type]
+
+
+_LLAMA_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+# Llama 3's chat headers, which HunyuanVideo's default prompt template is written in.
+_LLAMA_CHAT_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+# The words of HunyuanVideo's default prompt template, so it encodes in ~125 tokens and the
+# pipeline's fixed crop (95 tokens) and 351-token window keep the whole user prompt.
+_TEMPLATE_WORDS = (
+    *("describe", "video", "detailing", "following", "aspects", "main", "content", "theme", "color"),
+    *("shape", "size", "texture", "quantity", "text", "spatial", "relationships", "objects", "actions"),
+    *("events", "behaviors", "temporal", "physical", "movement", "changes", "background", "environment"),
+    *("style", "atmosphere", "camera", "angles", "movements", "transitions", "used", "system", "user"),
+)
+
+
+def llama_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A Llama-shaped BPE vocabulary and merges: `<unk>`, `<s>`, `</s>`, `<pad>`, byte fallback, words.
+
+    The 256 `<0xNN>` byte tokens let any text encode (byte fallback); the merges join the
+    `\u2581`-prefixed words of `_WORDS` and `_TEMPLATE_WORDS`, lower-case and capitalised.
+    """
+    vocab: dict[str, int] = {}
+    for token in (*_LLAMA_SPECIALS, *(f"<0x{byte:02X}>" for byte in range(256))):
+        vocab[token] = len(vocab)
+    for char in "\u2581" + string.ascii_letters + string.digits + string.punctuation:
+        vocab.setdefault(char, len(vocab))
+    merges: list[tuple[str, str]] = []
+    for word in dict.fromkeys(_WORDS + _TEMPLATE_WORDS):
+        for spelling in (word, word.capitalize()):
+            piece = "\u2581"
+            for char in spelling:
+                if piece + char not in vocab:
+                    merges.append((piece, char))
+                    vocab[piece + char] = len(vocab)
+                piece += char
+    return vocab, merges
+
+
+def llama_tokenizer() -> Any:
+    """A Llama tokenizer (BPE over `llama_vocabulary`, `<s>` first, Llama 3 chat headers), made offline.
+
+    transformers' LlamaTokenizer rebuilds its BPE from the vocabulary and merges on load, so the
+    tokenizer is made through that same constructor and round-trips through `save_pretrained`.
+    Padding is on the right, as HunyuanVideo's tokenizer: its pipeline crops the template's
+    tokens from the front of the padded sequence.
+    """
+    from transformers import LlamaTokenizerFast
+
+    vocab, merges = llama_vocabulary()
+    return LlamaTokenizerFast(
+        vocab=vocab,
+        merges=merges,
+        pad_token="<pad>",
+        padding_side="right",
+        add_bos_token=True,
+        extra_special_tokens=list(_LLAMA_CHAT_TOKENS),
+    )
