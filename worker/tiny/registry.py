@@ -26,6 +26,7 @@ from omnirt.worker.tiny import (
     flux,
     hunyuan_video,
     ltx,
+    lumina2,
     mochi,
     pixart,
     sana,
@@ -93,6 +94,11 @@ BUILDERS: dict[str, Builder] = {
     "tiny-flux": Builder(flux.build_tiny_flux, version=1, description="tiny Flux.1, 64x64, random weights"),
     "tiny-sana": Builder(
         sana.build_tiny_sana, version=1, description="tiny Sana text-to-image, random weights"
+    ),
+    "tiny-lumina2": Builder(
+        lumina2.build_tiny_lumina2,
+        version=1,
+        description="tiny Lumina-Image 2.0 text-to-image, random weights",
     ),
 }
 

@@ -1,0 +1,102 @@
+"""Lumina-Image 2.0 text2image through the real legacy_call executor, on `builtin:tiny-lumina2`.
+
+Lumina2 encodes the prompt, behind its default system prompt, with a Gemma-2 model and the offline
+Gemma tokenizer; sizes are multiples of 16 (VAE factor 8 x patch 2), and one off the multiple is
+INVALID_ARGUMENT naming the field. diffusers has no Lumina2 image-to-image pipeline to derive, so
+image2image is FAILED_PRECONDITION, never INTERNAL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from test_worker_tasks import IMAGE, noise_image, only_result, pixels, png_bytes
+from worker_testing import run_assignment
+
+from omnirt import types as t
+from omnirt.v1 import models_pb2, types_pb2
+from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
+from omnirt.worker.v1 import gateway_pb2
+
+MODEL = "tiny-lumina2"
+DEFAULTS = {"width": 64, "height": 64, "num_inference_steps": 2, "guidance_scale": 4.0, "seed": 7}
+
+
+def run(
+    executor: LegacyCallExecutor,
+    task: int = types_pb2.TASK_TEXT2IMAGE,
+    inputs: tuple[tuple[int, bytes], ...] = (),
+    **fields: object,
+) -> list[ItemOutcome]:
+    """One job of `task` on tiny Lumina2, shaped like the controller sends it."""
+    msg = gateway_pb2.Assignment(
+        assignment_id="as-lumina2",
+        model=models_pb2.ModelSpec(
+            id=MODEL,
+            source=f"builtin:{MODEL}",
+            pipeline_class="Lumina2Pipeline",
+            execution_mode="legacy_call",
+            tasks=[task],
+        ),
+    )
+    request = types_pb2.GenerateRequest(task=task, model=MODEL, prompt="a red fox", **{**DEFAULTS, **fields})
+    for role, data in inputs:
+        request.inputs.add(role=role, data=data)
+    msg.items.add(job_id="job-1", attempt=1, request=request)
+    outcomes, _ = run_assignment(executor, assignment_from_proto(msg))
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def images(executor: LegacyCallExecutor) -> dict[str, t.GenerateResult]:
+    """Seed 7 twice, seed 8 once, and 96x64."""
+    return {
+        "first": only_result(run(executor)),
+        "again": only_result(run(executor)),
+        "other-seed": only_result(run(executor, seed=8)),
+        "wide": only_result(run(executor, width=96)),
+    }
+
+
+def test_text2image_runs_the_lumina2_pipeline_at_the_size(
+    images: dict[str, t.GenerateResult],
+) -> None:
+    result = images["first"]
+    [image] = result.artifacts
+    assert (image.kind, image.mime_type, image.width, image.height) == (
+        t.MediaKind.IMAGE,
+        "image/png",
+        64,
+        64,
+    )
+    assert image.sha256 == hashlib.sha256(image.data).hexdigest()
+    assert pixels(image).shape == (64, 64, 3)
+    assert np.std(pixels(image)) > 1, "not a flat image"
+    assert result.report.task is t.Task.TEXT2IMAGE
+    assert result.report.pipeline_class == "Lumina2Pipeline"
+    [wide] = images["wide"].artifacts
+    assert (wide.width, wide.height) == (96, 64) and pixels(wide).shape == (64, 96, 3)
+
+
+def test_same_seed_same_bytes_other_seed_other_image(images: dict[str, t.GenerateResult]) -> None:
+    first, again, other = (images[key].artifacts[0].sha256 for key in ("first", "again", "other-seed"))
+    assert first == again
+    assert first != other
+
+
+def test_image2image_is_failed_precondition(executor: LegacyCallExecutor) -> None:
+    [outcome] = run(executor, types_pb2.TASK_IMAGE2IMAGE, inputs=((IMAGE, png_bytes(noise_image(6))),))
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.field) == ("FAILED_PRECONDITION", "task")
+    assert MODEL in outcome.error.message and "image2image" in outcome.error.message
+
+
+def test_a_width_off_the_multiple_is_invalid_argument(executor: LegacyCallExecutor) -> None:
+    # 40 is a multiple of the VAE factor 8 but not of 8 x patch 2.
+    [outcome] = run(executor, width=40)
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.field) == ("INVALID_ARGUMENT", "width")
+    assert "multiple of 16" in outcome.error.message
