@@ -5,7 +5,8 @@ with tiny, seeded random weights: every machine builds identical weights, saves 
 `save_pretrained` and loads them back with `from_pretrained` like any local model.
 
 Builders are registered by name in `BUILDERS`, one module per family (`sd`, `sdxl`, `sd3`, `flux`,
-`pixart`, `wan`, `cogvideox`, `ltx`, `mochi`, `svd`); `tokenizers` makes their offline tokenizers.
+`pixart`, `sana`, `lumina2`, `wan`, `cogvideox`, `ltx`, `mochi`, `hunyuan_video`, `svd`);
+`tokenizers` makes their offline tokenizers.
 A build goes into a temporary folder beside the target and is renamed into place, under a
 file lock, so workers sharing a model dir never see (or make) a half-written model.
 """

@@ -1,4 +1,4 @@
-"""Tokenizers the tiny models build offline: CLIP (byte-level BPE) files and a T5 (Unigram) tokenizer.
+"""Tokenizers the tiny models build offline: CLIP (byte-level BPE) files, T5 (Unigram), Llama and Gemma.
 
 No machine here reaches a model hub, so the tiny families share these hand-made vocabularies:
 small, but real tokenizer classes that `from_pretrained` loads back like any other.
