@@ -140,6 +140,19 @@ _TEMPORAL_FACTORS = (
 )
 # Pipelines that pad and trim to any frame count (Allegro's default is 88 frames).
 _ANY_FRAME_COUNT = frozenset({"AllegroPipeline"})
+# The diffusers pipeline packages whose pipelines round a frame count off the grid to the nearest
+# one themselves (Wan makes 9 frames of 8, with a warning): their users may ask for any count, so
+# they are not refused (the OpenAI video route asks for seconds x fps frames).
+_ROUNDS_FRAMES = frozenset(
+    {"wan", "skyreels_v2", "kandinsky5", "kandinsky6", "lucy", "chronoedit", "anyflow"}
+)
+
+
+def _takes_any_frame_count(pipeline: Any) -> bool:
+    cls = type(pipeline)
+    parts = cls.__module__.split(".")
+    package = parts[2] if len(parts) > 2 and parts[:2] == ["diffusers", "pipelines"] else ""
+    return cls.__name__ in _ANY_FRAME_COUNT or package in _ROUNDS_FRAMES
 
 
 def _factor(pipeline: Any, names: tuple[str, ...]) -> int | None:
@@ -183,7 +196,7 @@ def check_size(pipeline: Any, common: dict[str, Any]) -> None:
                 )
     temporal = _factor(pipeline, _TEMPORAL_FACTORS)
     frames = common.get("num_frames")
-    if temporal and frames and (frames - 1) % temporal and type(pipeline).__name__ not in _ANY_FRAME_COUNT:
+    if temporal and frames and (frames - 1) % temporal and not _takes_any_frame_count(pipeline):
         raise JobFailure(
             "INVALID_ARGUMENT",
             f"num_frames must be {temporal}k+1 for this model (e.g. {(frames - 1) // temporal * temporal + 1}"
