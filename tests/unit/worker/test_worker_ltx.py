@@ -8,61 +8,34 @@ field, never INTERNAL (the pipeline's own ValueError) nor a video with other fra
 from __future__ import annotations
 
 import hashlib
-import io
 
-import av
 import numpy as np
 import pytest
-from worker_testing import run_assignment
+from worker_testing import Family, decoded_frames, only_result, run_family
 
 from omnirt import types as t
-from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
-from omnirt.worker.v1 import gateway_pb2
+from omnirt.worker.protocol import ItemOutcome
 
-MODEL = "tiny-ltx-video"
 # 64x64 (2x2 latents), 9 frames = 2 latent frames, 2 steps.
-DEFAULTS = {
-    "width": 64,
-    "height": 64,
-    "num_frames": 9,
-    "fps": 8.0,
-    "num_inference_steps": 2,
-    "guidance_scale": 3.0,
-    "seed": 7,
-}
+LTX = Family(
+    "tiny-ltx-video",
+    "LTXPipeline",
+    (t.Task.TEXT2VIDEO,),
+    {
+        "width": 64,
+        "height": 64,
+        "num_frames": 9,
+        "fps": 8.0,
+        "num_inference_steps": 2,
+        "guidance_scale": 3.0,
+        "seed": 7,
+    },
+)
 
 
 def run(executor: LegacyCallExecutor, **fields: object) -> ItemOutcome:
-    """One text2video job on tiny LTX-Video, shaped like the controller sends it."""
-    msg = gateway_pb2.Assignment(
-        assignment_id="as-ltx",
-        model=models_pb2.ModelSpec(
-            id=MODEL,
-            source=f"builtin:{MODEL}",
-            pipeline_class="LTXPipeline",
-            execution_mode="legacy_call",
-            tasks=[types_pb2.TASK_TEXT2VIDEO],
-        ),
-    )
-    request = types_pb2.GenerateRequest(
-        task=types_pb2.TASK_TEXT2VIDEO, model=MODEL, prompt="a red fox", **{**DEFAULTS, **fields}
-    )
-    msg.items.add(job_id="job-1", attempt=1, request=request)
-    [outcome], _ = run_assignment(executor, assignment_from_proto(msg))
-    return outcome
-
-
-def only_result(outcome: ItemOutcome) -> t.GenerateResult:
-    assert outcome.error is None, outcome.error
-    assert outcome.result is not None
-    return outcome.result
-
-
-def decoded_frames(data: bytes) -> np.ndarray:
-    with av.open(io.BytesIO(data)) as container:
-        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+    return run_family(executor, LTX, **fields)
 
 
 @pytest.fixture(scope="module")

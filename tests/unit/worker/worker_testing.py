@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import av
+import numpy as np
+from PIL import Image
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
@@ -103,3 +109,92 @@ def run_script_job(
         create_executor(worker), Assignment("as-script", spec, [AssignmentItem("job-script", request)])
     )
     return outcome
+
+
+# ---- one job on a tiny model family ----------------------------------------------------------
+
+TASKS = {task: types_pb2.Task.Value(f"TASK_{task.name}") for task in t.Task}
+IMAGE = types_pb2.MEDIA_ROLE_IMAGE
+MASK = types_pb2.MEDIA_ROLE_MASK
+AUDIO = types_pb2.MEDIA_ROLE_AUDIO
+
+
+@dataclass(frozen=True)
+class Family:
+    """A tiny builtin model as the controller would describe it in an Assignment."""
+
+    model: str
+    pipeline_class: str
+    tasks: tuple[t.Task, ...]
+    # The request's fields when a test gives none (size, frames, steps, guidance, seed).
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def run_family(
+    executor: LegacyCallExecutor,
+    family: Family,
+    task: t.Task | None = None,
+    *,
+    prompt: str = "a red fox",
+    inputs: tuple[tuple[int, bytes], ...] = (),
+    extra: dict[str, Any] | None = None,
+    **fields: object,
+) -> ItemOutcome:
+    """One job of `task` (the family's first by default) on builtin `family.model`."""
+    task = task or family.tasks[0]
+    msg = gateway_pb2.Assignment(
+        assignment_id=f"as-{family.model}",
+        model=models_pb2.ModelSpec(
+            id=family.model,
+            source=f"builtin:{family.model}",
+            pipeline_class=family.pipeline_class,
+            execution_mode="legacy_call",
+            tasks=[TASKS[x] for x in family.tasks],
+        ),
+    )
+    request = types_pb2.GenerateRequest(
+        task=TASKS[task], model=family.model, prompt=prompt, **{**family.defaults, **fields}
+    )
+    for role, data in inputs:
+        request.inputs.add(role=role, data=data)
+    if extra:
+        request.extra.update(extra)
+    msg.items.add(job_id="job-1", attempt=1, request=request)
+    [outcome], _ = run_assignment(executor, assignment_from_proto(msg))
+    return outcome
+
+
+def only_result(outcome: ItemOutcome | list[ItemOutcome]) -> t.GenerateResult:
+    """The result of a job that must have succeeded (one outcome, or a list of one)."""
+    if isinstance(outcome, list):
+        [outcome] = outcome
+    assert outcome.error is None, outcome.error
+    assert outcome.result is not None
+    return outcome.result
+
+
+def refusal(outcome: ItemOutcome) -> tuple[str, str]:
+    """(code, field) of a job that must have failed."""
+    assert outcome.error is not None, "the job ran"
+    return outcome.error.code, outcome.error.field
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def noise_image(seed: int, size: tuple[int, int] = (64, 64)) -> Image.Image:
+    rgb = np.random.RandomState(seed).randint(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(rgb)
+
+
+def pixels(artifact: t.Artifact) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(artifact.data)).convert("RGB"), dtype=np.float32)
+
+
+def decoded_frames(data: bytes) -> np.ndarray:
+    """A video's frames as one (frames, height, width, 3) uint8 array."""
+    with av.open(io.BytesIO(data)) as container:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
