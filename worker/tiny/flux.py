@@ -14,11 +14,10 @@ sizes are multiples of 16 (VAE factor 8 x 2); 64x64 makes 8x8 latents, 16 image 
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 LATENT_CHANNELS = 4
 WIDTH = 32
@@ -27,43 +26,16 @@ WIDTH = 32
 def build_tiny_flux(target: Path) -> None:
     """A tiny `FluxPipeline`: 64x64 images by default, sizes multiple of 16."""
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel
 
-    with tempfile.TemporaryDirectory() as vocab_dir:
-        tokenizers.write_clip_tokenizer_files(Path(vocab_dir))
-        tokenizer = CLIPTokenizer.from_pretrained(vocab_dir, model_max_length=77)
+    tokenizer = parts.clip_tokenizer()
     tokenizer_2 = tokenizers.t5_tokenizer()
     # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        text_encoder = CLIPTextModel(
-            CLIPTextConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=WIDTH,
-                intermediate_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                max_position_embeddings=77,
-                projection_dim=WIDTH,
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        )
-        text_encoder_2 = T5EncoderModel(
-            T5Config(
-                vocab_size=len(tokenizer_2),
-                d_model=WIDTH,
-                d_kv=8,
-                d_ff=64,
-                num_layers=2,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=tokenizer_2.pad_token_id,
-                eos_token_id=tokenizer_2.eos_token_id,
-            )
-        )
+        text_encoder = CLIPTextModel(parts.clip_text_config(tokenizer, WIDTH))
+        text_encoder_2 = parts.t5_encoder(tokenizer_2, WIDTH)
         transformer = FluxTransformer2DModel(
             patch_size=1,
             in_channels=4 * LATENT_CHANNELS,  # a packed 2x2 patch of latents per token
@@ -76,16 +48,8 @@ def build_tiny_flux(target: Path) -> None:
             guidance_embeds=True,
             axes_dims_rope=(4, 4, 8),  # sums to attention_head_dim
         )
-        vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 16, 16, 16),
-            layers_per_block=1,
-            latent_channels=LATENT_CHANNELS,
-            norm_num_groups=8,
-            sample_size=64,
+        vae = parts.image_vae(
+            LATENT_CHANNELS,
             use_quant_conv=False,
             use_post_quant_conv=False,
             shift_factor=0.1159,
