@@ -141,6 +141,9 @@ class Artifact:
     duration_ms: int = 0
     seed: int = 0
     file_name: str = ""
+    # Audio: samples per second and channels (1 mono, 2 stereo); 0 for images and videos.
+    sample_rate: int = 0
+    channels: int = 0
 
     def save(self, path: str | Path) -> Path:
         """Write the bytes to `path` (a folder gets `file_name` inside it) and return the path."""
@@ -308,6 +311,7 @@ class ModelDefaults:
     guidance_scale: float = 0.0
     scheduler: str = ""
     strength: float = 0.0
+    duration_ms: int = 0
 
 
 @dataclass
@@ -326,6 +330,8 @@ class ModelLimits:
     max_prompt_chars: int = 32_000
     # Bytes of inline `inputs[].data` together, held in the controller while the job is queued.
     max_input_bytes: int = DEFAULT_INPUT_MAX_BYTES
+    # Milliseconds of a request's `duration_ms` (an audio model's longest clip).
+    max_duration_ms: int = 0
 
 
 @dataclass

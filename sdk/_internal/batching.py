@@ -22,6 +22,7 @@ CALL_FIELDS = (
     "height",
     "num_frames",
     "fps",
+    "duration_ms",  # text2audio: one clip length per call
     "num_inference_steps",
     "guidance_scale",
     "strength",

@@ -247,6 +247,8 @@ def artifact_to_proto(a: t.Artifact) -> types_pb2.Artifact:
         duration_ms=a.duration_ms,
         seed=a.seed,
         file_name=a.file_name,
+        sample_rate=a.sample_rate,
+        channels=a.channels,
     )
 
 
@@ -266,6 +268,8 @@ def artifact_from_proto(m: types_pb2.Artifact) -> t.Artifact:
         duration_ms=m.duration_ms,
         seed=m.seed,
         file_name=m.file_name,
+        sample_rate=m.sample_rate,
+        channels=m.channels,
     )
 
 
@@ -505,6 +509,7 @@ def model_to_proto(s: t.ModelSpec) -> models_pb2.ModelSpec:
             guidance_scale=d.guidance_scale,
             scheduler=d.scheduler,
             strength=d.strength,
+            duration_ms=d.duration_ms,
         ),
         limits=models_pb2.ModelLimits(
             max_width=lim.max_width,
@@ -515,6 +520,7 @@ def model_to_proto(s: t.ModelSpec) -> models_pb2.ModelSpec:
             max_batch_size=lim.max_batch_size,
             max_prompt_chars=lim.max_prompt_chars,
             max_input_bytes=lim.max_input_bytes,
+            max_duration_ms=lim.max_duration_ms,
         ),
         supports_batching=s.supports_batching,
         presets=[
@@ -546,6 +552,7 @@ def model_from_proto(m: models_pb2.ModelSpec) -> t.ModelSpec:
             guidance_scale=d.guidance_scale,
             scheduler=d.scheduler,
             strength=d.strength,
+            duration_ms=d.duration_ms,
         ),
         limits=t.ModelLimits(
             max_width=lim.max_width,
@@ -556,6 +563,7 @@ def model_from_proto(m: models_pb2.ModelSpec) -> t.ModelSpec:
             max_batch_size=lim.max_batch_size,
             max_prompt_chars=lim.max_prompt_chars,
             max_input_bytes=lim.max_input_bytes,
+            max_duration_ms=lim.max_duration_ms,
         ),
         supports_batching=m.supports_batching,
         presets=[t.Preset(p.name, p.description, dict_from_struct(p.overrides)) for p in m.presets],

@@ -25,6 +25,7 @@ PRESET_FIELDS = (
     "scheduler",
     "num_outputs",
     "strength",
+    "duration_ms",
 )
 # Tasks that take `strength` (how far to move from the input image).
 STRENGTH_TASKS = frozenset({Task.IMAGE2IMAGE, Task.INPAINT})

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ModelDefaults(_message.Message):
-    __slots__ = ("width", "height", "num_frames", "fps", "num_inference_steps", "guidance_scale", "scheduler", "strength")
+    __slots__ = ("width", "height", "num_frames", "fps", "num_inference_steps", "guidance_scale", "scheduler", "strength", "duration_ms")
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class ModelDefaults(_message.Message):
     GUIDANCE_SCALE_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_FIELD_NUMBER: _ClassVar[int]
     STRENGTH_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     width: int
     height: int
     num_frames: int
@@ -26,10 +27,11 @@ class ModelDefaults(_message.Message):
     guidance_scale: float
     scheduler: str
     strength: float
-    def __init__(self, width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., scheduler: _Optional[str] = ..., strength: _Optional[float] = ...) -> None: ...
+    duration_ms: int
+    def __init__(self, width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., scheduler: _Optional[str] = ..., strength: _Optional[float] = ..., duration_ms: _Optional[int] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
-    __slots__ = ("max_width", "max_height", "max_num_frames", "max_inference_steps", "max_num_outputs", "max_batch_size", "max_prompt_chars", "max_input_bytes")
+    __slots__ = ("max_width", "max_height", "max_num_frames", "max_inference_steps", "max_num_outputs", "max_batch_size", "max_prompt_chars", "max_input_bytes", "max_duration_ms")
     MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
     MAX_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +40,7 @@ class ModelLimits(_message.Message):
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_CHARS_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     max_width: int
     max_height: int
     max_num_frames: int
@@ -46,7 +49,8 @@ class ModelLimits(_message.Message):
     max_batch_size: int
     max_prompt_chars: int
     max_input_bytes: int
-    def __init__(self, max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_num_frames: _Optional[int] = ..., max_inference_steps: _Optional[int] = ..., max_num_outputs: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_prompt_chars: _Optional[int] = ..., max_input_bytes: _Optional[int] = ...) -> None: ...
+    max_duration_ms: int
+    def __init__(self, max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_num_frames: _Optional[int] = ..., max_inference_steps: _Optional[int] = ..., max_num_outputs: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_prompt_chars: _Optional[int] = ..., max_input_bytes: _Optional[int] = ..., max_duration_ms: _Optional[int] = ...) -> None: ...
 
 class Preset(_message.Message):
     __slots__ = ("name", "description", "overrides")

@@ -4,18 +4,15 @@
 # source: omnirt/v1/types.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
+
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC,
-    7,
-    35,
-    1,
-    '',
-    'omnirt/v1/types.proto'
+    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "omnirt/v1/types.proto"
 )
 # @@protoc_insertion_point(imports)
 
@@ -26,63 +23,65 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15omnirt/v1/types.proto\x12\tomnirt.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n\nMediaInput\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x14.omnirt.v1.MediaRole\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\r\n\x03uri\x18\x03 \x01(\tH\x00\x12\x11\n\tmime_type\x18\x04 \x01(\tB\x08\n\x06source\"5\n\x07\x41\x64\x61pter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05scale\x18\x02 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_scale\"L\n\rOutputOptions\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\t\x12\x1a\n\x12inline_limit_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07quality\x18\x03 \x01(\r\"\xe3\x06\n\x0fGenerateRequest\x12\x1d\n\x04task\x18\x01 \x01(\x0e\x32\x0f.omnirt.v1.Task\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x04 \x01(\t\x12%\n\x06inputs\x18\x05 \x03(\x0b\x32\x15.omnirt.v1.MediaInput\x12\x12\n\x05width\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06height\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x17\n\nnum_frames\x18\x08 \x01(\x05H\x02\x88\x01\x01\x12\x10\n\x03\x66ps\x18\t \x01(\x02H\x03\x88\x01\x01\x12 \n\x13num_inference_steps\x18\n \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0eguidance_scale\x18\x0b \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x06\x88\x01\x01\x12\x11\n\tscheduler\x18\r \x01(\t\x12\x18\n\x0bnum_outputs\x18\x0e \x01(\x05H\x07\x88\x01\x01\x12\x0e\n\x06preset\x18\x0f \x01(\t\x12$\n\x08\x61\x64\x61pters\x18\x10 \x03(\x0b\x32\x12.omnirt.v1.Adapter\x12\x10\n\x08priority\x18\x11 \x01(\x05\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x12 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x13 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x14 \x01(\t\x12\x36\n\x06labels\x18\x15 \x03(\x0b\x32&.omnirt.v1.GenerateRequest.LabelsEntry\x12&\n\x05\x65xtra\x18\x16 \x01(\x0b\x32\x17.google.protobuf.Struct\x12(\n\x06output\x18\x17 \x01(\x0b\x32\x18.omnirt.v1.OutputOptions\x12\x15\n\x08strength\x18\x18 \x01(\x02H\x08\x88\x01\x01\x12\x18\n\x0b\x64uration_ms\x18\x19 \x01(\x05H\t\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06_widthB\t\n\x07_heightB\r\n\x0b_num_framesB\x06\n\x04_fpsB\x16\n\x14_num_inference_stepsB\x11\n\x0f_guidance_scaleB\x07\n\x05_seedB\x0e\n\x0c_num_outputsB\x0b\n\t_strengthB\x0e\n\x0c_duration_ms\"\x85\x02\n\x08\x41rtifact\x12\r\n\x05index\x18\x01 \x01(\r\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.omnirt.v1.MediaKind\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0b\n\x03uri\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x04\x12\x0e\n\x06sha256\x18\x07 \x01(\t\x12\r\n\x05width\x18\x08 \x01(\x05\x12\x0e\n\x06height\x18\t \x01(\x05\x12\x12\n\nnum_frames\x18\n \x01(\x05\x12\x0b\n\x03\x66ps\x18\x0b \x01(\x02\x12\x13\n\x0b\x64uration_ms\x18\x0c \x01(\x03\x12\x0c\n\x04seed\x18\r \x01(\x03\x12\x11\n\tfile_name\x18\x0e \x01(\t\"I\n\x0bStageTiming\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x01\x12\x17\n\x0fstart_offset_ms\x18\x03 \x01(\x01\"\xff\x05\n\tRunReport\x12\x16\n\x0eschema_version\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x1d\n\x04task\x18\x06 \x01(\x0e\x32\x0f.omnirt.v1.Task\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x16\n\x0e\x65xecution_mode\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x15\n\rqueue_wait_ms\x18\x0b \x01(\x01\x12\'\n\x07timings\x18\x0c \x03(\x0b\x32\x16.omnirt.v1.StageTiming\x12\x14\n\x0c\x65xecution_ms\x18\r \x01(\x01\x12\x19\n\x11peak_memory_bytes\x18\x0e \x01(\x04\x12\x30\n\x0f\x63onfig_resolved\x18\x0f \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ncold_start\x18\x10 \x01(\x08\x12\x0f\n\x07\x61ttempt\x18\x11 \x01(\r\x12\x12\n\nbatch_size\x18\x12 \x01(\r\x12\x16\n\x0e\x62\x61tch_group_id\x18\x13 \x01(\t\x12\r\n\x05seeds\x18\x14 \x03(\x03\x12\x37\n\ncache_hits\x18\x15 \x03(\x0b\x32#.omnirt.v1.RunReport.CacheHitsEntry\x12\x10\n\x08trace_id\x18\x16 \x01(\t\x12\x10\n\x08warnings\x18\x17 \x03(\t\x12.\n\nstarted_at\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0epipeline_class\x18\x1a \x01(\t\x12\x16\n\x0eomnirt_version\x18\x1b \x01(\t\x12\x0e\n\x06tenant\x18\x1c \x01(\t\x1a\x30\n\x0e\x43\x61\x63heHitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"n\n\x0eGenerateResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\tartifacts\x18\x02 \x03(\x0b\x32\x13.omnirt.v1.Artifact\x12$\n\x06report\x18\x03 \x01(\x0b\x32\x14.omnirt.v1.RunReport\"8\n\x08JobError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\"<\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x13\n\x0btotal_steps\x18\x02 \x01(\r\x12\r\n\x05stage\x18\x03 \x01(\t\"\xea\x04\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.omnirt.v1.JobState\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1d\n\x04task\x18\x04 \x01(\x0e\x32\x0f.omnirt.v1.Task\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x11\n\tworker_id\x18\n \x01(\t\x12\"\n\x05\x65rror\x18\x0b \x01(\x0b\x32\x13.omnirt.v1.JobError\x12)\n\x06result\x18\x0c \x01(\x0b\x32\x19.omnirt.v1.GenerateResult\x12%\n\x08progress\x18\r \x01(\x0b\x32\x13.omnirt.v1.Progress\x12\x17\n\x0fidempotency_key\x18\x0e \x01(\t\x12*\n\x06labels\x18\x0f \x03(\x0b\x32\x1a.omnirt.v1.Job.LabelsEntry\x12\x16\n\x0ewaiting_reason\x18\x10 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x11 \x01(\x03\x12\x16\n\x0equeue_position\x18\x12 \x01(\r\x12\x0e\n\x06tenant\x18\x13 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\nStageEvent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01\"y\n\x0bStateChange\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.omnirt.v1.JobState\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.omnirt.v1.JobError\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"8\n\x07Preview\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\'\n\x07LogLine\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xd6\x02\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0cstate_change\x18\x04 \x01(\x0b\x32\x16.omnirt.v1.StateChangeH\x00\x12\'\n\x08progress\x18\x05 \x01(\x0b\x32\x13.omnirt.v1.ProgressH\x00\x12&\n\x05stage\x18\x06 \x01(\x0b\x32\x15.omnirt.v1.StageEventH\x00\x12%\n\x07preview\x18\x07 \x01(\x0b\x32\x12.omnirt.v1.PreviewH\x00\x12!\n\x03log\x18\x08 \x01(\x0b\x32\x12.omnirt.v1.LogLineH\x00\x12+\n\x06result\x18\t \x01(\x0b\x32\x19.omnirt.v1.GenerateResultH\x00\x42\x06\n\x04kind*\xaf\x01\n\x04Task\x12\x14\n\x10TASK_UNSPECIFIED\x10\x00\x12\x13\n\x0fTASK_TEXT2IMAGE\x10\x01\x12\x14\n\x10TASK_IMAGE2IMAGE\x10\x02\x12\x10\n\x0cTASK_INPAINT\x10\x03\x12\x13\n\x0fTASK_TEXT2VIDEO\x10\x04\x12\x14\n\x10TASK_IMAGE2VIDEO\x10\x05\x12\x14\n\x10TASK_AUDIO2VIDEO\x10\x06\x12\x13\n\x0fTASK_TEXT2AUDIO\x10\x07*\x9c\x01\n\tMediaRole\x12\x1a\n\x16MEDIA_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEDIA_ROLE_IMAGE\x10\x01\x12\x13\n\x0fMEDIA_ROLE_MASK\x10\x02\x12\x14\n\x10MEDIA_ROLE_AUDIO\x10\x03\x12\x14\n\x10MEDIA_ROLE_VIDEO\x10\x04\x12\x1c\n\x18MEDIA_ROLE_CONTROL_IMAGE\x10\x05*i\n\tMediaKind\x12\x1a\n\x16MEDIA_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEDIA_KIND_IMAGE\x10\x01\x12\x14\n\x10MEDIA_KIND_VIDEO\x10\x02\x12\x14\n\x10MEDIA_KIND_AUDIO\x10\x03*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
+    b'\n\x15omnirt/v1/types.proto\x12\tomnirt.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto"l\n\nMediaInput\x12"\n\x04role\x18\x01 \x01(\x0e\x32\x14.omnirt.v1.MediaRole\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\r\n\x03uri\x18\x03 \x01(\tH\x00\x12\x11\n\tmime_type\x18\x04 \x01(\tB\x08\n\x06source"5\n\x07\x41\x64\x61pter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05scale\x18\x02 \x01(\x02H\x00\x88\x01\x01\x42\x08\n\x06_scale"L\n\rOutputOptions\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\t\x12\x1a\n\x12inline_limit_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07quality\x18\x03 \x01(\r"\xe3\x06\n\x0fGenerateRequest\x12\x1d\n\x04task\x18\x01 \x01(\x0e\x32\x0f.omnirt.v1.Task\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x04 \x01(\t\x12%\n\x06inputs\x18\x05 \x03(\x0b\x32\x15.omnirt.v1.MediaInput\x12\x12\n\x05width\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06height\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x17\n\nnum_frames\x18\x08 \x01(\x05H\x02\x88\x01\x01\x12\x10\n\x03\x66ps\x18\t \x01(\x02H\x03\x88\x01\x01\x12 \n\x13num_inference_steps\x18\n \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0eguidance_scale\x18\x0b \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x06\x88\x01\x01\x12\x11\n\tscheduler\x18\r \x01(\t\x12\x18\n\x0bnum_outputs\x18\x0e \x01(\x05H\x07\x88\x01\x01\x12\x0e\n\x06preset\x18\x0f \x01(\t\x12$\n\x08\x61\x64\x61pters\x18\x10 \x03(\x0b\x32\x12.omnirt.v1.Adapter\x12\x10\n\x08priority\x18\x11 \x01(\x05\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x12 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x13 \x01(\x03\x12\x17\n\x0fidempotency_key\x18\x14 \x01(\t\x12\x36\n\x06labels\x18\x15 \x03(\x0b\x32&.omnirt.v1.GenerateRequest.LabelsEntry\x12&\n\x05\x65xtra\x18\x16 \x01(\x0b\x32\x17.google.protobuf.Struct\x12(\n\x06output\x18\x17 \x01(\x0b\x32\x18.omnirt.v1.OutputOptions\x12\x15\n\x08strength\x18\x18 \x01(\x02H\x08\x88\x01\x01\x12\x18\n\x0b\x64uration_ms\x18\x19 \x01(\x05H\t\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06_widthB\t\n\x07_heightB\r\n\x0b_num_framesB\x06\n\x04_fpsB\x16\n\x14_num_inference_stepsB\x11\n\x0f_guidance_scaleB\x07\n\x05_seedB\x0e\n\x0c_num_outputsB\x0b\n\t_strengthB\x0e\n\x0c_duration_ms"\xac\x02\n\x08\x41rtifact\x12\r\n\x05index\x18\x01 \x01(\r\x12"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.omnirt.v1.MediaKind\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0b\n\x03uri\x18\x05 \x01(\t\x12\x12\n\nsize_bytes\x18\x06 \x01(\x04\x12\x0e\n\x06sha256\x18\x07 \x01(\t\x12\r\n\x05width\x18\x08 \x01(\x05\x12\x0e\n\x06height\x18\t \x01(\x05\x12\x12\n\nnum_frames\x18\n \x01(\x05\x12\x0b\n\x03\x66ps\x18\x0b \x01(\x02\x12\x13\n\x0b\x64uration_ms\x18\x0c \x01(\x03\x12\x0c\n\x04seed\x18\r \x01(\x03\x12\x11\n\tfile_name\x18\x0e \x01(\t\x12\x13\n\x0bsample_rate\x18\x0f \x01(\x05\x12\x10\n\x08\x63hannels\x18\x10 \x01(\x05"I\n\x0bStageTiming\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x01\x12\x17\n\x0fstart_offset_ms\x18\x03 \x01(\x01"\xff\x05\n\tRunReport\x12\x16\n\x0eschema_version\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x1d\n\x04task\x18\x06 \x01(\x0e\x32\x0f.omnirt.v1.Task\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x16\n\x0e\x65xecution_mode\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x15\n\rqueue_wait_ms\x18\x0b \x01(\x01\x12\'\n\x07timings\x18\x0c \x03(\x0b\x32\x16.omnirt.v1.StageTiming\x12\x14\n\x0c\x65xecution_ms\x18\r \x01(\x01\x12\x19\n\x11peak_memory_bytes\x18\x0e \x01(\x04\x12\x30\n\x0f\x63onfig_resolved\x18\x0f \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\ncold_start\x18\x10 \x01(\x08\x12\x0f\n\x07\x61ttempt\x18\x11 \x01(\r\x12\x12\n\nbatch_size\x18\x12 \x01(\r\x12\x16\n\x0e\x62\x61tch_group_id\x18\x13 \x01(\t\x12\r\n\x05seeds\x18\x14 \x03(\x03\x12\x37\n\ncache_hits\x18\x15 \x03(\x0b\x32#.omnirt.v1.RunReport.CacheHitsEntry\x12\x10\n\x08trace_id\x18\x16 \x01(\t\x12\x10\n\x08warnings\x18\x17 \x03(\t\x12.\n\nstarted_at\x18\x18 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x19 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0epipeline_class\x18\x1a \x01(\t\x12\x16\n\x0eomnirt_version\x18\x1b \x01(\t\x12\x0e\n\x06tenant\x18\x1c \x01(\t\x1a\x30\n\x0e\x43\x61\x63heHitsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01"n\n\x0eGenerateResult\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\tartifacts\x18\x02 \x03(\x0b\x32\x13.omnirt.v1.Artifact\x12$\n\x06report\x18\x03 \x01(\x0b\x32\x14.omnirt.v1.RunReport"8\n\x08JobError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t"<\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x13\n\x0btotal_steps\x18\x02 \x01(\r\x12\r\n\x05stage\x18\x03 \x01(\t"\xea\x04\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12"\n\x05state\x18\x02 \x01(\x0e\x32\x13.omnirt.v1.JobState\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1d\n\x04task\x18\x04 \x01(\x0e\x32\x0f.omnirt.v1.Task\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x11\n\tworker_id\x18\n \x01(\t\x12"\n\x05\x65rror\x18\x0b \x01(\x0b\x32\x13.omnirt.v1.JobError\x12)\n\x06result\x18\x0c \x01(\x0b\x32\x19.omnirt.v1.GenerateResult\x12%\n\x08progress\x18\r \x01(\x0b\x32\x13.omnirt.v1.Progress\x12\x17\n\x0fidempotency_key\x18\x0e \x01(\t\x12*\n\x06labels\x18\x0f \x03(\x0b\x32\x1a.omnirt.v1.Job.LabelsEntry\x12\x16\n\x0ewaiting_reason\x18\x10 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x11 \x01(\x03\x12\x16\n\x0equeue_position\x18\x12 \x01(\r\x12\x0e\n\x06tenant\x18\x13 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"A\n\nStageEvent\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\x01"y\n\x0bStateChange\x12"\n\x05state\x18\x01 \x01(\x0e\x32\x13.omnirt.v1.JobState\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.omnirt.v1.JobError\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r"8\n\x07Preview\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c"\'\n\x07LogLine\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t"\xd6\x02\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12(\n\x04time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0cstate_change\x18\x04 \x01(\x0b\x32\x16.omnirt.v1.StateChangeH\x00\x12\'\n\x08progress\x18\x05 \x01(\x0b\x32\x13.omnirt.v1.ProgressH\x00\x12&\n\x05stage\x18\x06 \x01(\x0b\x32\x15.omnirt.v1.StageEventH\x00\x12%\n\x07preview\x18\x07 \x01(\x0b\x32\x12.omnirt.v1.PreviewH\x00\x12!\n\x03log\x18\x08 \x01(\x0b\x32\x12.omnirt.v1.LogLineH\x00\x12+\n\x06result\x18\t \x01(\x0b\x32\x19.omnirt.v1.GenerateResultH\x00\x42\x06\n\x04kind*\xaf\x01\n\x04Task\x12\x14\n\x10TASK_UNSPECIFIED\x10\x00\x12\x13\n\x0fTASK_TEXT2IMAGE\x10\x01\x12\x14\n\x10TASK_IMAGE2IMAGE\x10\x02\x12\x10\n\x0cTASK_INPAINT\x10\x03\x12\x13\n\x0fTASK_TEXT2VIDEO\x10\x04\x12\x14\n\x10TASK_IMAGE2VIDEO\x10\x05\x12\x14\n\x10TASK_AUDIO2VIDEO\x10\x06\x12\x13\n\x0fTASK_TEXT2AUDIO\x10\x07*\x9c\x01\n\tMediaRole\x12\x1a\n\x16MEDIA_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEDIA_ROLE_IMAGE\x10\x01\x12\x13\n\x0fMEDIA_ROLE_MASK\x10\x02\x12\x14\n\x10MEDIA_ROLE_AUDIO\x10\x03\x12\x14\n\x10MEDIA_ROLE_VIDEO\x10\x04\x12\x1c\n\x18MEDIA_ROLE_CONTROL_IMAGE\x10\x05*i\n\tMediaKind\x12\x1a\n\x16MEDIA_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEDIA_KIND_IMAGE\x10\x01\x12\x14\n\x10MEDIA_KIND_VIDEO\x10\x02\x12\x14\n\x10MEDIA_KIND_AUDIO\x10\x03*\x9a\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x62\x06proto3'
+)
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'omnirt.v1.types_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "omnirt.v1.types_pb2", _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_GENERATEREQUEST_LABELSENTRY']._loaded_options = None
-  _globals['_GENERATEREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNREPORT_CACHEHITSENTRY']._loaded_options = None
-  _globals['_RUNREPORT_CACHEHITSENTRY']._serialized_options = b'8\001'
-  _globals['_JOB_LABELSENTRY']._loaded_options = None
-  _globals['_JOB_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_TASK']._serialized_start=3809
-  _globals['_TASK']._serialized_end=3984
-  _globals['_MEDIAROLE']._serialized_start=3987
-  _globals['_MEDIAROLE']._serialized_end=4143
-  _globals['_MEDIAKIND']._serialized_start=4145
-  _globals['_MEDIAKIND']._serialized_end=4250
-  _globals['_JOBSTATE']._serialized_start=4253
-  _globals['_JOBSTATE']._serialized_end=4407
-  _globals['_MEDIAINPUT']._serialized_start=99
-  _globals['_MEDIAINPUT']._serialized_end=207
-  _globals['_ADAPTER']._serialized_start=209
-  _globals['_ADAPTER']._serialized_end=262
-  _globals['_OUTPUTOPTIONS']._serialized_start=264
-  _globals['_OUTPUTOPTIONS']._serialized_end=340
-  _globals['_GENERATEREQUEST']._serialized_start=343
-  _globals['_GENERATEREQUEST']._serialized_end=1210
-  _globals['_GENERATEREQUEST_LABELSENTRY']._serialized_start=1024
-  _globals['_GENERATEREQUEST_LABELSENTRY']._serialized_end=1069
-  _globals['_ARTIFACT']._serialized_start=1213
-  _globals['_ARTIFACT']._serialized_end=1474
-  _globals['_STAGETIMING']._serialized_start=1476
-  _globals['_STAGETIMING']._serialized_end=1549
-  _globals['_RUNREPORT']._serialized_start=1552
-  _globals['_RUNREPORT']._serialized_end=2319
-  _globals['_RUNREPORT_CACHEHITSENTRY']._serialized_start=2271
-  _globals['_RUNREPORT_CACHEHITSENTRY']._serialized_end=2319
-  _globals['_GENERATERESULT']._serialized_start=2321
-  _globals['_GENERATERESULT']._serialized_end=2431
-  _globals['_JOBERROR']._serialized_start=2433
-  _globals['_JOBERROR']._serialized_end=2489
-  _globals['_PROGRESS']._serialized_start=2491
-  _globals['_PROGRESS']._serialized_end=2551
-  _globals['_JOB']._serialized_start=2554
-  _globals['_JOB']._serialized_end=3172
-  _globals['_JOB_LABELSENTRY']._serialized_start=1024
-  _globals['_JOB_LABELSENTRY']._serialized_end=1069
-  _globals['_STAGEEVENT']._serialized_start=3174
-  _globals['_STAGEEVENT']._serialized_end=3239
-  _globals['_STATECHANGE']._serialized_start=3241
-  _globals['_STATECHANGE']._serialized_end=3362
-  _globals['_PREVIEW']._serialized_start=3364
-  _globals['_PREVIEW']._serialized_end=3420
-  _globals['_LOGLINE']._serialized_start=3422
-  _globals['_LOGLINE']._serialized_end=3461
-  _globals['_JOBEVENT']._serialized_start=3464
-  _globals['_JOBEVENT']._serialized_end=3806
+    DESCRIPTOR._loaded_options = None
+    _globals["_GENERATEREQUEST_LABELSENTRY"]._loaded_options = None
+    _globals["_GENERATEREQUEST_LABELSENTRY"]._serialized_options = b"8\001"
+    _globals["_RUNREPORT_CACHEHITSENTRY"]._loaded_options = None
+    _globals["_RUNREPORT_CACHEHITSENTRY"]._serialized_options = b"8\001"
+    _globals["_JOB_LABELSENTRY"]._loaded_options = None
+    _globals["_JOB_LABELSENTRY"]._serialized_options = b"8\001"
+    _globals["_TASK"]._serialized_start = 3848
+    _globals["_TASK"]._serialized_end = 4023
+    _globals["_MEDIAROLE"]._serialized_start = 4026
+    _globals["_MEDIAROLE"]._serialized_end = 4182
+    _globals["_MEDIAKIND"]._serialized_start = 4184
+    _globals["_MEDIAKIND"]._serialized_end = 4289
+    _globals["_JOBSTATE"]._serialized_start = 4292
+    _globals["_JOBSTATE"]._serialized_end = 4446
+    _globals["_MEDIAINPUT"]._serialized_start = 99
+    _globals["_MEDIAINPUT"]._serialized_end = 207
+    _globals["_ADAPTER"]._serialized_start = 209
+    _globals["_ADAPTER"]._serialized_end = 262
+    _globals["_OUTPUTOPTIONS"]._serialized_start = 264
+    _globals["_OUTPUTOPTIONS"]._serialized_end = 340
+    _globals["_GENERATEREQUEST"]._serialized_start = 343
+    _globals["_GENERATEREQUEST"]._serialized_end = 1210
+    _globals["_GENERATEREQUEST_LABELSENTRY"]._serialized_start = 1024
+    _globals["_GENERATEREQUEST_LABELSENTRY"]._serialized_end = 1069
+    _globals["_ARTIFACT"]._serialized_start = 1213
+    _globals["_ARTIFACT"]._serialized_end = 1513
+    _globals["_STAGETIMING"]._serialized_start = 1515
+    _globals["_STAGETIMING"]._serialized_end = 1588
+    _globals["_RUNREPORT"]._serialized_start = 1591
+    _globals["_RUNREPORT"]._serialized_end = 2358
+    _globals["_RUNREPORT_CACHEHITSENTRY"]._serialized_start = 2310
+    _globals["_RUNREPORT_CACHEHITSENTRY"]._serialized_end = 2358
+    _globals["_GENERATERESULT"]._serialized_start = 2360
+    _globals["_GENERATERESULT"]._serialized_end = 2470
+    _globals["_JOBERROR"]._serialized_start = 2472
+    _globals["_JOBERROR"]._serialized_end = 2528
+    _globals["_PROGRESS"]._serialized_start = 2530
+    _globals["_PROGRESS"]._serialized_end = 2590
+    _globals["_JOB"]._serialized_start = 2593
+    _globals["_JOB"]._serialized_end = 3211
+    _globals["_JOB_LABELSENTRY"]._serialized_start = 1024
+    _globals["_JOB_LABELSENTRY"]._serialized_end = 1069
+    _globals["_STAGEEVENT"]._serialized_start = 3213
+    _globals["_STAGEEVENT"]._serialized_end = 3278
+    _globals["_STATECHANGE"]._serialized_start = 3280
+    _globals["_STATECHANGE"]._serialized_end = 3401
+    _globals["_PREVIEW"]._serialized_start = 3403
+    _globals["_PREVIEW"]._serialized_end = 3459
+    _globals["_LOGLINE"]._serialized_start = 3461
+    _globals["_LOGLINE"]._serialized_end = 3500
+    _globals["_JOBEVENT"]._serialized_start = 3503
+    _globals["_JOBEVENT"]._serialized_end = 3845
 # @@protoc_insertion_point(module_scope)

@@ -163,7 +163,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, str]] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[MediaInput, _Mapping]]] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., scheduler: _Optional[str] = ..., num_outputs: _Optional[int] = ..., preset: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., priority: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., strength: _Optional[float] = ..., duration_ms: _Optional[int] = ...) -> None: ...
 
 class Artifact(_message.Message):
-    __slots__ = ("index", "kind", "mime_type", "data", "uri", "size_bytes", "sha256", "width", "height", "num_frames", "fps", "duration_ms", "seed", "file_name")
+    __slots__ = ("index", "kind", "mime_type", "data", "uri", "size_bytes", "sha256", "width", "height", "num_frames", "fps", "duration_ms", "seed", "file_name", "sample_rate", "channels")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,8 @@ class Artifact(_message.Message):
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     FILE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
     index: int
     kind: MediaKind
     mime_type: str
@@ -192,7 +194,9 @@ class Artifact(_message.Message):
     duration_ms: int
     seed: int
     file_name: str
-    def __init__(self, index: _Optional[int] = ..., kind: _Optional[_Union[MediaKind, str]] = ..., mime_type: _Optional[str] = ..., data: _Optional[bytes] = ..., uri: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., duration_ms: _Optional[int] = ..., seed: _Optional[int] = ..., file_name: _Optional[str] = ...) -> None: ...
+    sample_rate: int
+    channels: int
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[_Union[MediaKind, str]] = ..., mime_type: _Optional[str] = ..., data: _Optional[bytes] = ..., uri: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., duration_ms: _Optional[int] = ..., seed: _Optional[int] = ..., file_name: _Optional[str] = ..., sample_rate: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
 
 class StageTiming(_message.Message):
     __slots__ = ("name", "duration_ms", "start_offset_ms")

@@ -465,3 +465,18 @@ def test_close_kills_running_commands(executor: SubprocessExecutor, tmp_path: Pa
     outcome = only(run_assignment(executor, assignment(runtime), on_event=on_event)[0])
     assert outcome.error is not None and "killed by signal 9" in outcome.error.message
     assert not [pid for pid in _pids(pid_file) if alive(pid)]
+
+
+def test_a_wav_the_command_writes_carries_its_duration_rate_and_channels(tmp_path: Path) -> None:
+    import wave
+
+    from omnirt.worker.modes.subprocess.job_dir import collect_artifacts
+
+    with wave.open(str(tmp_path / "speech.wav"), "wb") as writer:
+        writer.setnchannels(2)
+        writer.setsampwidth(2)
+        writer.setframerate(16000)
+        writer.writeframes(b"\0\0\0\0" * 8000)  # half a second of stereo silence
+    [clip] = collect_artifacts(tmp_path, "job-9", seed=3)
+    assert (clip.kind, clip.mime_type) == (t.MediaKind.AUDIO, "audio/wav")
+    assert (clip.duration_ms, clip.sample_rate, clip.channels) == (500, 16000, 2)

@@ -211,12 +211,14 @@ def _image_size(data: bytes) -> tuple[int, int]:
         return 0, 0
 
 
-def _wav_duration_ms(data: bytes) -> int:
+def _wav_facts(data: bytes) -> tuple[int, int, int]:
+    """(duration_ms, sample_rate, channels) of a PCM WAV; zeros for anything else."""
     try:
         with wave.open(io.BytesIO(data)) as reader:
-            return int(reader.getnframes() * 1000 / reader.getframerate())
+            rate = reader.getframerate()
+            return int(reader.getnframes() * 1000 / rate), rate, reader.getnchannels()
     except (wave.Error, EOFError, ZeroDivisionError):
-        return 0
+        return 0, 0, 0
 
 
 def _int(value: Any) -> int:
@@ -253,6 +255,6 @@ def collect_artifacts(output_dir: Path, job_id: str, seed: int) -> list[t.Artifa
             if not artifact.duration_ms and artifact.fps and artifact.num_frames:
                 artifact.duration_ms = int(artifact.num_frames * 1000 / artifact.fps)
         else:
-            artifact.duration_ms = _wav_duration_ms(data)
+            artifact.duration_ms, artifact.sample_rate, artifact.channels = _wav_facts(data)
         artifacts.append(artifact)
     return artifacts
