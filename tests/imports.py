@@ -35,6 +35,8 @@ MODEL_STACK = frozenset(
         "PIL",
         "av",
         "ftfy",
+        "sentencepiece",
+        "torchsde",
     }
 )
 # The stores encode jobs as protobuf bytes (frozen finished jobs, Redis hashes): the one

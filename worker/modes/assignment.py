@@ -183,6 +183,7 @@ class AssignmentRun(ABC):
                 task_pipelines.check_size(pipeline, plan.common)
                 pipeline_kwargs(plan, call_parameters(pipeline), inputs)
                 check_arguments(pipeline, plan)
+                task_pipelines.check_audio(pipeline, plan.task, plan.specific, plan.output_format)
                 request = plan.item.request
                 model_dir = self.executor.config.model_dir
                 self.adapters[plan.job_id] = adapters.resolve(request.adapters, self.spec.runtime, model_dir)
@@ -268,6 +269,10 @@ class AssignmentRun(ABC):
             config.update(device_map=self.placement.device_map, devices=list(self.placement.devices))
         if first.num_frames:  # the frames really made (Wan rounds num_frames to 4k+1)
             config["num_frames"] = first.num_frames
+        if first.kind is t.MediaKind.AUDIO:  # a clip has no size: its rate, channels and length
+            config.pop("width", None), config.pop("height", None)
+            config.update(sample_rate=first.sample_rate, channels=first.channels)
+            config["duration_ms"] = first.duration_ms
         report = run_report(
             self.assignment,
             plan.item,

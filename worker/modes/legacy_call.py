@@ -85,7 +85,8 @@ class LegacyCallExecutor(Executor):
 
     def __init__(self, config: WorkerConfig, cache: ModelCache | None = None) -> None:
         self.config = config
-        self.cache = cache or ModelCache(config.model_dir, config.model_cache_bytes)
+        # `is None`: an empty cache is falsy (it has a length) and must still be shared.
+        self.cache = cache if cache is not None else ModelCache(config.model_dir, config.model_cache_bytes)
         self.inputs = media_inputs.InputPolicy.of(config)
         self._backend = ""
         self._start_lock = threading.Lock()
@@ -239,13 +240,18 @@ class LegacyCallRun(AssignmentRun):
         )
         if "callback_on_step_end" in accepted:
             kwargs["callback_on_step_end"] = monitor
+        elif "callback" in accepted:  # the older per-step hook (Stable Audio): the same monitor
+            kwargs["callback"] = lambda step, timestep, _latents: monitor(view, step, timestep, {})
 
         # Reported when it is not the default: set by the catalog or request, or off for this pipeline.
         setting = options.values.get(inference_mode.NAME)
         in_inference_mode = inference_mode.use_inference_mode(view, setting)
         if setting is not None or not in_inference_mode:
             call_options[inference_mode.NAME] = in_inference_mode
-        with inference_mode.call_context(in_inference_mode), step_cache.enabled(view, options) as usage:
+        with (
+            inference_mode.call_context(in_inference_mode),
+            step_cache.enabled(view, options, int(first.common.get("num_inference_steps", 0))) as usage,
+        ):
             monitor.start()
             output = view(**kwargs)
             monitor.finish()
@@ -254,7 +260,7 @@ class LegacyCallRun(AssignmentRun):
             call_options[step_cache.NAME] = options.call()[step_cache.NAME]
             cache_hits[step_cache.NAME] = usage.reused
 
-        images = task_pipelines.call_outputs(output)  # images, or one frame array per video
+        images = task_pipelines.call_outputs(output, view)  # images, frame arrays or clips
         images = task_pipelines.finish_outputs(first.task, images, first.specific, self.spec.runtime)
         expected = sum(p.num_outputs for p in group)
         if len(images) != expected:

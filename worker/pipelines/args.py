@@ -64,7 +64,13 @@ class CallArgument:
     # the value is not `neutral`; "" when such a value is dropped (the pipeline decides it).
     field: str = ""
     neutral: Any = None
+    # A name taken only by a pipeline that takes none of `names`; elsewhere it stays an argument
+    # of its own, which a request's extras may set (Flux.1-dev's `true_cfg_scale`).
+    fallback: str = ""
 
+
+# Qwen-Image's (and Flux's, HunyuanVideo's) classifier-free guidance with a negative prompt.
+TRUE_CFG = "true_cfg_scale"
 
 # The executor's generic arguments -> the pipeline's names for them. One table for every
 # family: a pipeline's signature (`call_parameters`) picks the name, none is tried by calling.
@@ -72,22 +78,32 @@ CALL_ARGUMENTS: dict[str, CallArgument] = {
     # Stable Video Diffusion takes no prompt at all: its input image is its only condition.
     "prompt": CallArgument(("prompt",), "prompt", neutral=""),
     "negative_prompt": CallArgument(("negative_prompt",), "negative_prompt", neutral=""),
-    # Video pipelines count their outputs in videos.
+    # Video pipelines count their outputs in videos, Stable Audio in waveforms.
     "num_images_per_prompt": CallArgument(
-        ("num_images_per_prompt", "num_videos_per_prompt"), "num_outputs", neutral=1
+        ("num_images_per_prompt", "num_videos_per_prompt", "num_waveforms_per_prompt"),
+        "num_outputs",
+        neutral=1,
     ),
-    # SVD ramps its guidance over the frames, from `min_guidance_scale` (1) to this.
-    "guidance_scale": CallArgument(("guidance_scale", "max_guidance_scale"), "guidance_scale"),
+    # SVD ramps its guidance over the frames, from `min_guidance_scale` (1) to this. Pipelines
+    # with a `true_cfg_scale` take `guidance_scale` only for a guidance-distilled transformer
+    # (`call_parameters`): on Qwen-Image the request's guidance is its `true_cfg_scale`.
+    "guidance_scale": CallArgument(
+        ("guidance_scale", "max_guidance_scale"), "guidance_scale", fallback=TRUE_CFG
+    ),
     # Pipelines without a size (image-to-image) take that of their input, already resized to it.
     "width": CallArgument(("width",)),
     "height": CallArgument(("height",)),
     "num_frames": CallArgument(("num_frames",)),
-    # The video's frame rate: SVD, Cosmos and SkyReels-V2 condition on it; others only export at it.
-    "fps": CallArgument(("fps",)),
+    # The video's frame rate: SVD, Cosmos and SkyReels-V2 diffusion forcing condition on it, LTX as
+    # `frame_rate` (its RoPE's time scale); others only export at it.
+    "fps": CallArgument(("fps", "frame_rate")),
 }
 # The table's other names are set from request fields too (`max_guidance_scale` is the
 # request's guidance_scale on SVD): extras may not set them either.
 RESERVED_ARGUMENTS |= {"fps", *(name for rule in CALL_ARGUMENTS.values() for name in rule.names[1:])}
+# Stable Audio's clip window, set from the request's duration_ms (`audio_arguments`).
+AUDIO_START, AUDIO_END = task_pipelines.AUDIO_START, task_pipelines.AUDIO_END
+RESERVED_ARGUMENTS |= {AUDIO_START, AUDIO_END}
 
 
 def call_kwargs(generic: dict[str, Any], accepted: Set[str]) -> dict[str, Any]:
@@ -102,10 +118,30 @@ def call_kwargs(generic: dict[str, Any], accepted: Set[str]) -> dict[str, Any]:
         if rule is None:  # the pipeline's own arguments and media inputs, checked by name already
             kwargs[key] = value
             continue
-        name = next((n for n in rule.names if n in accepted), None)
+        name = _call_name(rule, accepted)
         if name is not None:
             kwargs[name] = value
+    guidance = generic.get("guidance_scale")
+    if (
+        guidance is not None
+        and guidance > 1
+        and _call_name(CALL_ARGUMENTS["guidance_scale"], accepted) == TRUE_CFG
+        and "negative_prompt" not in kwargs
+    ):
+        # True CFG runs only with a negative prompt; the request's guidance is CFG against the
+        # empty prompt when it has none (as on SD, and as a batch with a negative prompt beside
+        # it would run). Qwen-Image's model card passes " " for the same reason.
+        prompt = generic.get("prompt")
+        kwargs["negative_prompt"] = [""] * len(prompt) if isinstance(prompt, list) else ""
     return kwargs
+
+
+def _call_name(rule: CallArgument, accepted: Set[str]) -> str | None:
+    """The name `rule`'s value goes under on a pipeline taking `accepted`; None when it takes none."""
+    name = next((n for n in rule.names if n in accepted), None)
+    if name is None and rule.fallback in accepted:
+        return rule.fallback
+    return name
 
 
 def check_call_arguments(plan: ItemPlan, accepted: Set[str]) -> None:
@@ -122,7 +158,7 @@ def check_call_arguments(plan: ItemPlan, accepted: Set[str]) -> None:
         rule = CALL_ARGUMENTS.get(key)
         if rule is None or not rule.field or value is None or value == rule.neutral:
             continue
-        if not any(name in accepted for name in rule.names):
+        if _call_name(rule, accepted) is None:
             # No echo of the value: a prompt stays out of errors and logs, as out of reports.
             reason = f"this model's pipeline takes no {rule.field}; leave it unset"
             raise JobFailure(INVALID_ARGUMENT, reason, rule.field)
@@ -214,12 +250,21 @@ def plan_item(item: AssignmentItem, spec: t.ModelSpec) -> ItemPlan:
 
 
 def call_parameters(pipeline: Any) -> frozenset[str]:
-    """Names the pipeline's `__call__` accepts (read once per `__call__` function)."""
+    """Names the pipeline's `__call__` accepts (read once per `__call__` function).
+
+    Less `guidance_scale` where the pipeline ignores it: pipelines with a `true_cfg_scale` (Flux,
+    HunyuanVideo, Qwen-Image) embed `guidance_scale` into a guidance-distilled transformer
+    (FLUX.1-dev) and drop it, with a warning, when `transformer.config.guidance_embeds` is false
+    (Qwen-Image, FLUX.1-schnell); there the request's guidance goes to `true_cfg_scale`.
+    """
     call = pipeline.__call__
     function = getattr(call, "__func__", None)
-    if function is None:  # not a plain method: read it each time
-        return frozenset(inspect.signature(call).parameters)
-    return _parameters(function)
+    # Not a plain method: read it each time.
+    names = _parameters(function) if function is not None else frozenset(inspect.signature(call).parameters)
+    config = getattr(getattr(pipeline, "transformer", None), "config", None)
+    if TRUE_CFG in names and getattr(config, "guidance_embeds", None) is False:
+        return names - {"guidance_scale"}
+    return names
 
 
 @functools.lru_cache(maxsize=256)
@@ -246,7 +291,12 @@ def pipeline_kwargs(plan: ItemPlan, accepted: Set[str], inputs: media_inputs.Inp
     check_call_arguments(plan, accepted)
     req = plan.item.request
     specific: dict[str, Any] = {}
+    # A fallback name is a request field's on this pipeline (`true_cfg_scale` on Qwen-Image).
+    taken = {_call_name(rule, accepted): rule.field for rule in CALL_ARGUMENTS.values() if rule.fallback}
     for key, value in req.extra.items():
+        if key in taken:
+            reason = f"{key!r} is the request's {taken[key]} on this model; set that instead"
+            raise JobFailure(INVALID_ARGUMENT, reason, f"extra.{key}")
         if key in RESERVED_ARGUMENTS or key not in accepted:
             raise JobFailure(INVALID_ARGUMENT, f"the pipeline does not take {key!r}", f"extra.{key}")
         specific[key] = _plain_number(value)
@@ -267,7 +317,27 @@ def pipeline_kwargs(plan: ItemPlan, accepted: Set[str], inputs: media_inputs.Inp
             reason = f"strength {req.strength} runs 0 of {steps} steps; raise strength or num_inference_steps"
             raise JobFailure(INVALID_ARGUMENT, reason, "strength")
         specific["strength"] = req.strength
+    specific.update(audio_arguments(plan, accepted))
     plan.specific = specific
+
+
+def audio_arguments(plan: ItemPlan, accepted: Set[str]) -> dict[str, Any]:
+    """An audio request's duration_ms as the pipeline's clip window (Stable Audio's
+    `audio_end_in_s`, from `audio_start_in_s` 0); none for other tasks or an unset duration (the
+    pipeline's longest clip). JobFailure naming duration_ms when the pipeline has no such window.
+
+    Part of `specific`, so jobs of different durations never share a call. Whether the model can
+    make that long a clip is `task_pipelines.check_audio`'s to say, from the loaded pipeline."""
+    duration = plan.item.request.duration_ms
+    if duration is None or not task_pipelines.is_audio(plan.task):
+        return {}
+    if AUDIO_END not in accepted:
+        reason = "this model's pipeline takes no duration_ms; leave it unset"
+        raise JobFailure(INVALID_ARGUMENT, reason, "duration_ms")
+    window = {AUDIO_END: duration / 1000}
+    if AUDIO_START in accepted:
+        window[AUDIO_START] = 0.0
+    return window
 
 
 def _echo(value: Any) -> str:
@@ -305,8 +375,10 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
     """Refuse, before the call, request extras the pipeline would fail on with a Python error.
 
     `clip_skip` is checked against the model's text encoders, `guidance_rescale` must be a number
-    from 0 to 1, and an argument whose default is a number must get a number (or a list of them,
-    when its annotation takes one). JobFailure naming `extra.KEY`.
+    from 0 to 1, `guidance_scale_2` needs a two-expert model (Wan 2.2), a video longer than a
+    diffusion-forcing window needs `overlap_history`, and an argument whose default is a number
+    must get a number (or a list of them, when its annotation takes one). JobFailure naming
+    `extra.KEY`.
     """
     extra = {k: plan.specific[k] for k in plan.item.request.extra if k in plan.specific}
     if "clip_skip" in extra:
@@ -314,7 +386,11 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
     rescale = extra.get("guidance_rescale")
     if rescale is not None and not (_is_number(rescale) and 0 <= rescale <= 1):  # NaN fails too
         raise _bad_extra("guidance_rescale", f"a number from 0 to 1 (got {_echo(rescale)})")
+    if extra.get("guidance_scale_2") is not None:
+        _check_guidance_scale_2(pipeline, extra["guidance_scale_2"])
     call = getattr(pipeline.__call__, "__func__", None)
+    if call is not None:
+        _check_long_video(pipeline, call, plan.common.get("num_frames"), extra)
     numbers = _number_defaults(call) if call is not None else {}
     for key, value in extra.items():
         if key not in numbers or _is_number(value):
@@ -323,6 +399,45 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
             raise _bad_extra(key, f"a number (got {_echo(value)})")
         if not (isinstance(value, list) and value and all(_is_number(v) for v in value)):
             raise _bad_extra(key, f"a number or a list of numbers (got {_echo(value)})")
+
+
+def _check_guidance_scale_2(pipeline: Any, value: Any) -> None:
+    # The low-noise expert's guidance (Wan 2.2): diffusers' Wan pipelines raise a ValueError for
+    # it on a model of one transformer, whose config has no `boundary_ratio` (Wan 2.1).
+    if not _is_number(value):
+        raise _bad_extra("guidance_scale_2", f"a number (got {_echo(value)})")
+    config = getattr(pipeline, "config", None)
+    if isinstance(config, dict) and "boundary_ratio" in config and config["boundary_ratio"] is None:
+        reason = "this model has one transformer (no boundary_ratio, not Wan 2.2's two); leave it unset"
+        raise _bad_extra("guidance_scale_2", reason)
+
+
+@functools.lru_cache(maxsize=256)
+def _defaults(function: Any) -> dict[str, Any]:
+    return {p.name: p.default for p in inspect.signature(function).parameters.values()}
+
+
+def _check_long_video(pipeline: Any, call: Any, frames: Any, extra: dict[str, Any]) -> None:
+    # SkyReels-V2's diffusion-forcing pipelines make a video longer than `base_num_frames` (97 by
+    # default) window after window, overlapping by `overlap_history` frames: without it they
+    # raise a ValueError, and with an overlap of a whole window (in latent frames) they divide
+    # by zero.
+    defaults = _defaults(call)
+    if not frames or "overlap_history" not in defaults or "base_num_frames" not in defaults:
+        return
+    base, overlap = extra.get("base_num_frames", defaults["base_num_frames"]), extra.get("overlap_history")
+    if not isinstance(base, int) or frames <= base:
+        return
+    if overlap is None:
+        reason = (
+            f"needed for num_frames {frames} > base_num_frames {base}: the model makes a longer video "
+            "window by window, each overlapping the last by this many frames (17 or 37 recommended)"
+        )
+        raise _bad_extra("overlap_history", reason)
+    temporal = getattr(pipeline, "vae_scale_factor_temporal", 1)
+    most = (base - 1) // temporal * temporal  # the longest overlap that leaves a latent frame new
+    if not (isinstance(overlap, int) and not isinstance(overlap, bool) and 1 <= overlap <= most):
+        raise _bad_extra("overlap_history", f"a frame count from 1 to {most} (got {_echo(overlap)})")
 
 
 def _check_clip_skip(pipeline: Any, value: Any) -> None:

@@ -101,6 +101,9 @@ def detect_backend(requested: str) -> str:
 def placement_for(backend: str, runtime: Mapping[str, Any] | None = None) -> Placement:
     """Device and dtype for a model on a resolved `backend`, honouring `runtime["dtype"]` on accelerators.
 
+    `runtime["dtype"]` is one dtype name, or a table of one per backend (`{"cuda": "bfloat16"}`;
+    a backend it leaves out runs its default).
+
     CPU always runs float32: half precision on CPU is slow or unsupported for many ops, and
     catalog entries written for GPUs commonly ask for float16.
     """
@@ -108,7 +111,10 @@ def placement_for(backend: str, runtime: Mapping[str, Any] | None = None) -> Pla
         raise BackendError(f"unknown backend {backend!r}")
     dtype = DEFAULT_DTYPES[backend]
     runtime_options = runtime or {}
-    wanted = str(runtime_options.get("dtype", "") or "").lower()
+    wanted_value = runtime_options.get("dtype", "")
+    if isinstance(wanted_value, Mapping):  # one per backend: {cuda = "bfloat16", ascend = "float16"}
+        wanted_value = wanted_value.get(backend, "")
+    wanted = str(wanted_value or "").lower()
     if wanted and backend != "cpu":
         if wanted not in DTYPE_ALIASES:
             raise BackendError(f"unknown dtype {wanted!r} in the model's runtime options")

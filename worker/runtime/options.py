@@ -37,7 +37,8 @@ from omnirt.worker.runtime.backends import BackendError, Placement
 
 log = logging.getLogger(__name__)
 
-DENOISERS = ("unet", "transformer")
+# transformer_2: the low-noise expert of two-expert models (Wan 2.2 A14B), treated like the first.
+DENOISERS = ("unet", "transformer", "transformer_2")
 MODEL_PREFIX = "runtime"
 REQUEST_PREFIX = "extra.runtime"
 REQUEST_KEY = "runtime"  # the key of `GenerateRequest.extra` that holds a request's options
@@ -161,8 +162,13 @@ def load_kwargs(options: LoadOptions, location: str) -> dict[str, Any]:
 
 
 def denoiser(pipeline: Any) -> Any:
-    """The pipeline's UNet or transformer (None when it has neither)."""
-    return next((getattr(pipeline, n) for n in DENOISERS if getattr(pipeline, n, None) is not None), None)
+    """The pipeline's UNet or (first) transformer (None when it has neither)."""
+    return next(iter(denoisers(pipeline)), None)
+
+
+def denoisers(pipeline: Any) -> list[Any]:
+    """Every denoiser of the pipeline: its UNet or transformer, and a second expert if it has one."""
+    return [getattr(pipeline, n) for n in DENOISERS if getattr(pipeline, n, None) is not None]
 
 
 def apply(pipeline: Any, options: LoadOptions, placement: Placement) -> None:
@@ -175,7 +181,8 @@ def apply(pipeline: Any, options: LoadOptions, placement: Placement) -> None:
     if options.layerwise_casting:
         if module is None or not hasattr(module, "enable_layerwise_casting"):
             raise BackendError("layerwise_casting: the pipeline has no diffusers unet or transformer to cast")
-        _cast_layerwise(module, options.layerwise_casting, placement, applied, notes)
+        for each in denoisers(pipeline):
+            _cast_layerwise(each, options.layerwise_casting, placement, applied, notes)
     if options.cpu_offload and placement.device == "cpu":
         notes.append("runtime.cpu_offload ignored: the model already runs on the cpu backend")
     elif options.cpu_offload:
@@ -190,7 +197,8 @@ def apply(pipeline: Any, options: LoadOptions, placement: Placement) -> None:
         if module is None:
             notes.append("runtime.torch_compile ignored: the pipeline has no unet or transformer")
         else:
-            module.compile(backend=options.torch_compile)
+            for each in denoisers(pipeline):
+                each.compile(backend=options.torch_compile)
             applied["torch_compile"] = options.torch_compile
     pipeline._omnirt_options = applied
     pipeline._omnirt_notes = notes
@@ -203,7 +211,9 @@ def _cast_layerwise(
 
     storage_dtype, compute_dtype = getattr(torch, storage), placement.torch_dtype()
     if storage_dtype == compute_dtype:
-        notes.append(f"runtime.layerwise_casting ignored: the model already computes in {storage}")
+        note = f"runtime.layerwise_casting ignored: the model already computes in {storage}"
+        if note not in notes:  # once for a two-expert model
+            notes.append(note)
         return
     module.enable_layerwise_casting(storage_dtype=storage_dtype, compute_dtype=compute_dtype)
     applied["layerwise_casting"] = {"storage_dtype": storage, "compute_dtype": placement.dtype}

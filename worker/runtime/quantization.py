@@ -32,7 +32,7 @@ TORCHAO_CONFIGS = {
     "int4_weight_only": "Int4WeightOnlyConfig",
 }
 CPU_METHODS = frozenset({"int8_weight_only", "int8_dynamic_activation_int8_weight", "float8_weight_only"})
-DENOISERS = ("unet", "transformer")
+DENOISERS = ("unet", "transformer", "transformer_2")  # transformer_2: Wan 2.2 A14B's low-noise expert
 
 
 def problem(settings: Mapping[str, str], device: str) -> str:

@@ -21,13 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnirt.worker.modes.base import JobFailure, StopRun
-from omnirt.worker.runtime.options import Effective, denoiser
+from omnirt.worker.runtime.options import Effective, denoiser, denoisers
 
 NAME = "step_cache"
 CONFIG_CLASSES = {
     "first_block": "FirstBlockCacheConfig",
     "pyramid_attention_broadcast": "PyramidAttentionBroadcastConfig",
     "faster_cache": "FasterCacheConfig",
+    "mag_cache": "MagCacheConfig",
+    "taylor_seer": "TaylorSeerCacheConfig",
 }
 # Kinds that ask the pipeline for the current timestep.
 NEEDS_TIMESTEP = frozenset({"pyramid_attention_broadcast", "faster_cache"})
@@ -60,10 +62,36 @@ def check(pipeline: Any, options: Effective) -> None:
         raise options.failure(NAME, reason + " (transformer models such as Wan do)")
     if settings["kind"] in NEEDS_TIMESTEP and not hasattr(type(pipeline), "current_timestep"):
         raise options.failure(NAME, f"{settings['kind']} needs a pipeline that exposes current_timestep")
+    if (
+        settings["kind"] == "taylor_seer"
+        and not settings.get("use_lite_mode")
+        and not _taylor_seer_hooks(module)
+    ):
+        reason = (
+            f"taylor_seer's attention patterns match no module of {type(module).__name__} "
+            "(they fit Flux-style block names); use_lite_mode = true caches its output projection"
+        )
+        raise options.failure(NAME, reason)
+    if settings["kind"] == "mag_cache" and not settings.get("mag_ratios") and not mag_ratios(module):
+        reason = (
+            f"mag_cache needs mag_ratios calibrated for {type(module).__name__} (diffusers ships them "
+            "for Flux only; calibrate them with diffusers' MagCacheConfig(calibrate=True))"
+        )
+        raise options.failure(NAME, reason)
 
 
-def config(view: Any, settings: Mapping[str, Any]) -> Any:
-    """The diffusers config object for `settings` (`kind` plus its fields)."""
+def _taylor_seer_hooks(module: Any) -> bool:
+    """Whether TaylorSeer's default attention patterns match a module of `module` (it hooks those)."""
+    import re
+
+    from diffusers.hooks import taylorseer_cache
+
+    patterns = getattr(taylorseer_cache, "_TRANSFORMER_BLOCK_IDENTIFIERS", ())
+    return any(re.fullmatch(p, name) for name, _ in module.named_modules() for p in patterns)
+
+
+def config(view: Any, settings: Mapping[str, Any], steps: int = 0, module: Any = None) -> Any:
+    """The diffusers config object for `settings` (`kind` plus its fields) on a call of `steps`."""
     import diffusers
 
     kind = settings["kind"]
@@ -71,11 +99,25 @@ def config(view: Any, settings: Mapping[str, Any]) -> Any:
     if kind in NEEDS_TIMESTEP:
         # The per-call copy runs the loop, so it is the one that knows the current timestep.
         fields["current_timestep_callback"] = lambda: view.current_timestep
+    if kind == "mag_cache":
+        fields["num_inference_steps"] = steps or 28
+        fields["mag_ratios"] = list(fields.get("mag_ratios") or mag_ratios(module))
+    if kind == "taylor_seer":
+        fields["taylor_factors_dtype"] = getattr(module, "dtype", None)
     return getattr(diffusers, CONFIG_CLASSES[kind])(**fields)
 
 
+def mag_ratios(module: Any) -> list[float]:
+    """The magnitude ratios diffusers ships for `module`'s model (Flux's only), else none."""
+    if type(module).__name__ != "FluxTransformer2DModel":
+        return []
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    return [float(r) for r in FLUX_MAG_RATIOS.tolist()]
+
+
 @contextlib.contextmanager
-def enabled(view: Any, options: Effective) -> Iterator[Usage | None]:
+def enabled(view: Any, options: Effective, steps: int = 0) -> Iterator[Usage | None]:
     """Run the body with `options`' step cache on `view`'s denoiser (None: no step cache asked).
 
     A failure of the call while the cache is on becomes a JobFailure naming the option: cache
@@ -85,20 +127,24 @@ def enabled(view: Any, options: Effective) -> Iterator[Usage | None]:
     if not settings:
         yield None
         return
-    module = denoiser(view)
+    # Every denoiser: a two-expert model (Wan 2.2 A14B) caches in both experts.
+    modules = denoisers(view)
+    module = modules[0]
     usage = Usage()
-    projections = [m.to_q for m in module.modules() if hasattr(m, "to_q")]
-    usage.attentions = len(projections)
+    handles = []
+    for each in modules:
+        projections = [m.to_q for m in each.modules() if hasattr(m, "to_q")]
+        usage.attentions = max(usage.attentions, len(projections))
 
-    def count_forward(*_: Any) -> None:
-        usage.forwards += 1
+        def count_forward(*_: Any) -> None:
+            usage.forwards += 1
 
-    def count_attention(*_: Any) -> None:
-        usage.computed += 1
+        def count_attention(*_: Any) -> None:
+            usage.computed += 1
 
-    handles = [module.register_forward_pre_hook(count_forward)]
-    handles += [p.register_forward_pre_hook(count_attention) for p in projections]
-    module.enable_cache(config(view, settings))
+        handles.append(each.register_forward_pre_hook(count_forward))
+        handles += [p.register_forward_pre_hook(count_attention) for p in projections]
+        each.enable_cache(config(view, settings, steps, each))
     try:
         yield usage
     except (StopRun, JobFailure):
@@ -108,6 +154,7 @@ def enabled(view: Any, options: Effective) -> Iterator[Usage | None]:
         reason = f"the call failed with the {settings['kind']} cache on {type(module).__name__}: {text}"
         raise options.failure(NAME, reason) from exc
     finally:
-        module.disable_cache()
+        for each in modules:
+            each.disable_cache()
         for handle in handles:
             handle.remove()

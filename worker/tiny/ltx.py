@@ -6,7 +6,8 @@ an `AutoencoderKLLTXVideo` of width 8 with LTX-Video's own compression (patch 4 
 stages = 32x spatial, three 2x stages = 8x temporal), a 2-layer `T5EncoderModel` of width 32
 with the offline T5 tokenizer, and a `FlowMatchEulerDiscreteScheduler`. Keeping the real
 compression keeps the real grid: sizes are multiples of 32 and frame counts 8k+1 (9 frames
-make 2 latent frames).
+make 2 latent frames). image2video on it runs `LTXImageToVideoPipeline` on the same modules
+(`from_pipe`, see `worker/pipelines/tasks.py`); the request's fps is LTX's `frame_rate`.
 """
 
 from __future__ import annotations

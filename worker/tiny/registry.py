@@ -5,7 +5,9 @@ with tiny, seeded random weights: every machine builds identical weights, saves 
 `save_pretrained` and loads them back with `from_pretrained` like any local model.
 
 Builders are registered by name in `BUILDERS`, one module per family (`sd`, `sdxl`, `sd3`, `flux`,
-`pixart`, `sana`, `lumina2`, `wan`, `cogvideox`, `ltx`, `mochi`, `hunyuan_video`, `svd`);
+`flux2`, `hidream`, `pixart`, `sana`, `lumina2`, `qwen_image`, `kolors`, `wan`, `wan22`,
+`skyreels_v2`, `cogvideox`, `ltx`, `mochi`, `hunyuan_video`, `hunyuan_video15`, `kandinsky5`, `svd`,
+`stable_audio`);
 `tokenizers` makes their offline tokenizers.
 A build goes into a temporary folder beside the target and is renamed into place, under a
 file lock, so workers sharing a model dir never see (or make) a half-written model.
@@ -25,17 +27,26 @@ from pathlib import Path
 from omnirt.worker.tiny import (
     cogvideox,
     flux,
+    flux2,
+    hidream,
     hunyuan_video,
+    hunyuan_video15,
+    kandinsky5,
+    kolors,
     ltx,
     lumina2,
     mochi,
     pixart,
+    qwen_image,
     sana,
     sd,
     sd3,
     sdxl,
+    skyreels_v2,
+    stable_audio,
     svd,
     wan,
+    wan22,
 )
 
 BUILTIN_PREFIX = "builtin:"
@@ -64,6 +75,34 @@ BUILDERS: dict[str, Builder] = {
     "tiny-wan-i2v": Builder(
         wan.build_tiny_wan_i2v, version=1, description="tiny Wan image-to-video, random weights"
     ),
+    "tiny-wan22": Builder(
+        wan22.build_tiny_wan22, version=1, description="tiny Wan 2.2 two-expert text-to-video, random weights"
+    ),
+    "tiny-wan22-i2v": Builder(
+        wan22.build_tiny_wan22_i2v,
+        version=1,
+        description="tiny Wan 2.2 two-expert image-to-video, random weights",
+    ),
+    "tiny-wan22-ti2v": Builder(
+        wan22.build_tiny_wan22_ti2v,
+        version=1,
+        description="tiny Wan 2.2 TI2V-5B-style text/image-to-video, random weights",
+    ),
+    "tiny-skyreels-v2": Builder(
+        skyreels_v2.build_tiny_skyreels_v2,
+        version=1,
+        description="tiny SkyReels-V2 text-to-video, random weights",
+    ),
+    "tiny-skyreels-v2-i2v": Builder(
+        skyreels_v2.build_tiny_skyreels_v2_i2v,
+        version=1,
+        description="tiny SkyReels-V2 image-to-video, random weights",
+    ),
+    "tiny-skyreels-v2-df": Builder(
+        skyreels_v2.build_tiny_skyreels_v2_df,
+        version=1,
+        description="tiny SkyReels-V2 diffusion-forcing text-to-video, random weights",
+    ),
     "tiny-svd": Builder(
         svd.build_tiny_svd,
         version=1,
@@ -76,6 +115,26 @@ BUILDERS: dict[str, Builder] = {
         hunyuan_video.build_tiny_hunyuan_video,
         version=1,
         description="tiny HunyuanVideo text-to-video, random weights",
+    ),
+    "tiny-hunyuan-video15": Builder(
+        hunyuan_video15.build_tiny_hunyuan_video15,
+        version=1,
+        description="tiny HunyuanVideo 1.5 text-to-video, random weights",
+    ),
+    "tiny-hunyuan-video15-i2v": Builder(
+        hunyuan_video15.build_tiny_hunyuan_video15_i2v,
+        version=1,
+        description="tiny HunyuanVideo 1.5 image-to-video, random weights",
+    ),
+    "tiny-kandinsky5": Builder(
+        kandinsky5.build_tiny_kandinsky5,
+        version=1,
+        description="tiny Kandinsky 5 text-to-video, random weights",
+    ),
+    "tiny-kandinsky5-t2i": Builder(
+        kandinsky5.build_tiny_kandinsky5_t2i,
+        version=1,
+        description="tiny Kandinsky 5 text-to-image, 1024x1024 area, random weights",
     ),
     "tiny-ltx-video": Builder(
         ltx.build_tiny_ltx_video, version=1, description="tiny LTX-Video text-to-video, random weights"
@@ -93,13 +152,34 @@ BUILDERS: dict[str, Builder] = {
         sd3.build_tiny_sd3, version=1, description="tiny Stable Diffusion 3, 64x64, random weights"
     ),
     "tiny-flux": Builder(flux.build_tiny_flux, version=1, description="tiny Flux.1, 64x64, random weights"),
+    "tiny-flux2": Builder(
+        flux2.build_tiny_flux2, version=1, description="tiny FLUX.2 text/image-to-image, random weights"
+    ),
+    "tiny-hidream": Builder(
+        hidream.build_tiny_hidream, version=1, description="tiny HiDream-I1, 1024x1024 area, random weights"
+    ),
     "tiny-sana": Builder(
         sana.build_tiny_sana, version=1, description="tiny Sana text-to-image, random weights"
+    ),
+    "tiny-qwen-image": Builder(
+        qwen_image.build_tiny_qwen_image,
+        version=1,
+        description="tiny Qwen-Image text/image-to-image, 64x64, random weights",
+    ),
+    "tiny-kolors": Builder(
+        kolors.build_tiny_kolors,
+        version=1,
+        description="tiny Kolors text/image-to-image, 64x64, random weights",
     ),
     "tiny-lumina2": Builder(
         lumina2.build_tiny_lumina2,
         version=1,
         description="tiny Lumina-Image 2.0 text-to-image, random weights",
+    ),
+    "tiny-stable-audio": Builder(
+        stable_audio.build_tiny_stable_audio,
+        version=1,
+        description="tiny Stable Audio text-to-audio, stereo 8 kHz, random weights",
     ),
 }
 

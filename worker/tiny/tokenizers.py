@@ -170,3 +170,153 @@ def llama_tokenizer() -> Any:
         add_bos_token=True,
         extra_special_tokens=list(_LLAMA_CHAT_TOKENS),
     )
+
+
+# Mistral's Tekken control tokens, at Tekken's ids (0-19): `[IMG]` is 10 and `<pad>` 11, as the
+# Mistral-Small-3.1 configs FLUX.2 ships name them.
+_MISTRAL_SPECIALS = (
+    *("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
+    *("[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]"),
+    *("[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+    "[TOOL_CONTENT]",
+)
+# Mistral-Small-3.1's chat template, text blocks only: `<s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]`,
+# then `[INST]...[/INST]` per user turn (message content a string or a list of text blocks).
+_MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['content'] is string %}{% set text = message['content'] %}"
+    "{% else %}{% set text = message['content'] | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('') %}{% endif %}"
+    "{% if message['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + text + '[/SYSTEM_PROMPT]' }}"
+    "{% elif message['role'] == 'user' %}{{ '[INST]' + text + '[/INST]' }}"
+    "{% else %}{{ text + eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def mistral_tokenizer() -> Any:
+    """A Mistral (Tekken-like byte-level BPE) tokenizer with Mistral's chat template, made offline.
+
+    Tekken's control tokens at their ids, the 256 byte symbols of `_bytes_to_unicode` (any text
+    encodes), and merges that join the words of `_WORDS` (with and without a leading space).
+    FLUX.2's system prompt and a short user prompt take ~125 of the pipeline's 512 (~600 in all).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(_MISTRAL_SPECIALS)}
+    symbols = _bytes_to_unicode()
+    for symbol in symbols.values():
+        vocab.setdefault(symbol, len(vocab))
+    merges: list[tuple[str, str]] = []
+    for word in _WORDS:
+        for spelling in (symbols[ord(" ")] + word, word):
+            piece = spelling[0]
+            for char in spelling[1:]:
+                if piece + char not in vocab:
+                    merges.append((piece, char))
+                    vocab[piece + char] = len(vocab)
+                piece += char
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        extra_special_tokens=[t for t in _MISTRAL_SPECIALS if t not in ("<unk>", "<s>", "</s>", "<pad>")],
+        chat_template=_MISTRAL_CHAT_TEMPLATE,
+    )
+
+
+# Qwen2's chat and vision tokens, after `<|endoftext|>` (its unk, eos and pad token) as in Qwen2.5-VL.
+QWEN2_SPECIALS = (
+    *("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"),
+    *("<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"),
+)
+# The words of Qwen-Image's prompt templates (text-to-image and edit), each one token after a space
+# as in Qwen2's own vocabulary: the pipelines drop a fixed count of template tokens (34 and 64).
+_QWEN_TEMPLATE_WORDS = (
+    *("Describe", "image", "detailing", "color", "shape", "size", "texture", "quantity", "text"),
+    *("spatial", "relationships", "objects", "background", "key", "features", "input", "then"),
+    *("explain", "how", "user", "instruction", "should", "alter", "or", "modify", "Generate", "new"),
+    *("that", "meets", "requirements", "while", "maintaining", "consistency", "original", "where"),
+    "appropriate",
+)
+# Pieces Qwen2 keeps whole that are not a word after a space: the roles after `<|im_start|>`,
+# a template's first word after a newline, and the template's punctuation.
+_QWEN_PIECES = ("system", "user", "assistant", "Describe", "color", "'s", "),")
+
+
+def qwen2_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A Qwen2-shaped byte-level BPE vocabulary and merges (special tokens not included).
+
+    The 256 byte symbols of `_bytes_to_unicode` let any text encode; the merges join the words of
+    `_WORDS` and of Qwen-Image's templates after a space (`Ġword`), then `_QWEN_PIECES`. The
+    space-prefixed merges rank first, so a word after a space always becomes one token.
+    """
+    symbols = _bytes_to_unicode()
+    vocab: dict[str, int] = {}
+    for symbol in symbols.values():
+        vocab.setdefault(symbol, len(vocab))
+    space = symbols[ord(" ")]
+    words = dict.fromkeys(_WORDS + _QWEN_TEMPLATE_WORDS)
+    merges: list[tuple[str, str]] = []
+    for spelling in (*(space + word for word in words), space + "(", *_QWEN_PIECES):
+        piece = spelling[0]
+        for char in spelling[1:]:
+            if piece + char not in vocab:
+                merges.append((piece, char))
+                vocab[piece + char] = len(vocab)
+            piece += char
+    return vocab, merges
+
+
+def qwen2_tokenizer() -> Any:
+    """A Qwen2 tokenizer (byte-level BPE over `qwen2_vocabulary`, Qwen2's chat and vision tokens),
+    made offline: Qwen-Image's text-to-image template prefix encodes in exactly the 34 tokens its
+    pipeline drops, the edit template's in 64."""
+    from transformers import Qwen2Tokenizer
+
+    vocab, merges = qwen2_vocabulary()
+    # `<|endoftext|>` is the class's own unk/eos/pad token; the rest follow it.
+    return Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,  # type: ignore[arg-type]  # the BPE model takes (left, right) pairs
+        extra_special_tokens=list(QWEN2_SPECIALS[1:]),
+    )
+
+
+def sentencepiece_unigram_model() -> bytes:
+    """A serialized SentencePiece Unigram model (a `tokenizer.model` file) over `t5_vocabulary`.
+
+    `<unk>`, `<s>` and `</s>` are ids 0-2 (ChatGLM's layout), then the T5 pieces once each, with
+    an identity normalizer; made from the model proto directly, no training run.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    # Generated protobuf code without stubs: its message classes are made at import time.
+    model_pb2: Any = sentencepiece_model_pb2
+    model = model_pb2.ModelProto()
+    piece_type = model_pb2.ModelProto.SentencePiece
+    for text, kind in (
+        ("<unk>", piece_type.UNKNOWN),
+        ("<s>", piece_type.CONTROL),
+        ("</s>", piece_type.CONTROL),
+    ):
+        model.pieces.add(piece=text, score=0.0, type=kind)
+    seen = {"<pad>", "</s>", "<unk>"}  # T5's specials; ChatGLM has its own above
+    for text, score in t5_vocabulary():
+        if text not in seen:  # `▁a` is both a word and a letter there: a proto takes each once
+            seen.add(text)
+            model.pieces.add(piece=text, score=score, type=piece_type.NORMAL)
+    model.trainer_spec.model_type = model_pb2.TrainerSpec.UNIGRAM
+    model.trainer_spec.vocab_size = len(model.pieces)
+    model.trainer_spec.unk_id, model.trainer_spec.bos_id, model.trainer_spec.eos_id = 0, 1, 2
+    model.trainer_spec.pad_id = -1
+    model.normalizer_spec.name = "identity"
+    model.normalizer_spec.add_dummy_prefix = True
+    model.normalizer_spec.remove_extra_whitespaces = True
+    model.normalizer_spec.escape_whitespaces = True
+    return model.SerializeToString()

@@ -9,6 +9,9 @@ width 32 and a T5 (Unigram) tokenizer made from a hand-written vocabulary list, 
 The image-to-video model is Wan 2.2-style: the first frame is encoded by the VAE and
 concatenated to the latents with a mask (no CLIP image encoder), so the transformer takes
 4 (noise) + 4 (mask) + 4 (image latents) input channels.
+
+`umt5_encoder`, `wan_vae` and `transformer_config` are the parts the families built on Wan's
+(Wan 2.2 in `wan22`, SkyReels-V2 in `skyreels_v2`) share with these two.
 """
 
 from __future__ import annotations
@@ -20,55 +23,85 @@ from omnirt.worker.tiny import tokenizers
 
 # Latent channels of the tiny VAE; the Wan VAE compresses 4 frames into one latent frame.
 LATENT_CHANNELS = 4
+# Channels of the first-frame mask Wan's image-to-video pipelines concatenate to the latents:
+# one per frame a latent frame holds (the VAE's temporal factor).
+MASK_CHANNELS = 4
+# The width of the tiny UMT5 text encoder (the transformers' `text_dim`).
+TEXT_WIDTH = 32
+
+
+def umt5_encoder(tokenizer: Any) -> Any:
+    """A 2-layer `UMT5EncoderModel` of width 32 for `tokenizer` (the offline T5 one), from the
+    caller's RNG."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    return UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=len(tokenizer),
+            d_model=TEXT_WIDTH,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
+    )
+
+
+def wan_vae(**config: Any) -> Any:
+    """An `AutoencoderKLWan` of base width 8 with the real compression (8x spatial, 4x temporal)
+    and `LATENT_CHANNELS` latent channels unless `config` says otherwise; the caller's RNG."""
+    from diffusers import AutoencoderKLWan
+
+    z_dim = config.pop("z_dim", LATENT_CHANNELS)
+    return AutoencoderKLWan(
+        **{
+            "base_dim": 8,
+            "z_dim": z_dim,
+            "dim_mult": [1, 1, 1, 1],
+            "num_res_blocks": 1,
+            "temperal_downsample": [False, True, True],
+            "latents_mean": [0.0] * z_dim,
+            "latents_std": [1.0] * z_dim,
+            **config,
+        }
+    )
+
+
+def transformer_config(in_channels: int, out_channels: int = LATENT_CHANNELS) -> dict[str, Any]:
+    """The tiny Wan transformer's config: 2 layers of 2 heads x 12, (1, 2, 2) patches.
+    `SkyReelsV2Transformer3DModel` takes the same arguments."""
+    return {
+        "patch_size": (1, 2, 2),
+        "num_attention_heads": 2,
+        "attention_head_dim": 12,
+        "in_channels": in_channels,
+        "out_channels": out_channels,
+        "text_dim": TEXT_WIDTH,
+        "freq_dim": 32,
+        "ffn_dim": 32,
+        "num_layers": 2,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "rope_max_seq_len": 32,
+    }
 
 
 def _components(transformer_in_channels: int) -> dict[str, Any]:
     """Seeded tokenizer, text encoder, VAE, transformer and scheduler shared by both builders."""
     import torch
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
 
     tokenizer = tokenizers.t5_tokenizer()
     # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        text_encoder = UMT5EncoderModel(
-            UMT5Config(
-                vocab_size=len(tokenizer),
-                d_model=32,
-                d_kv=8,
-                d_ff=64,
-                num_layers=2,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                decoder_start_token_id=tokenizer.pad_token_id,
-            )
-        )
-        vae = AutoencoderKLWan(
-            base_dim=8,
-            z_dim=LATENT_CHANNELS,
-            dim_mult=[1, 1, 1, 1],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-            latents_mean=[0.0] * LATENT_CHANNELS,
-            latents_std=[1.0] * LATENT_CHANNELS,
-        )
-        transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            num_attention_heads=2,
-            attention_head_dim=12,
-            in_channels=transformer_in_channels,
-            out_channels=LATENT_CHANNELS,
-            text_dim=32,
-            freq_dim=32,
-            ffn_dim=32,
-            num_layers=2,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            rope_max_seq_len=32,
-        )
+        text_encoder = umt5_encoder(tokenizer)
+        vae = wan_vae()
+        transformer = WanTransformer3DModel(**transformer_config(transformer_in_channels))
     return {
         "tokenizer": tokenizer,
         "text_encoder": text_encoder,
@@ -91,5 +124,5 @@ def build_tiny_wan_i2v(target: Path) -> None:
     from diffusers import WanImageToVideoPipeline
 
     # noise latents + a 4-channel frame mask + the VAE latents of the conditioning video.
-    pipeline: Any = WanImageToVideoPipeline(**_components(3 * LATENT_CHANNELS))
+    pipeline: Any = WanImageToVideoPipeline(**_components(2 * LATENT_CHANNELS + MASK_CHANNELS))
     pipeline.save_pretrained(str(target))

@@ -56,6 +56,15 @@ def test_dtypes_per_backend() -> None:
     assert backends.placement_for("ascend", {"dtype": "bfloat16"}).dtype == "bfloat16"
 
 
+def test_a_dtype_table_picks_the_backends_own() -> None:
+    """The family table's `dtype = {cuda = "bfloat16", ascend = "float16"}` form."""
+    table = {"dtype": {"cuda": "bfloat16", "ascend": "float16"}}
+    assert backends.placement_for("cuda", table).dtype == "bfloat16"
+    assert backends.placement_for("ascend", table).dtype == "float16"
+    assert backends.placement_for("cpu", table).dtype == "float32"
+    assert backends.placement_for("cuda", {"dtype": {"ascend": "bfloat16"}}).dtype == "float16"
+
+
 def test_devices_and_device_map() -> None:
     assert backends.placement_for("cuda", {"devices": [1]}) == Placement("cuda", "cuda:1", "float16")
     several = backends.placement_for("cuda", {"devices": ["cuda:0", 2]})

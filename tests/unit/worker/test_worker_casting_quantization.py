@@ -119,3 +119,16 @@ def test_layerwise_casting_refuses_lora_adapters(fresh_executor: LegacyCallExecu
     assert by_catalog.code == "INVALID_ARGUMENT" and by_catalog.field == "adapters[0]"
     assert "layerwise casting" in by_catalog.message
     report(run_job(fresh_executor, adapters=["cast-lora"]))  # adapters on the uncast model still work
+
+
+def test_a_two_expert_model_casts_both_experts(model_dir: Path) -> None:
+    """Wan 2.2 A14B's low-noise expert (`transformer_2`) gets the load options too, not only the first."""
+    spec = t.ModelSpec(
+        id="tiny-wan22",
+        source="builtin:tiny-wan22",
+        pipeline_class="WanPipeline",
+        runtime={"layerwise_casting": "float8_e4m3fn"},
+    )
+    pipeline = ModelCache(model_dir).get(spec, CPU).pipeline
+    for expert in (pipeline.transformer, pipeline.transformer_2):
+        assert expert.blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn

@@ -32,7 +32,26 @@ def test_the_schema_names_fields_of_the_installed_diffusers_configs() -> None:
         assert set(fields) <= {f.name for f in dataclasses.fields(config)}, kind
 
 
-@pytest.mark.parametrize("settings", [FIRST_BLOCK, "pyramid_attention_broadcast"])
+# MagCache's ratios are calibrated per checkpoint; these are a plausible made-up curve (the tiny
+# model has none: diffusers ships only Flux's), enough to make it skip steps after the first two.
+MAG_CACHE = {
+    "kind": "mag_cache",
+    "threshold": 0.5,
+    "retention_ratio": 0.2,
+    "mag_ratios": [1.0, 0.99, 0.98, 0.97],
+}
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        FIRST_BLOCK,
+        "pyramid_attention_broadcast",
+        MAG_CACHE,
+        {"kind": "taylor_seer", "cache_interval": 2, "use_lite_mode": True},
+    ],
+    ids=["first_block", "pab", "mag_cache", "taylor_seer"],
+)
 def test_a_step_cache_reuses_work_for_one_call_and_is_reported(
     wan_executor: LegacyCallExecutor, settings: object
 ) -> None:
@@ -79,3 +98,32 @@ def test_a_unet_denoiser_is_refused(executor: LegacyCallExecutor) -> None:
     by_catalog = failure(run_job(executor, runtime={"step_cache": FIRST_BLOCK}))
     assert by_catalog.code == "FAILED_PRECONDITION" and by_catalog.field == "runtime.step_cache"
     report(run_job(executor))  # still serving
+
+
+def test_mag_cache_without_ratios_for_a_model_diffusers_has_none_for_is_refused(
+    wan_executor: LegacyCallExecutor,
+) -> None:
+    error = failure(run_job(wan_executor, "tiny-wan", request_runtime={"step_cache": "mag_cache"}, **WAN))
+    assert error.code == "INVALID_ARGUMENT" and error.field == "extra.runtime.step_cache"
+    assert "mag_ratios calibrated for WanTransformer3DModel" in error.message
+
+
+def test_taylor_seer_whose_patterns_miss_the_model_is_refused_not_silently_off(
+    wan_executor: LegacyCallExecutor,
+) -> None:
+    """Its default attention patterns fit Flux's block names, not Wan's (`blocks.0.attn1`)."""
+    error = failure(run_job(wan_executor, "tiny-wan", request_runtime={"step_cache": "taylor_seer"}, **WAN))
+    assert error.code == "INVALID_ARGUMENT" and error.field == "extra.runtime.step_cache"
+    assert "use_lite_mode" in error.message
+
+
+def test_mag_cache_on_flux_uses_the_ratios_diffusers_ships_and_skips_steps(
+    wan_executor: LegacyCallExecutor,
+) -> None:
+    flux = {"pipeline_class": "FluxPipeline", "steps": 12, "guidance_scale": 3.5}
+    plain = run_job(wan_executor, "tiny-flux", **flux)
+    cached = run_job(wan_executor, "tiny-flux", request_runtime={"step_cache": "mag_cache"}, **flux)
+    used = report(cached)
+    assert used.config_resolved["runtime_options"]["step_cache"] == {"kind": "mag_cache"}
+    assert used.cache_hits["step_cache"] > 0, "FLUX_MAG_RATIOS interpolated to 12 steps skip some"
+    assert report(plain).cache_hits == {}

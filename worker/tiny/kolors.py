@@ -1,0 +1,119 @@
+"""The tiny random-weight Kolors (`builtin:tiny-kolors`), text-to-image and image-to-image.
+
+A real diffusers `KolorsPipeline` with small seeded weights, built offline and saved with
+`save_pretrained`: an SDXL-shaped 2-block `UNet2DConditionModel` with SDXL's `text_time` added
+conditioning (the pooled text embedding and the 6 size/crop micro-conditions) and, as Kolors, a
+`text_proj` from the text encoder's width to the cross-attention width; a 4-block `AutoencoderKL`
+with 4 latent channels (the real 8x factor); a 2-layer `ChatGLMModel` of width 32 (diffusers'
+copy of ChatGLM3, multi-query attention with 2 groups and QKV bias as Kolors' encoder) with a
+`ChatGLMTokenizer` over the offline SentencePiece model; and Kolors' Euler scheduler (1100 training
+steps). Image-to-image is diffusers' `KolorsImg2ImgPipeline` on the same modules (`from_pipe`).
+
+Sizes are multiples of 8 (the UNet takes any latent size); the UNet's `sample_size` 8 makes the
+default size 64x64. The ChatGLM tokenizer needs the `sentencepiece` package.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omnirt.worker.tiny import parts, tokenizers
+
+TEXT_WIDTH = 32
+# SDXL's added time ids: original size, crop top-left and target size, 2 numbers each.
+TIME_IDS = 6
+TIME_EMBED_DIM = 8
+
+
+def _tokenizer(folder: Path) -> Any:
+    """A `ChatGLMTokenizer` over `tokenizers.sentencepiece_unigram_model`, written into `folder`.
+
+    The tokenizer copies that file on `save_pretrained`: `folder` must outlive the save.
+    """
+    from diffusers.pipelines.kolors import ChatGLMTokenizer
+
+    model_file = folder / "tokenizer.model"
+    model_file.write_bytes(tokenizers.sentencepiece_unigram_model())
+    return ChatGLMTokenizer(vocab_file=str(model_file))
+
+
+def _text_encoder(vocab_size: int) -> Any:
+    """A 2-layer ChatGLM3-shaped encoder of width 32 over `vocab_size` ids."""
+    import torch
+    from diffusers.pipelines.kolors import ChatGLMModel
+    from diffusers.pipelines.kolors.text_encoder import ChatGLMConfig, RMSNorm
+
+    config = ChatGLMConfig(
+        num_layers=2,
+        padded_vocab_size=vocab_size,
+        hidden_size=TEXT_WIDTH,
+        ffn_hidden_size=2 * TEXT_WIDTH,
+        kv_channels=8,
+        num_attention_heads=4,
+        seq_length=256,
+        multi_query_attention=True,
+        multi_query_group_num=2,
+        add_qkv_bias=True,
+        original_rope=True,
+    )
+    # `empty_init` (the default) leaves every weight as uninitialised memory: not reproducible.
+    encoder = ChatGLMModel(config, empty_init=False)
+    for module in encoder.modules():
+        if isinstance(module, RMSNorm):  # made with torch.empty even so
+            torch.nn.init.ones_(module.weight)
+    return encoder
+
+
+def build_tiny_kolors(target: Path) -> None:
+    """A tiny `KolorsPipeline`: 64x64 images by default (8x8 latents), sizes multiple of 8."""
+    import torch
+    from diffusers import EulerDiscreteScheduler, KolorsPipeline, UNet2DConditionModel
+
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer = _tokenizer(Path(folder))
+        # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            text_encoder = _text_encoder(tokenizer.vocab_size)  # the pieces and ChatGLM's 9 commands
+            unet = UNet2DConditionModel(
+                sample_size=8,
+                in_channels=4,
+                out_channels=4,
+                block_out_channels=(32, 64),
+                layers_per_block=1,
+                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+                attention_head_dim=(2, 4),
+                use_linear_projection=True,
+                transformer_layers_per_block=(1, 2),
+                # Kolors projects ChatGLM's hidden states (4096 wide there) to its cross-attention width.
+                encoder_hid_dim=TEXT_WIDTH,
+                encoder_hid_dim_type="text_proj",
+                cross_attention_dim=2 * TEXT_WIDTH,
+                addition_embed_type="text_time",
+                addition_time_embed_dim=TIME_EMBED_DIM,
+                # The time ids' embeddings and ChatGLM's pooled output (its last token's state).
+                projection_class_embeddings_input_dim=TIME_IDS * TIME_EMBED_DIM + TEXT_WIDTH,
+                norm_num_groups=32,
+            )
+            vae = parts.image_vae(4, scaling_factor=0.13025)  # SDXL's VAE scaling, as Kolors'
+        # Kwai-Kolors/Kolors-diffusers' scheduler config.
+        scheduler = EulerDiscreteScheduler(
+            num_train_timesteps=1100,
+            beta_start=0.00085,
+            beta_end=0.014,
+            beta_schedule="scaled_linear",
+            steps_offset=1,
+            timestep_spacing="leading",
+        )
+        pipeline: Any = KolorsPipeline(
+            vae=vae,
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+            unet=unet,
+            scheduler=scheduler,
+            force_zeros_for_empty_prompt=False,
+        )
+        pipeline.save_pretrained(str(target))
