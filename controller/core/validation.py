@@ -10,11 +10,13 @@ from typing import Any
 
 from omnirt._internal import defaults, runtime_schema
 from omnirt._internal.defaults import MAX_SEED
+from omnirt._internal.families import Family
 from omnirt._internal.modes import ExecutionMode
 from omnirt.controller.core import bounds
 from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
-from omnirt.controller.core.catalog import Catalog
-from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Task
+from omnirt.controller.core.catalog import PRESET_RUNTIME, Catalog
+from omnirt.errors import FailedPrecondition
+from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Preset, Task
 
 MAX_PRIORITY = 100
 # Float fields travel as float32; beyond these they are mistakes, not settings.
@@ -40,7 +42,7 @@ OUTPUT_KIND = {
 FORMATS = {
     MediaKind.IMAGE: ("png", "webp", "jpeg"),
     MediaKind.VIDEO: ("mp4", "gif"),
-    MediaKind.AUDIO: ("wav",),
+    MediaKind.AUDIO: ("wav", "flac", "mp3"),
 }
 
 
@@ -85,16 +87,69 @@ def _check_times(req: GenerateRequest, now_ms: int) -> None:
         raise bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
 
 
-def _apply_defaults(req: GenerateRequest, spec: ModelSpec) -> None:
-    """Preset first, then the model's defaults, for every field the request left unset; the seed."""
-    overrides: dict[str, Any] = {}
-    if req.preset:
-        preset = next((p for p in spec.presets if p.name == req.preset), None)
-        if preset is None:
-            names = ", ".join(p.name for p in spec.presets) or "none"
-            raise bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")
-        overrides = preset.overrides
-    defaults.apply(req, spec, overrides)
+def _preset(req: GenerateRequest, spec: ModelSpec) -> Preset | None:
+    """The request's preset; its runtime options become the request's when it sets none."""
+    if not req.preset:
+        return None
+    preset = next((p for p in spec.presets if p.name == req.preset), None)
+    if preset is None:
+        names = ", ".join(p.name for p in spec.presets) or "none"
+        raise bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")
+    if PRESET_RUNTIME in preset.overrides and "runtime" not in req.extra:
+        req.extra = {**req.extra, "runtime": dict(preset.overrides[PRESET_RUNTIME])}
+    return preset
+
+
+def _check_family(req: GenerateRequest, spec: ModelSpec, family: Family) -> None:
+    """What the request itself asks (before defaults) that its model's family cannot honour."""
+    if spec.execution_mode not in family.modes:
+        raise FailedPrecondition(
+            f"{spec.id} cannot run in {spec.execution_mode} mode: the {family.id} family runs in "
+            f"{', '.join(family.modes)}",
+            field="model",
+        )
+    assert req.task is not None
+    if spec.execution_mode == ExecutionMode.MODULAR and req.task not in family.modular:
+        runs = ", ".join(t.value for t in family.modular)
+        raise FailedPrecondition(
+            f"{spec.id} cannot run {req.task.value} in modular mode: the {family.id} family's modular "
+            f"blocks run {runs}",
+            field="task",
+        )
+    given = {
+        "prompt": bool(req.prompt.strip()),
+        "negative_prompt": bool(req.negative_prompt.strip()),
+        "guidance_scale": req.guidance_scale is not None,
+        "num_frames": req.num_frames is not None,
+        "duration_ms": req.duration_ms is not None,
+    }
+    for name in family.unsupported:
+        if given.get(name):
+            raise bad(name, f"{spec.id} takes no {name} (no pipeline of the {family.id} family has one)")
+    allowed = {*REQUIRED_INPUTS.get(req.task, ()), *family.inputs.get(req.task, ())}
+    for i, item in enumerate(req.inputs):
+        if item.role not in allowed:
+            takes = ", ".join(sorted(r.value for r in allowed)) or "no inputs"
+            raise bad(
+                f"inputs[{i}].role",
+                f"{req.task.value} on {spec.id} takes no {item.role.value} input (it takes: {takes})",
+            )
+
+
+def _check_grid(req: GenerateRequest, spec: ModelSpec, family: Family | None) -> None:
+    """Width and height on the family's size grid; num_frames on its temporal grid."""
+    lim = spec.limits
+    multiple, where = (family.size_multiple, f" for the {family.id} family") if family else (8, "")
+    for name, limit in (("width", lim.max_width), ("height", lim.max_height)):
+        value = getattr(req, name)
+        if value is not None and value > 0 and value % multiple:
+            raise bad(name, f"must be a multiple of {multiple}{where} (got {value})")
+        _positive(req, name, limit)
+    frames = req.num_frames
+    if family is not None and frames is not None and frames > 0 and not family.on_frame_grid(frames):
+        k = family.frame_grid
+        grid = f"1, {k + 1}, {2 * k + 1}, ..."
+        raise bad("num_frames", f"must be {k}k+1 for the {family.id} family ({grid}; got {frames})")
 
 
 def _check_inputs(req: GenerateRequest, task: Task) -> None:
@@ -108,6 +163,15 @@ def _check_inputs(req: GenerateRequest, task: Task) -> None:
     for role in REQUIRED_INPUTS.get(task, ()):
         if role not in roles:
             raise bad("inputs", f"{task.value} needs an input with role {role.value}")
+
+
+def _check_step_cache(req: GenerateRequest, spec: ModelSpec, family: Family | None) -> None:
+    """A step cache asked of a family whose denoiser takes no cache hooks (a UNet, SD3's MMDiT)."""
+    runtime = req.extra.get("runtime")
+    if family is None or family.step_cache or not isinstance(runtime, dict) or not runtime.get("step_cache"):
+        return
+    reason = f"the {family.id} family's denoiser takes no diffusers cache hooks ({spec.id})"
+    raise bad("extra.runtime.step_cache", reason)
 
 
 def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
@@ -142,15 +206,19 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     if not 0 <= req.priority <= MAX_PRIORITY:
         raise bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})")
     _check_inputs(req, req.task)
+    family = catalog.family(spec)
+    if family is not None:
+        _check_family(req, spec, family)
+    preset = _preset(req, spec)
     _check_runtime(req, spec)
-    _apply_defaults(req, spec)
+    _check_step_cache(req, spec, family)
+    defaults.apply(req, spec, preset.overrides if preset else None)
     lim = spec.limits
-    _positive(req, "width", lim.max_width, 8)
-    _positive(req, "height", lim.max_height, 8)
+    _check_grid(req, spec, family)
     _positive(req, "num_inference_steps", lim.max_inference_steps)
     _positive(req, "num_outputs", lim.max_num_outputs)
     _positive(req, "num_frames", lim.max_num_frames)
-    _positive(req, "duration_ms", 0)
+    _positive(req, "duration_ms", lim.max_duration_ms)
     if req.guidance_scale is not None and req.guidance_scale < 0:
         raise bad("guidance_scale", f"must not be negative (got {req.guidance_scale})")
     _finite(req, "guidance_scale", 0, MAX_GUIDANCE_SCALE)
@@ -177,7 +245,16 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
 
 def resolved_config(req: GenerateRequest, spec: ModelSpec) -> dict[str, Any]:
     """The settings a worker will run with, as shown by Validate and the RunReport."""
-    keys = ("width", "height", "num_frames", "fps", "num_inference_steps", "guidance_scale", "strength")
+    keys = (
+        "width",
+        "height",
+        "num_frames",
+        "fps",
+        "duration_ms",
+        "num_inference_steps",
+        "guidance_scale",
+        "strength",
+    )
     config: dict[str, Any] = {k: getattr(req, k) for k in keys if getattr(req, k) is not None}
     config.update(
         model=spec.id,

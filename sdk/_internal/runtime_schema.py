@@ -38,6 +38,8 @@ _INT = "int"
 _FLOAT = "float"
 _BOOL = "bool"
 _RANGE = "range"  # [low, high] timesteps
+_RATIOS = "ratios"  # a list of positive numbers (MagCache's calibrated magnitude ratios)
+_STEP = "step"  # a step index, 0 allowed
 # diffusers cache hook configs by kind, with the fields a user may set (the others are
 # callbacks or module name patterns, chosen by OmniRT or diffusers).
 STEP_CACHE_KINDS: dict[str, dict[str, str]] = {
@@ -62,6 +64,23 @@ STEP_CACHE_KINDS: dict[str, dict[str, str]] = {
         "unconditional_batch_skip_range": _INT,
         "unconditional_batch_timestep_skip_range": _RANGE,
         "is_guidance_distilled": _BOOL,
+    },
+    # Skip the blocks while the accumulated magnitude error of the residual stays under
+    # `threshold`; `mag_ratios` are calibrated per checkpoint (diffusers ships Flux's, used for
+    # a Flux transformer when none are given), interpolated to the request's steps.
+    "mag_cache": {
+        "threshold": _FLOAT,
+        "max_skip_steps": _INT,
+        "retention_ratio": _FLOAT,
+        "mag_ratios": _RATIOS,
+    },
+    # Predict skipped steps' features with a Taylor expansion of the cached ones.
+    "taylor_seer": {
+        "cache_interval": _INT,
+        "disable_cache_before_step": _STEP,
+        "disable_cache_after_step": _STEP,
+        "max_order": _INT,
+        "use_lite_mode": _BOOL,
     },
 }
 # Pyramid attention broadcast does nothing unless a skip range is set: reuse every other one.
@@ -113,11 +132,29 @@ def _range(value: Any, path: str) -> list[int]:
     return [low, high]
 
 
+def _ratios(value: Any, path: str) -> list[float]:
+    if not isinstance(value, list | tuple) or not 2 <= len(value) <= MAX_RATIOS:
+        raise RuntimeOptionError(path, f"must be a list of 2 to {MAX_RATIOS} numbers, not {value!r}")
+    ratios = [_float(v, path) for v in value]
+    if not all(r > 0 for r in ratios):
+        raise RuntimeOptionError(path, "every ratio must be positive")
+    return ratios
+
+
+def _step(value: Any, path: str) -> int:
+    return _int(value, path, minimum=0)
+
+
+# Most entries of `mag_ratios` (one per calibrated step).
+MAX_RATIOS = 1000
+
 _FIELD_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     _INT: _int,
     _FLOAT: _float,
     _BOOL: _bool,
     _RANGE: _range,
+    _RATIOS: _ratios,
+    _STEP: _step,
 }
 
 

@@ -119,6 +119,14 @@ def test_cancel_a_queued_job(client: omnirt.Client) -> None:
         ({"model": "tiny-sd", "prompt": "x", "height": 4096}, errors.InvalidRequest, "height"),
         ({"model": "tiny-sd", "prompt": "x", "task": "text2video"}, errors.InvalidRequest, "task"),
         ({"model": "tiny-sd", "prompt": "x", "preset": "ultra"}, errors.InvalidRequest, "preset"),
+        # What the model's family cannot honour, refused by the controller (no worker serves these).
+        ({"model": "flux.1-dev", "prompt": "x", "width": 1000}, errors.InvalidRequest, "width"),
+        ({"model": "ltx-video", "prompt": "x", "num_frames": 160}, errors.InvalidRequest, "num_frames"),
+        (
+            {"model": "flux.2-dev", "prompt": "x", "negative_prompt": "y"},
+            errors.InvalidRequest,
+            "negative_prompt",
+        ),
     ],
 )
 def test_bad_input_gets_a_precise_error_and_changes_nothing(
