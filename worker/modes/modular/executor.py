@@ -1,18 +1,28 @@
 """`ModularExecutor`: the `modular` execution mode, a model run stage by stage from shared components.
 
-A family's components (UNet, VAE, text encoder, tokenizer, scheduler) are loaded once per
-worker by the model cache (keyed by source, so every catalog entry on `builtin:tiny-sd` shares
-them) and every task uses them: image2image and inpaint pipelines are `from_pipe` views of the
-loaded one, the same module objects. The stages are composed in `modular_stages` (diffusers
-0.42 has no modular pipeline for SD 1.x): `encode` (text encoder, skipped on a prompt-embedding
-cache hit), `denoise` (one PROGRESS event, one stop check per step), `decode` (VAE) and
-`export`, each a STAGE event pair and a `RunReport.timings` entry.
+A family's components (UNet or transformer, VAE, text encoders, tokenizers, scheduler) are
+loaded once per worker by the model cache (keyed by source, so every catalog entry on
+`builtin:tiny-sd` shares them) and every task uses them. Two kinds of families
+(`families.py` says which pipeline class is which; any other is refused with
+FAILED_PRECONDITION naming the model, before it loads):
+
+- Families with Modular Diffusers blocks (SDXL, Flux, SD3, Wan 2.1, LTX-Video): each task runs
+  diffusers' own `ModularPipeline` of the family's blocks (the task's workflow), whose
+  components are the model cache's modules, registered in the worker's one `ComponentsManager`
+  (`pipelines.py`); the blocks run sub-block by sub-block (`block_run.py`).
+- Stable Diffusion 1.x/2.x (diffusers 0.42 has no blocks for it): image2image and inpaint
+  pipelines are `from_pipe` views of the loaded one, and the stages are composed in `stages.py`.
+
+Both have the stages `encode` (text encoder, skipped on a prompt-embedding cache hit), `denoise`
+(one PROGRESS event, one stop check per step), `decode` (VAE) and `export`, each a STAGE event
+pair and a `RunReport.timings` entry.
 
 Batches: the jobs of an assignment are grouped like `legacy_call` groups them (same task, size,
 steps, guidance, scheduler, extras and adapters; media inputs never batch) and each group runs
 as ONE pass through the stages: every prompt is encoded (or found in the cache) on its own,
 then one denoising loop runs over the concatenated latents (one generator per output, so each
-job's noise is what it would be alone) and one VAE decode. A cancelled job's result is dropped;
+job's noise is what it would be alone) and one VAE decode (the diffusers blocks get the batch's
+embeddings concatenated, one row per output; see `block_run.py`). A cancelled job's result is dropped;
 the others of its batch run on unchanged (their rows do not depend on it) and the loop stops
 only when every job of the batch must stop.
 
@@ -36,7 +46,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
@@ -47,13 +57,17 @@ from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopRun, stop_error
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular import stages
+from omnirt.worker.modes.modular.families import ModularFamily, modular_families, modular_family
 from omnirt.worker.modes.schedulers import fresh_scheduler
 from omnirt.worker.pipelines import tasks as task_pipelines
-from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan
+from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan, check_call_arguments
 from omnirt.worker.pipelines.model_cache import CachedPipeline, CacheKey, ModelCache
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, inference_mode
 from omnirt.worker.runtime import options as runtime_options
+
+if TYPE_CHECKING:
+    from omnirt.worker.modes.modular.pipelines import ModularPipelines
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +75,6 @@ MODE = ExecutionMode.MODULAR
 DEFAULT_PROMPT_CACHE_SIZE = 256
 PROMPT_CACHE = "prompt_embeds"
 STEP_CACHE = "step_cache"  # diffusers cache hooks: legacy_call only
-# Tasks the composed stages run (Stable Diffusion 1.x/2.x image tasks).
-TASKS = frozenset({t.Task.TEXT2IMAGE, t.Task.IMAGE2IMAGE, t.Task.INPAINT})
 
 
 def prompt_cache_size(spec: t.ModelSpec) -> int:
@@ -78,9 +90,35 @@ def prompt_cache_size(spec: t.ModelSpec) -> int:
 
 
 def encoder_adapters(view: Any, active: Sequence[adapters.ResolvedAdapter]) -> stages.EncoderAdapters:
-    """The active adapters that change `view`'s text encoder (loaded ones only), as a cache-key part."""
-    on_encoder = getattr(view.text_encoder, "peft_config", None) or {}
+    """The active adapters that change one of `view`'s text encoders (loaded ones only), as a
+    cache-key part."""
+    on_encoder: set[str] = set()
+    for name in ("text_encoder", "text_encoder_2", "text_encoder_3"):
+        on_encoder.update(getattr(getattr(view, name, None), "peft_config", None) or {})
     return tuple((str(a.path), a.scale) for a in active if a.adapter_name in on_encoder)
+
+
+def modular_refusal(spec: t.ModelSpec, pipeline_class: str, loaded: Any = None) -> JobFailure | None:
+    """FAILED_PRECONDITION (field `model`) when the modular mode cannot run `pipeline_class`
+    (or the `loaded` pipeline's checkpoint, whose config may make it another family's)."""
+    if not pipeline_class or pipeline_class == "DiffusionPipeline":
+        return None  # a generic class: known once loaded, checked again then
+    family = modular_family(pipeline_class)
+    config = getattr(loaded, "config", None) or {}
+    if family is not None:
+        refused = [key for key in family.refused_configs if config.get(key)]
+        if not refused:
+            return None
+        what = f"{pipeline_class} with {', '.join(refused)} set"
+    else:
+        what = pipeline_class
+    runs = sorted({f.name for f in modular_families().values()})
+    return JobFailure(
+        "FAILED_PRECONDITION",
+        f"model {spec.id!r} ({what}) cannot run in the {MODE} mode: it runs the families diffusers "
+        f"has modular blocks for ({', '.join(runs)}); serve it with execution_mode = 'legacy_call'",
+        "model",
+    )
 
 
 class ModularExecutor(LegacyCallExecutor):
@@ -91,9 +129,20 @@ class ModularExecutor(LegacyCallExecutor):
     def __init__(self, config: WorkerConfig, cache: ModelCache | None = None) -> None:
         super().__init__(config, cache)
         self._caches_lock = threading.Lock()
-        self._prompt_caches: dict[CacheKey, stages.PromptCache] = {}
+        self._prompt_caches: dict[CacheKey, stages.PromptCache[Any, Any]] = {}
+        self._modular: ModularPipelines | None = None
 
-    def prompt_cache(self, key: CacheKey, size: int) -> stages.PromptCache:
+    @property
+    def modular(self) -> ModularPipelines:
+        """The worker's `ComponentsManager` and modular pipelines (diffusers is imported on first use)."""
+        with self._caches_lock:
+            if self._modular is None:
+                from omnirt.worker.modes.modular.pipelines import ModularPipelines
+
+                self._modular = ModularPipelines()
+            return self._modular
+
+    def prompt_cache(self, key: CacheKey, size: int) -> stages.PromptCache[Any, Any]:
         """The prompt-embedding cache of the components loaded under `key` (one per loaded model)."""
         with self._caches_lock:
             cache = self._prompt_caches.get(key)
@@ -115,9 +164,26 @@ class ModularExecutor(LegacyCallExecutor):
         return backends.placement_for(self.start_sync(), spec.runtime)
 
     async def preload(self, spec: t.ModelSpec) -> None:
-        """Load `spec`'s components into the model cache now, so its first job finds them warm."""
+        """Load `spec`'s components into the model cache now (and make the modular pipelines of
+        its tasks), so its first job finds them warm. A family the mode cannot run is not loaded."""
         if not null_model.is_null_model(spec):
-            await asyncio.to_thread(self.components, spec, t.Task.TEXT2IMAGE)
+            await asyncio.to_thread(self._preload_sync, spec)
+
+    def _preload_sync(self, spec: t.ModelSpec) -> None:
+        refusal = modular_refusal(spec, spec.pipeline_class)
+        if refusal is not None:
+            raise ValueError(refusal.error.message)
+        cached = self.cache.get(spec, self._placement(spec))
+        try:
+            family = modular_family(type(cached.pipeline).__name__)
+            refusal = modular_refusal(spec, type(cached.pipeline).__name__, cached.pipeline)
+            if family is None or refusal is not None:
+                raise ValueError(refusal.error.message if refusal else "no modular family")
+            if not family.composed:
+                for task in sorted(family.tasks & set(spec.tasks)):
+                    self.modular.pipeline(cached, family, task)
+        finally:
+            self.cache.release(cached)  # otherwise the entry would count as in use for ever
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         """`run` without the event loop: blocks; `emit` is called from this thread."""
@@ -133,6 +199,8 @@ class _Pass:
     images: list[list[Any]]
     info: dict[str, Any]
     hits: dict[str, int]
+    # Added to each job's `config_resolved` (the blocks and workflow that ran).
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class ModularRun(AssignmentRun):
@@ -140,12 +208,39 @@ class ModularRun(AssignmentRun):
 
     executor: ModularExecutor
 
+    def _load(self, spec: t.ModelSpec, job_ids: list[str]) -> CachedPipeline | None:
+        """Refuse a family the mode cannot run before it loads (and once loaded, for a generic class)."""
+        refusal = modular_refusal(spec, spec.pipeline_class)
+        if refusal is not None:
+            self.fail(job_ids, refusal.error)
+            return None
+        cached = super()._load(spec, job_ids)
+        if cached is not None:
+            refusal = modular_refusal(spec, type(cached.pipeline).__name__, cached.pipeline)
+            if refusal is not None:
+                self.executor.cache.release(cached)
+                self.fail(job_ids, refusal.error)
+                return None
+        return cached
+
     def run_group(self, cached: CachedPipeline, group: list[ItemPlan]) -> None:
         """One batch (plans `legacy_call` would put in one pipeline call) in one pass through the stages."""
-        kept = []
-        for plan in self.drop_stopped(group, "before start"):
+        family = modular_family(type(cached.pipeline).__name__)
+        assert family is not None  # refused by `_load` otherwise
+        group = self.drop_stopped(group, "before start")
+        if not group:
+            return
+        pipeline = None
+        if not family.composed and group[0].task in family.workflows:  # a group has one task
             try:
-                self._check(plan)
+                pipeline = self.executor.modular.pipeline(cached, family, group[0].task)
+            except JobFailure as failure:
+                self.fail([plan.job_id for plan in group], failure.error)
+                return
+        kept = []
+        for plan in group:
+            try:
+                self._check(plan, family, pipeline)
                 kept.append(plan)
             except JobFailure as failure:
                 self.fail([plan.job_id], failure.error)
@@ -158,7 +253,10 @@ class ModularRun(AssignmentRun):
             # Every plan of a group has the same adapters (they are part of the group key).
             active = self.adapters.get(job_ids[0], [])
             with adapters.applied(cached.pipeline, active, self.spec.runtime, memory=memory):
-                done = self._stages(cached, kept, active)
+                if pipeline is None:
+                    done = self._stages(cached, kept, active)
+                else:
+                    done = self._blocks(cached, family, pipeline, kept, active)
             for job_id in job_ids:
                 self.call_warnings[job_id] = list(memory.warnings)
         except StopRun:
@@ -195,20 +293,102 @@ class ModularRun(AssignmentRun):
             return
         if outcome.result is not None and outcome.result.report is not None:
             outcome.result.report.cache_hits = {PROMPT_CACHE: done.hits[job_id]}
+            outcome.result.report.config_resolved.update(done.config)
         self.outcomes[job_id] = outcome
 
-    def _check(self, plan: ItemPlan) -> None:
-        if plan.task not in TASKS:
+    def _check(self, plan: ItemPlan, family: ModularFamily, pipeline: Any) -> None:
+        """Refuse what the family's stages or blocks cannot do (the shared planning checked the rest)."""
+        if plan.task not in family.tasks:
             raise JobFailure(
                 "FAILED_PRECONDITION",
-                f"the modular mode runs {', '.join(sorted(t.value for t in TASKS))}, not {plan.task.value}",
+                f"the modular mode runs {', '.join(sorted(t.value for t in family.tasks))} for "
+                f"{family.name}, not {plan.task.value}",
                 "task",
             )
+        if pipeline is None:  # the composed SD stages: media and strength only
+            for key in plan.specific:
+                if key not in (*MEDIA_ARGUMENTS.values(), "strength"):
+                    raise JobFailure(
+                        "INVALID_ARGUMENT", f"the modular mode does not take {key!r}", f"extra.{key}"
+                    )
+            return
+        from omnirt.worker.modes.modular import block_run
+
+        accepted = block_run.accepted_arguments(pipeline)
+        try:
+            check_call_arguments(plan, accepted)  # a negative prompt to Flux's blocks, ...
+        except JobFailure as failure:
+            reason = f"the modular mode's {family.blocks} take no {failure.error.field}; leave it unset"
+            raise JobFailure("INVALID_ARGUMENT", reason, failure.error.field) from None
         for key in plan.specific:
-            if key not in (*MEDIA_ARGUMENTS.values(), "strength"):
-                raise JobFailure(
-                    "INVALID_ARGUMENT", f"the modular mode does not take {key!r}", f"extra.{key}"
-                )
+            if key not in accepted:
+                where = "strength" if key == "strength" else f"extra.{key}"
+                reason = f"the modular mode's {family.blocks} ({plan.task.value}) do not take {key!r}"
+                raise JobFailure("INVALID_ARGUMENT", reason, where)
+
+    def _mode_warnings(self, first: ItemPlan, call: dict[str, Any]) -> list[str]:
+        """The model's call options this mode does not apply, as report warnings."""
+        warnings = []
+        if STEP_CACHE in call:
+            warnings.append(f"{STEP_CACHE} is not applied in the modular mode (a transformer-model option)")
+        if (
+            first.job_id in self.options
+            and self.options[first.job_id].values.get(inference_mode.NAME) is False
+        ):
+            warnings.append(
+                "inference_mode = false is not applied in the modular mode (its stages take no gradients)"
+            )
+        return warnings
+
+    def _blocks(
+        self,
+        cached: CachedPipeline,
+        family: ModularFamily,
+        pipeline: Any,
+        group: list[ItemPlan],
+        active: Sequence[adapters.ResolvedAdapter],
+    ) -> _Pass:
+        """A batch through the family's diffusers blocks (`block_run`), stage by stage."""
+        from omnirt.worker.modes.modular import block_run
+
+        first = group[0]
+        legacy = task_pipelines.pipeline_for_task(cached.pipeline, first.task, self.spec)
+        call = self.options[first.job_id].call() if first.job_id in self.options else {}
+        warnings = self._mode_warnings(first, call)
+        facts: dict[str, Any] = {}
+
+        def setup(view: Any) -> None:  # each call's own scheduler and VAE flags
+            view.scheduler, notes = fresh_scheduler(pipeline.scheduler, first.scheduler)
+            applied, vae_notes = runtime_options.call_vae(view, call)
+            if not facts:
+                facts.update(scheduler=type(view.scheduler).__name__, options=applied)
+                warnings.extend([*notes, *vae_notes])
+
+        runner = block_run.BlocksGroup(
+            pipeline,
+            family,
+            legacy,
+            recorder=self.recorder,
+            stop=self.stop,
+            device=self.placement.device,
+            cache=self.executor.prompt_cache(cached.key, prompt_cache_size(self.spec)),
+            encoder_variant=encoder_adapters(pipeline, active),
+            view_setup=setup,
+        )
+        made = runner.run(group)
+        images = []
+        for plan in group:
+            outputs = made.images.get(plan.job_id) or []
+            images.append(task_pipelines.finish_outputs(plan.task, outputs, plan.specific, self.spec.runtime))
+        info = {
+            "scheduler": facts.get("scheduler", type(pipeline.scheduler).__name__),
+            "num_inference_steps": made.steps,
+            "warnings": warnings,
+            "pipeline_class": type(pipeline).__name__,
+            "runtime_options": facts.get("options", {}),
+        }
+        config = {"modular_blocks": family.blocks, "workflow": family.workflows[first.task] or "all"}
+        return _Pass(images, info, made.hits, config)
 
     def _encode(
         self,
@@ -255,16 +435,7 @@ class ModularRun(AssignmentRun):
         # The model's call options: VAE slicing/tiling on a VAE of the view's own (legacy_call's way).
         call = self.options[first.job_id].call() if first.job_id in self.options else {}
         call_options, notes = runtime_options.call_vae(view, call)
-        warnings += notes
-        if STEP_CACHE in call:
-            warnings.append(f"{STEP_CACHE} is not applied in the modular mode (a transformer-model option)")
-        if (
-            first.job_id in self.options
-            and self.options[first.job_id].values.get(inference_mode.NAME) is False
-        ):
-            warnings.append(
-                "inference_mode = false is not applied in the modular mode (its stages take no gradients)"
-            )
+        warnings += notes + self._mode_warnings(first, call)
         device = self.placement.device
         args = {**first.common, **first.specific}
         guidance = float(args.get("guidance_scale", 7.5))

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -32,15 +32,23 @@ Embeds = tuple[torch.Tensor, torch.Tensor | None]
 """(prompt embeddings, negative prompt embeddings or None without guidance), one row."""
 
 
-class PromptCache:
-    """A thread-safe LRU of prompt embeddings by `PromptKey` (`size` 0 turns it off)."""
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class PromptCache(Generic[K, V]):
+    """A thread-safe LRU of prompt embeddings (`size` 0 turns it off).
+
+    The composed stages key it by `PromptKey` and keep `Embeds`; the diffusers blocks key it by
+    their text encoder's inputs and keep that block's outputs (`block_run.Outputs`).
+    """
 
     def __init__(self, size: int) -> None:
         self.size = max(0, size)
         self._lock = threading.Lock()
-        self._entries: OrderedDict[PromptKey, Embeds] = OrderedDict()
+        self._entries: OrderedDict[K, V] = OrderedDict()
 
-    def get(self, key: PromptKey) -> Embeds | None:
+    def get(self, key: K) -> V | None:
         """The embeddings of `key` (now most recently used), or None."""
         with self._lock:
             found = self._entries.get(key)
@@ -48,7 +56,7 @@ class PromptCache:
                 self._entries.move_to_end(key)
             return found
 
-    def put(self, key: PromptKey, embeds: Embeds) -> None:
+    def put(self, key: K, embeds: V) -> None:
         """Keep `embeds` for `key`, dropping the least recently used entry beyond `size`."""
         if self.size == 0:
             return
