@@ -480,3 +480,38 @@ def test_a_wav_the_command_writes_carries_its_duration_rate_and_channels(tmp_pat
     [clip] = collect_artifacts(tmp_path, "job-9", seed=3)
     assert (clip.kind, clip.mime_type) == (t.MediaKind.AUDIO, "audio/wav")
     assert (clip.duration_ms, clip.sample_rate, clip.channels) == (500, 16000, 2)
+
+
+def _wav(frames: int = 800) -> bytes:
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(16000)
+        writer.writeframes(b"\1\0" * frames)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("image", "audio", "field", "words"),
+    [
+        (png_bytes()[:40], _wav(), "inputs[0]", "image input does not decode as png"),
+        (png_bytes(), _wav()[:-400], "inputs[1]", "audio input does not decode as wav: it is truncated"),
+        (png_bytes(), _wav(0), "inputs[1]", "it holds no samples"),
+    ],
+)
+def test_an_input_that_does_not_decode_is_refused_before_the_command_runs(
+    executor: SubprocessExecutor, tmp_path: Path, image: bytes, audio: bytes, field: str, words: str
+) -> None:
+    marker = tmp_path / "ran"
+    path = script(tmp_path, f"open({str(marker)!r}, 'w').write('x')")
+    runtime = {"command": str(path), "input_formats": {"image": ["png"], "audio": ["wav"]}}
+    inputs = [t.MediaInput(t.MediaRole.IMAGE, data=image), t.MediaInput(t.MediaRole.AUDIO, data=audio)]
+    outcome = only(run_assignment(executor, assignment(runtime, inputs=inputs))[0])
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.field) == ("INVALID_ARGUMENT", field)
+    assert words in outcome.error.message
+    assert not marker.exists()

@@ -113,12 +113,55 @@ def write_inputs(job_dir: Path, request: t.GenerateRequest, formats: dict[str, l
                 f"{name}: the {role} input must be {' or '.join(accepted)} (got {got})",
                 name,
             )
+        if accepted:  # the command was promised these formats: the bytes must really be one
+            problem = undecodable(fmt, data)
+            if problem:
+                raise JobFailure(
+                    INVALID_ARGUMENT, f"{name}: the {role} input does not decode as {fmt}: {problem}", name
+                )
         key = role if role not in written else f"{role}-{sum(k.startswith(role) for k in written)}"
         ext = INPUT_EXTENSIONS.get(fmt, fmt) or "bin"
         path = job_dir / INPUTS / f"{key}.{ext}"
         path.write_bytes(data)
         written[key] = str(path)
     return written
+
+
+IMAGE_FORMATS = frozenset({"png", "jpeg", "webp", "gif"})
+AUDIO_FORMATS = frozenset({"mp3", "flac", "ogg"})
+
+
+def undecodable(fmt: str, data: bytes) -> str:
+    """Why `data`, sniffed as `fmt`, does not decode ("" when it does): a header followed by
+    garbage, a truncated file, a WAV that is not PCM or holds no samples."""
+    try:
+        if fmt in IMAGE_FORMATS:
+            from PIL import Image
+
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()  # decodes every pixel: a truncated file fails here
+            return ""
+        if fmt == "wav":
+            with wave.open(io.BytesIO(data)) as reader:
+                frames = reader.getnframes()
+                want = frames * reader.getsampwidth() * reader.getnchannels()
+                if frames == 0:
+                    return "it holds no samples"
+                if len(reader.readframes(frames)) < want:
+                    return f"it is truncated (its header says {frames} frames)"
+            return ""
+        if fmt in AUDIO_FORMATS:
+            import av
+
+            with av.open(io.BytesIO(data)) as container:
+                if not container.streams.audio:
+                    return "it has no audio stream"
+                if not any(True for _ in container.decode(audio=0)):
+                    return "it holds no audio frames"
+            return ""
+    except Exception as exc:  # every decoder's own error: the input's fault, said in its words
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+    return ""
 
 
 def request_document(
