@@ -149,7 +149,7 @@ BUILDERS: dict[str, Builder] = {
         pixart.build_tiny_pixart_sigma, version=1, description="tiny PixArt-Sigma, random weights"
     ),
     "tiny-sd3": Builder(
-        sd3.build_tiny_sd3, version=1, description="tiny Stable Diffusion 3, 64x64, random weights"
+        sd3.build_tiny_sd3, version=2, description="tiny Stable Diffusion 3, 64x64, random weights"
     ),
     "tiny-flux": Builder(flux.build_tiny_flux, version=1, description="tiny Flux.1, 64x64, random weights"),
     "tiny-flux2": Builder(

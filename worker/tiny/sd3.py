@@ -2,7 +2,7 @@
 
 A real diffusers `StableDiffusion3Pipeline` with small seeded weights in the shapes of
 diffusers' own SD3 tests, built offline and saved with `save_pretrained`: a 1-layer
-`SD3Transformer2DModel` (patch 2), an `AutoencoderKL` with 4 latent channels and SD3's
+`SD3Transformer2DModel` (patch 2), an `AutoencoderKL` with SD3's 16 latent channels and
 shift/scaling (8x compression), two 2-layer `CLIPTextModelWithProjection` of width 32 with
 the offline CLIP tokenizer of `tiny-sd`, a 2-layer `T5EncoderModel` of width 64 with the
 offline T5 tokenizer, and SD3's `FlowMatchEulerDiscreteScheduler` (shift 3). Sizes are
@@ -18,6 +18,8 @@ from typing import Any
 from omnirt.worker.tiny import tokenizers
 
 CLIP_WIDTH = 32
+# SD3's real 16 latent channels: its inpaint pipeline accepts a transformer of 16 (or 33) only.
+LATENT_CHANNELS = 16
 # SD3 pads the two CLIP encoders' joined hidden states (2 x 32) to T5's width and
 # concatenates them with T5's tokens: T5 must be at least as wide as both CLIPs together.
 T5_WIDTH = 2 * CLIP_WIDTH
@@ -79,8 +81,8 @@ def build_tiny_sd3(target: Path) -> None:
         transformer = SD3Transformer2DModel(
             sample_size=8,
             patch_size=2,
-            in_channels=4,
-            out_channels=4,
+            in_channels=LATENT_CHANNELS,
+            out_channels=LATENT_CHANNELS,
             num_layers=1,
             attention_head_dim=8,
             num_attention_heads=4,
@@ -96,7 +98,7 @@ def build_tiny_sd3(target: Path) -> None:
             up_block_types=("UpDecoderBlock2D",) * 4,
             block_out_channels=(8, 16, 16, 16),
             layers_per_block=1,
-            latent_channels=4,
+            latent_channels=LATENT_CHANNELS,
             norm_num_groups=8,
             sample_size=64,
             use_quant_conv=False,
