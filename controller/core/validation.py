@@ -145,6 +145,10 @@ def _check_grid(req: GenerateRequest, spec: ModelSpec, family: Family | None) ->
         if value is not None and value > 0 and value % multiple:
             raise bad(name, f"must be a multiple of {multiple}{where} (got {value})")
         _positive(req, name, limit)
+    steps = req.num_inference_steps
+    if family is not None and steps is not None and 0 < steps < family.min_steps:
+        reason = f"at least {family.min_steps} for the {family.id} family (got {steps})"
+        raise bad("num_inference_steps", reason)
     frames = req.num_frames
     if family is not None and frames is not None and frames > 0 and not family.on_frame_grid(frames):
         k = family.frame_grid

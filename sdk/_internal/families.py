@@ -49,6 +49,7 @@ class Family:
     offload: tuple[str, ...] = ()
     step_cache: bool = False
     modular: tuple[Task, ...] = ()
+    min_steps: int = 1
 
     @property
     def tasks(self) -> tuple[Task, ...]:
@@ -105,12 +106,13 @@ def family_from_dict(entry: Mapping[str, Any], where: str) -> Family:
     data["modular"] = tuple(_task(x, f"{where} modular") for x in _strings(modular, f"{where} modular"))
     if not set(data["modular"]) <= set(data["pipelines"]):
         raise FamilyError(f"{where}: `modular` lists a task `pipelines` has no class for")
-    for key in ("size_multiple", "frame_grid"):
-        value = data.get(key, 8 if key == "size_multiple" else 0)
+    for key in ("size_multiple", "frame_grid", "min_steps"):
+        value = data.get(key, {"size_multiple": 8, "min_steps": 1}.get(key, 0))
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1024:
             raise FamilyError(f"{where}: `{key}` must be a whole number from 0 to 1024")
-    if data.get("size_multiple") == 0:
-        raise FamilyError(f"{where}: `size_multiple` must be at least 1")
+    for key in ("size_multiple", "min_steps"):
+        if data.get(key) == 0:
+            raise FamilyError(f"{where}: `{key}` must be at least 1")
     for key in ("rounds_frames", "step_cache"):
         if not isinstance(data.get(key, False), bool):
             raise FamilyError(f"{where}: `{key}` must be true or false")

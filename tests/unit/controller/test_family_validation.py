@@ -36,6 +36,7 @@ def image(role: MediaRole = MediaRole.IMAGE) -> MediaInput:
         ("sana-1.6b", {"height": 1008}, "height", "multiple of 32 for the sana family"),
         ("ltx-video", {"num_frames": 160}, "num_frames", "8k+1 for the ltx-video family"),
         ("mochi-1-preview", {"num_frames": 84}, "num_frames", "6k+1"),
+        ("mochi-1-preview", {"num_inference_steps": 1}, "num_inference_steps", "at least 2 for the mochi"),
         ("hunyuanvideo", {"num_frames": 128}, "num_frames", "4k+1"),
         ("svd-xt", {"inputs": [image()]}, "prompt", "svd-xt takes no prompt"),
         ("flux.2-dev", {"negative_prompt": "blurry"}, "negative_prompt", "takes no negative_prompt"),
