@@ -162,6 +162,24 @@ def check_call_arguments(plan: ItemPlan, accepted: Set[str]) -> None:
             # No echo of the value: a prompt stays out of errors and logs, as out of reports.
             reason = f"this model's pipeline takes no {rule.field}; leave it unset"
             raise JobFailure(INVALID_ARGUMENT, reason, rule.field)
+    _check_distilled_negative_prompt(req, accepted)
+
+
+def _check_distilled_negative_prompt(req: t.GenerateRequest, accepted: Set[str]) -> None:
+    """A guidance-distilled model (FLUX.1-dev: guidance is an embedding, one pass per step) takes a
+    negative prompt only under true classifier-free guidance, `extra.true_cfg_scale` > 1; without
+    it the pipeline would ignore the negative prompt without a word."""
+    if not req.negative_prompt.strip() or TRUE_CFG not in accepted:
+        return
+    if _call_name(CALL_ARGUMENTS["guidance_scale"], accepted) == TRUE_CFG:
+        return  # the request's guidance is the true CFG scale already (Qwen-Image)
+    scale = req.extra.get(TRUE_CFG)
+    if not (isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 1):
+        reason = (
+            "this model's guidance is distilled (one pass per step): a negative prompt acts only under "
+            f"true classifier-free guidance, extra.{TRUE_CFG} > 1 (two passes per step)"
+        )
+        raise JobFailure(INVALID_ARGUMENT, reason, "negative_prompt")
 
 
 @dataclass

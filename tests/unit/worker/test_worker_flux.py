@@ -135,3 +135,13 @@ def test_a_size_off_the_packing_multiple_is_invalid_argument_naming_it(
         assert outcome.error is not None and outcome.result is None
         assert (outcome.error.code, outcome.error.field) == ("INVALID_ARGUMENT", name)
         assert "multiple of 16" in outcome.error.message
+
+
+def test_a_negative_prompt_without_true_cfg_is_refused_not_ignored(executor: LegacyCallExecutor) -> None:
+    """FLUX.1-dev's guidance is an embedding: its pipeline would drop the negative prompt silently."""
+    [outcome] = run(executor, negative_prompt="blurry")
+    assert outcome.error is not None
+    assert (outcome.error.code, outcome.error.field) == ("INVALID_ARGUMENT", "negative_prompt")
+    assert "true_cfg_scale > 1" in outcome.error.message
+    [outcome] = run(executor, negative_prompt="blurry", extra={"true_cfg_scale": 1.0})
+    assert outcome.error is not None and outcome.error.field == "negative_prompt"
