@@ -59,7 +59,7 @@ def _quiet_libraries() -> None:
     quantization.quiet_import_logs()
 
 
-def _prompt_kwargs(group: list[ItemPlan]) -> dict[str, Any]:
+def prompt_kwargs(group: list[ItemPlan]) -> dict[str, Any]:
     """Prompt arguments of one call: one job as is; a batch as one prompt per output."""
     if len(group) == 1:
         request = group[0].item.request
@@ -229,7 +229,7 @@ class LegacyCallRun(AssignmentRun):
         call_options, notes = runtime_options.call_vae(view, options.call())
         warnings += notes
         accepted = call_parameters(view)
-        generic = {**first.common, **first.specific, **_prompt_kwargs(group)}
+        generic = {**first.common, **first.specific, **prompt_kwargs(group)}
         if first.fps:
             generic["fps"] = first.fps
         kwargs = call_kwargs(generic, accepted)

@@ -9,6 +9,11 @@
 - `cfg_denoise` (rank side): the Stable Diffusion loop with classifier-free guidance split
   across ranks.
 - `data_parallel` (rank side): the same loop with a batch's outputs split across ranks.
+- `pipeline_call` (rank side): any diffusers family through its pipeline's own `__call__`,
+  with legacy_call's argument code, shared by `runtime.parallel` (cfg, data, none, ulysses, ring).
+- `guidance_split` (rank side): the hook on the denoiser that splits classifier-free guidance
+  (batched or sequential, read at run time) across 2 ranks.
+- `context_parallel` (rank side): diffusers' Ulysses / Ring context parallel on the denoiser.
 
 Nothing here imports torch at import time, except the rank-side modules.
 """

@@ -6,13 +6,15 @@ object (dicts of plain values and numpy arrays) preceded by its length as an 8-b
 big-endian unsigned integer. Pickle is safe here because both ends are this worker and its
 own children, and only this user can reach the socket.
 
-Messages, daemon -> rank 0: `{"op": "run", "job": {...}}` (one job, `cfg_denoise`) or
-`{"op": "run", "jobs": [{...}, ...]}` (a batch, `data_parallel`), `{"op": "continue"}` /
+Messages, daemon -> rank 0: `{"op": "run", "job": {...}}` (one job, `cfg_denoise`),
+`{"op": "run", "jobs": [{...}, ...]}` (a batch, `data_parallel`) or `{"op": "run", "call":
+{"plans": [ItemPlan, ...], "parallel": KIND}}` (a batch, `pipeline_call`), `{"op": "continue"}` /
 `{"op": "stop"}` (the answer to each progress message), `{"op": "shutdown"}`.
 Rank 0 -> daemon: `{"type": "ready", ...}` or `{"type": "failed", "message": ...}` once at
 start; per job `{"type": "progress", "step", "total"}` after every denoising step (rank 0
 then waits for the answer and broadcasts it to the other ranks), and one of
-`{"type": "result", "images": [...], ...}` (for a batch `images` holds one list per job),
+`{"type": "result", "images": [...], ...}` (for a batch `images` holds one list per job; for
+the pipeline program `outputs` holds one list per plan, None for a plan refused in `errors`),
 `{"type": "stopped"}`,
 `{"type": "error", "message": ..., "field": ...}`.
 """

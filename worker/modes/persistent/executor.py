@@ -4,11 +4,13 @@ Each model gets a resident process group (`ResidentGroup`: torchrun, one rank pe
 `runtime.nproc_per_node`), started when the worker starts (`preload`, the daemon's `--preload`,
 on by default in this mode) or else on its first assignment, and kept until it idles out
 (`runtime.idle_unload_s`) or the worker stops. The model is loaded and `torch.distributed`
-initialised once per start; requests then cost only their compute. The rank program runs
-Stable Diffusion-style text-to-image, by `runtime.program`: `cfg_parallel` (default,
-`cfg_denoise`: classifier-free guidance split across ranks, one job per request, a batch from
-the controller job by job) or `data_parallel` (`data_parallel`: the compatible jobs of an
-assignment in one request, their outputs split across ranks).
+initialised once per start; requests then cost only their compute. The rank program runs,
+by `runtime.parallel` (any diffusers family through its pipeline's own `__call__`,
+`pipeline_call`: `cfg` splits classifier-free guidance across 2 ranks, `data` a batch's
+outputs, `ulysses`/`ring` the denoiser's sequence, `none` runs on rank 0; the compatible jobs
+of an assignment go as one request) or else by `runtime.program` (Stable Diffusion
+text-to-image written from its components: `cfg_parallel`, the default, `cfg_denoise`, one
+job per request; `data_parallel`, a batch's outputs split across ranks).
 
 Requests run one at a time per group. Events per job: RUNNING; `load` start/end on the first
 job after a (re)start that was not a preload, and on a job that waited for a start
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import threading
 import time
@@ -51,10 +54,12 @@ MODE = ExecutionMode.PERSISTENT_WORKER
 DEFAULT_PIPELINE_CLASS = "StableDiffusionPipeline"
 
 
-def check_supported(plan: ItemPlan) -> None:
-    """The rank programs take prompts, size, steps, guidance, seeds and scheduler; nothing else."""
+def check_supported(plan: ItemPlan, generic: bool = False) -> None:
+    """The Stable Diffusion loops take prompts, size, steps, guidance, seeds and scheduler; the
+    pipeline program (`generic`) also the pipeline's own extras (the ranks check them by its
+    signature). Neither takes media inputs, strength or adapters."""
     req = plan.item.request
-    for key in req.extra:
+    for key in [] if generic else req.extra:
         raise JobFailure(INVALID_ARGUMENT, f"the persistent pipeline does not take {key!r}", f"extra.{key}")
     if req.inputs:
         raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline takes no media inputs", "inputs")
@@ -221,20 +226,21 @@ class _PersistentRun:
             return None
 
     def _execute(self) -> None:
+        resolved = self._launch_spec()
+        if resolved is None:
+            return
+        spec, placement = resolved
+        generic = spec.settings.program == "pipeline"
         plans = []
         for item in self.assignment.items:
             try:
                 plan = plan_item(item, self.spec)
-                check_supported(plan)
+                check_supported(plan, generic)
                 plans.append(plan)
             except JobFailure as failure:
                 self.fail(item.job_id, failure.error)
         if not plans:
             return
-        resolved = self._launch_spec()
-        if resolved is None:
-            return
-        spec, placement = resolved
         group = self.executor.group_for(spec)
         for batch in self._batches(plans, group.settings.program):
             kept = []
@@ -249,21 +255,28 @@ class _PersistentRun:
 
     @staticmethod
     def _batches(plans: list[ItemPlan], program: str) -> list[list[ItemPlan]]:
-        """One request per job (cfg_parallel), or per group of compatible jobs (data_parallel)."""
-        if program != "data_parallel":
+        """One request per job (cfg_parallel), or per group of compatible jobs (data_parallel, and
+        the pipeline program, whose jobs must also agree on their extras: the ranks fill
+        `specific` from them only once the pipeline is known)."""
+        if program == "cfg_parallel":
             return [[plan] for plan in plans]
-        batches: dict[str, list[ItemPlan]] = {}
+        batches: dict[tuple[str, str], list[ItemPlan]] = {}
         for plan in plans:
-            batches.setdefault(plan.group_key(), []).append(plan)
+            extra = json.dumps(plan.item.request.extra, sort_keys=True, default=str)
+            batches.setdefault((plan.group_key(), extra), []).append(plan)
         return list(batches.values())
 
     def _run_work(self, group: ResidentGroup, plans: list[ItemPlan], placement: backends.Placement) -> None:
-        """One request to the group: one job (`{"job": ...}`) or a data-parallel batch (`{"jobs": [...]}`)."""
+        """One request to the group: one job (`{"job": ...}`), a data-parallel batch (`{"jobs": [...]}`)
+        or a batch of the pipeline program (`{"call": {...}}`)."""
         ids = [plan.job_id for plan in plans]
-        batched = group.settings.program == "data_parallel"
-        work: dict[str, Any] = (
-            {"jobs": [job_fields(plan) for plan in plans]} if batched else {"job": job_fields(plans[0])}
-        )
+        program = group.settings.program
+        batched = program == "data_parallel"
+        work: dict[str, Any] = {"job": job_fields(plans[0])}
+        if program == "pipeline":  # the plans as they are: the ranks build legacy_call's arguments
+            work = {"call": {"plans": plans, "parallel": group.settings.parallel}}
+        elif batched:
+            work = {"jobs": [job_fields(plan) for plan in plans]}
         waited: list[float] = []
         dispatched: list[float] = []
         last_step: list[float] = []
@@ -322,9 +335,18 @@ class _PersistentRun:
             return
         if last_step:
             self.recorder.stage_finished(ids, "decode", last_step[0], returned)
-        per_job = reply["images"] if batched else [reply["images"]]
+        if program == "pipeline":
+            per_job = reply["outputs"]
+            for index, plan in enumerate(plans):
+                plan.specific = dict(reply["specific"][index])  # the extras the ranks accepted
+                if index in reply["errors"]:
+                    self.fail(plan.job_id, t.JobError(**reply["errors"][index]))
+        else:
+            per_job = reply["images"] if batched else [reply["images"]]
         finished = []
         for plan, images in zip(plans, per_job, strict=True):
+            if images is None:  # refused by the ranks (failed above)
+                continue
             reason = self.stop.reason(plan.job_id)
             if reason:  # stopped while the rest of its batch went on: its images are dropped
                 self.fail(plan.job_id, stop_error(reason, "while running"))
@@ -351,11 +373,12 @@ class _PersistentRun:
         job_id = plan.job_id
         record = lease.record
         pipeline_class = record.pipeline_class or group.spec.pipeline_class
+        first = artifacts[0]
         config = resolved_config(
             plan,
             {
-                "width": reply["width"],
-                "height": reply["height"],
+                "width": reply.get("width", first.width),
+                "height": reply.get("height", first.height),
                 "num_inference_steps": reply["num_inference_steps"],
                 "scheduler": reply["scheduler"],
                 "dtype": placement.dtype,
@@ -370,6 +393,17 @@ class _PersistentRun:
         )
         if "outputs_per_rank" in reply:  # data parallel: how the batch's outputs were split
             config["outputs_per_rank"] = list(reply["outputs_per_rank"])
+        if group.settings.program == "pipeline":
+            config["parallel"] = reply["parallel"]
+            config["cfg_parallel"] = any(s["pattern"] in ("batched", "sequential") for s in reply["split"])
+            if reply["split"]:  # what each rank computed: the pattern read, denoiser calls and samples
+                config["guidance_split"] = list(reply["split"])
+            if first.num_frames:  # the frames really made (Wan rounds num_frames to 4k+1)
+                config["num_frames"] = first.num_frames
+            if first.kind is t.MediaKind.AUDIO:  # a clip has no size: its rate, channels and length
+                config.pop("width", None), config.pop("height", None)
+                config.update(sample_rate=first.sample_rate, channels=first.channels)
+                config["duration_ms"] = first.duration_ms
         report = run_report(
             self.assignment,
             plan.item,
@@ -384,5 +418,6 @@ class _PersistentRun:
             config_resolved=config,
             cold_start=lease.cold,
             pipeline_class=pipeline_class,
+            warnings=list(reply.get("warnings", [])),
         )
         return ItemOutcome(job_id, result=t.GenerateResult(job_id=job_id, artifacts=artifacts, report=report))

@@ -81,6 +81,8 @@ class LaunchSpec:
             self.threads,
             s.nproc_per_node,
             s.dist_backend,
+            s.context_parallel,  # applied to the denoiser when it is loaded
+            s.attention_backend,
         )
 
 
@@ -157,6 +159,10 @@ class Launch:
             spec.settings.dist_backend,
             "--threads",
             str(self._threads()),
+            "--context-parallel",
+            spec.settings.context_parallel,
+            "--attention-backend",
+            spec.settings.attention_backend,
         ]
 
     def _threads(self) -> int:

@@ -5,9 +5,18 @@
 pipeline once; rank 0 then connects to the worker daemon's socket (see `channel`), says
 `ready`, and serves requests one at a time: it broadcasts each request to the other ranks
 (`broadcast_object_list`), every rank runs `cfg_denoise` (one job, guidance split across
-ranks) or `data_parallel` (a batch, split across ranks), and after each step rank 0 reports
+ranks), `data_parallel` (a batch, split across ranks) or `pipeline_call` (any family through
+its own `__call__`, shared by `runtime.parallel`), and after each step rank 0 reports
 progress, waits for the daemon's continue/stop answer and broadcasts it, so all ranks stop at
-the same step. Rank 0 decodes and returns the images.
+the same step. Rank 0 decodes (or gathers) and returns the images.
+
+The pipeline program's step agreement is one int broadcast from rank 0 per step (CONTINUE or
+STOP) and one after rank 0's call (DONE, or FAILED when its call raised); a rank without a
+share of the batch, or whose call ended first, receives until it sees one that is not
+CONTINUE, so every rank takes part in every broadcast whatever its share. An error raised on
+every rank alike before the first collective (the pipeline's own argument checks) is reported
+and the group keeps serving; one raised on a single rank while the others wait in a collective
+of the guidance split leaves the group hung until the daemon's step timeout restarts it.
 
 A rank exits when its parent (the torchrun agent) dies, when rank 0 loses the daemon, or on a
 collective error (a peer died); the daemon then restarts the whole group.
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import datetime
 import os
 import signal
@@ -51,6 +61,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--dist-backend", default="gloo", help="gloo, nccl or hccl")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads per rank (0 = default)")
+    parser.add_argument(
+        "--context-parallel", default="", help="ulysses or ring: the denoiser's sequence split"
+    )
+    parser.add_argument(
+        "--attention-backend", default="", help="a diffusers attention backend for the denoiser"
+    )
     return parser.parse_args(argv)
 
 
@@ -83,7 +99,35 @@ def _load(args: argparse.Namespace, device: str) -> Any:
     if device != "cpu":
         pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
+    if args.context_parallel or args.attention_backend:
+        from omnirt.worker.modes.persistent import context_parallel
+
+        context_parallel.apply(pipe, args.context_parallel, args.attention_backend)
     return pipe
+
+
+# The pipeline program's step flags (`Rank._flag`).
+CONTINUE, STOP, DONE, FAILED = 0, 1, 2, 3
+
+
+class _Ended(Exception):
+    """Rank 0 ended the call (a stop, or its own call failed): raised in the step callback."""
+
+    def __init__(self, flag: int) -> None:
+        super().__init__(flag)
+        self.flag = flag
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    from omnirt.worker.modes.base import JobFailure
+
+    if isinstance(exc, JobFailure):
+        return {"code": exc.error.code, "message": exc.error.message, "field": exc.error.field}
+    return {
+        "code": "INTERNAL",
+        "message": f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}",
+        "field": "",
+    }
 
 
 class Rank:
@@ -240,6 +284,131 @@ class Rank:
             "outputs_per_rank": [len(part) for part in gathered],
         }
 
+    def _flag(self, value: int) -> int:
+        """Rank 0's step flag on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([value], dtype=torch.int32, device=self.device)
+        dist.broadcast(flag, src=0)
+        return int(flag.item())
+
+    def _step_flag(self, step: int, total: int) -> int:
+        value = CONTINUE
+        if self.rank == 0:
+            assert self.sock is not None
+            channel.send(self.sock, {"type": "progress", "step": step, "total": total})
+            value = STOP if channel.receive(self.sock).get("op") == "stop" else CONTINUE
+        return self._flag(value)
+
+    def run_call(self, call: dict[str, Any]) -> dict[str, Any] | None:
+        """A batch of the pipeline program (`pipeline_call`); rank 0 returns the message for the daemon."""
+        import torch.distributed as dist
+
+        from omnirt.worker.modes.persistent import pipeline_call as pc
+        from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
+        from omnirt.worker.runtime.memory import PeakMemory
+
+        plans, parallel = call["plans"], str(call["parallel"])
+        memory = PeakMemory(self.device)
+        memory.reset()
+        refused, error = self._prepare_agreed(lambda: pc.check_plans(self.pipe, plans))
+        if error is not None or refused is None:
+            return error
+        box = [{i: dataclasses.asdict(e) for i, e in refused.items()}]
+        dist.broadcast_object_list(box, src=0)  # rank 0's verdicts (every rank's are the same)
+        errors: dict[int, dict[str, str]] = box[0]
+        outputs = pc.outputs_of(plans, [i for i in range(len(plans)) if i not in errors])
+        share = pc.share_of(parallel, outputs, self.rank, self.world_size)
+        split = GuidanceSplit(self.rank, self.world_size, len(outputs)) if parallel == "cfg" else None
+        planned = int(plans[0].common.get("num_inference_steps", 0))
+        steps: list[int] = []
+
+        def step_end(pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+            if split is not None:
+                split.step_ended()
+            total = int(getattr(pipe, "num_timesteps", None) or planned or index + 1)
+            steps[:] = [total]
+            flag = self._step_flag(index + 1, total)
+            if flag != CONTINUE:
+                raise _Ended(flag)
+            return tensors
+
+        ended: int | None = None
+        made: list[Any] = []
+        info: dict[str, Any] = {}
+        failure: dict[str, str] | None = None
+        if share:
+            decode = self.rank == 0 or parallel not in pc.EVERY_RANK
+            try:
+                made, info = pc.run_share(self.pipe, plans, share, self.device, step_end, split, decode)
+            except _Ended as exc:
+                ended = exc.flag
+            except Exception as exc:
+                traceback.print_exc()
+                failure = _error(exc)
+        if self.rank == 0 and ended is None:
+            ended = self._flag(FAILED if failure else DONE)
+        while ended is None or ended == CONTINUE:  # no share, or done first: follow rank 0's flags
+            ended = self._flag(CONTINUE)
+        mine = {
+            "outputs": list(zip(share, made, strict=True)) if made else [],
+            "failure": failure,
+            "split": split.stats() if split is not None else None,
+            "info": info,
+            "made": len(share),
+        }
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if self.rank != 0:
+            return None
+        assert gathered is not None
+        if ended == STOP:
+            return {"type": "stopped"}
+        return self._call_reply(plans, errors, gathered, steps, memory.peak_bytes(), parallel)
+
+    def _call_reply(
+        self,
+        plans: list[Any],
+        errors: dict[int, dict[str, str]],
+        gathered: list[dict[str, Any]],
+        steps: list[int],
+        peak: int,
+        parallel: str,
+    ) -> dict[str, Any]:
+        failure = next((part["failure"] for part in gathered if part["failure"]), None)
+        per_plan: list[list[Any] | None] = [
+            None if i in errors else [None] * plan.num_outputs for i, plan in enumerate(plans)
+        ]
+        for part in gathered:
+            for (j, k), output in part["outputs"]:
+                slot = per_plan[j]
+                assert slot is not None
+                slot[k] = output
+        for i, slot in enumerate(per_plan):
+            if slot is not None and (failure or any(o is None for o in slot)):
+                errors[i] = failure or {"code": "INTERNAL", "message": "a rank made no output", "field": ""}
+                per_plan[i] = None
+        from omnirt.worker.modes.persistent import pipeline_call as pc
+
+        info = gathered[0]["info"]
+        reply: dict[str, Any] = {
+            "type": "result",
+            "outputs": per_plan,
+            "errors": errors,
+            "specific": [plan.specific for plan in plans],
+            "scheduler": info.get("scheduler", ""),
+            "num_inference_steps": steps[0] if steps else int(plans[0].common.get("num_inference_steps", 0)),
+            "pipeline_class": info.get("pipeline_class", type(self.pipe).__name__),
+            "warnings": info.get("warnings", []),
+            "peak_memory_bytes": peak,
+            "parallel": parallel,
+            "split": [part["split"] for part in gathered] if gathered[0]["split"] is not None else [],
+        }
+        if parallel not in pc.EVERY_RANK:  # the outputs were cut between the ranks
+            reply["outputs_per_rank"] = [part["made"] for part in gathered]
+        return reply
+
     def run_job(self, job_fields: dict[str, Any]) -> dict[str, Any] | None:
         """One request on this rank; rank 0 returns the message for the daemon."""
         import torch.distributed as dist
@@ -281,8 +450,14 @@ class Rank:
             message = self._next_request()
             if message.get("op") != "run":
                 return
-            # "jobs": a batch for the data-parallel program; "job": one job, guidance split.
-            reply = self.run_batch(message["jobs"]) if "jobs" in message else self.run_job(message["job"])
+            # "call": the pipeline program; "jobs": a batch for the SD data-parallel loop; "job":
+            # one job of the SD loop with guidance split.
+            if "call" in message:
+                reply = self.run_call(message["call"])
+            elif "jobs" in message:
+                reply = self.run_batch(message["jobs"])
+            else:
+                reply = self.run_job(message["job"])
             if self.rank == 0 and reply is not None:
                 assert self.sock is not None
                 channel.send(self.sock, reply)
