@@ -116,6 +116,8 @@ def _check_family(req: GenerateRequest, spec: ModelSpec, family: Family) -> None
             f"blocks run {runs}",
             field="task",
         )
+    if spec.execution_mode == ExecutionMode.PERSISTENT_WORKER:
+        _check_persistent(req, spec, family)
     given = {
         "prompt": bool(req.prompt.strip()),
         "negative_prompt": bool(req.negative_prompt.strip()),
@@ -134,6 +136,19 @@ def _check_family(req: GenerateRequest, spec: ModelSpec, family: Family) -> None
                 f"inputs[{i}].role",
                 f"{req.task.value} on {spec.id} takes no {item.role.value} input (it takes: {takes})",
             )
+
+
+def _check_persistent(req: GenerateRequest, spec: ModelSpec, family: Family) -> None:
+    """The resident group runs text-to-X tasks, with a parallel kind its family supports."""
+    assert req.task is not None
+    if REQUIRED_INPUTS.get(req.task):
+        reason = f"{spec.id} runs in persistent_worker mode, whose ranks run text-to-X tasks only"
+        raise FailedPrecondition(f"{reason} (not {req.task.value})", field="task")
+    kind = spec.runtime.get("parallel") if isinstance(spec.runtime, dict) else None
+    if kind and kind not in family.parallel:
+        takes = ", ".join(family.parallel) or "none"
+        reason = f"{spec.id}: runtime.parallel {kind!r} is not one the {family.id} family runs ({takes})"
+        raise FailedPrecondition(reason, field="model")
 
 
 def _check_grid(req: GenerateRequest, spec: ModelSpec, family: Family | None) -> None:

@@ -21,7 +21,7 @@ from omnirt.types import MediaRole, Task
 
 # Request fields a family may declare it cannot honour.
 REFUSABLE_FIELDS = ("prompt", "negative_prompt", "guidance_scale", "num_frames", "duration_ms")
-PARALLEL_KINDS = ("cfg", "data")
+PARALLEL_KINDS = ("cfg", "data", "none", "ulysses", "ring")
 OFFLOAD_AIDS = ("cpu_offload", "vae_tiling", "vae_slicing")
 DTYPES = ("float16", "bfloat16", "float32")
 BACKENDS = ("cuda", "ascend")

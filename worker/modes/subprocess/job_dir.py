@@ -153,7 +153,7 @@ def undecodable(fmt: str, data: bytes) -> str:
         if fmt in AUDIO_FORMATS:
             import av
 
-            with av.open(io.BytesIO(data)) as container:
+            with av.open(io.BytesIO(data), mode="r") as container:
                 if not container.streams.audio:
                     return "it has no audio stream"
                 if not any(True for _ in container.decode(audio=0)):
