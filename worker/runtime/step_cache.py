@@ -132,20 +132,29 @@ def enabled(view: Any, options: Effective, steps: int = 0) -> Iterator[Usage | N
     module = modules[0]
     usage = Usage()
     handles = []
-    for each in modules:
-        projections = [m.to_q for m in each.modules() if hasattr(m, "to_q")]
-        usage.attentions = max(usage.attentions, len(projections))
+    cached: list[Any] = []  # the denoisers hooked (or half hooked): undone after the call, whatever happens
 
-        def count_forward(*_: Any) -> None:
-            usage.forwards += 1
+    def count_forward(*_: Any) -> None:
+        usage.forwards += 1
 
-        def count_attention(*_: Any) -> None:
-            usage.computed += 1
+    def count_attention(*_: Any) -> None:
+        usage.computed += 1
 
-        handles.append(each.register_forward_pre_hook(count_forward))
-        handles += [p.register_forward_pre_hook(count_attention) for p in projections]
-        each.enable_cache(config(view, settings, steps, each))
     try:
+        for each in modules:
+            projections = [m.to_q for m in each.modules() if hasattr(m, "to_q")]
+            usage.attentions = max(usage.attentions, len(projections))
+            handles.append(each.register_forward_pre_hook(count_forward))
+            handles += [p.register_forward_pre_hook(count_attention) for p in projections]
+            # diffusers raises here for a block class its hooks do not know (SkyReels-V2's with
+            # first_block) or a transformer of one block: the option's fault, not an INTERNAL.
+            cache_config = config(view, settings, steps, each)
+            cached.append(each)
+            try:
+                each.enable_cache(cache_config)
+            except Exception:
+                each._cache_config = cache_config  # so disable_cache removes what was hooked so far
+                raise
         yield usage
     except (StopRun, JobFailure):
         raise
@@ -154,7 +163,8 @@ def enabled(view: Any, options: Effective, steps: int = 0) -> Iterator[Usage | N
         reason = f"the call failed with the {settings['kind']} cache on {type(module).__name__}: {text}"
         raise options.failure(NAME, reason) from exc
     finally:
-        for each in modules:
-            each.disable_cache()
+        for each in cached:
+            if each._cache_config is not None:
+                each.disable_cache()
         for handle in handles:
             handle.remove()

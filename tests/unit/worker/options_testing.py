@@ -32,12 +32,12 @@ def run_job(
     extra: dict[str, Any] | None = None,
     **fields: Any,
 ) -> ItemOutcome:
-    """One job for builtin `model` (tiny-sd: text2image 64x64; tiny-wan: text2video, 5 frames).
+    """One job for builtin `model` (tiny-sd: text2image 64x64; tiny-wan, tiny-skyreels: 5 frames).
 
     `runtime` is the catalog entry's table, `request_runtime` the request's `extra.runtime`;
     `pipeline_class` another diffusers class over the same weights, `extra` pipeline arguments.
     """
-    video = model.startswith("tiny-wan")
+    video = model.startswith(("tiny-wan", "tiny-skyreels"))
     task = types_pb2.TASK_TEXT2VIDEO if video else types_pb2.TASK_TEXT2IMAGE
     spec = models_pb2.ModelSpec(
         id=model,

@@ -127,3 +127,24 @@ def test_mag_cache_on_flux_uses_the_ratios_diffusers_ships_and_skips_steps(
     assert used.config_resolved["runtime_options"]["step_cache"] == {"kind": "mag_cache"}
     assert used.cache_hits["step_cache"] > 0, "FLUX_MAG_RATIOS interpolated to 12 steps skip some"
     assert report(plain).cache_hits == {}
+
+
+def test_a_cache_diffusers_cannot_hook_fails_the_job_naming_it_and_leaves_no_hook(
+    wan_executor: LegacyCallExecutor,
+) -> None:
+    """diffusers raises while hooking SkyReels-V2's blocks for first_block (a block class its hooks
+    do not know): the job fails naming the option, and the shared pipeline keeps no hook."""
+    skyreels = {"pipeline_class": "SkyReelsV2Pipeline", "steps": 2, "guidance_scale": 5.0}
+    error = failure(
+        run_job(wan_executor, "tiny-skyreels-v2", request_runtime={"step_cache": FIRST_BLOCK}, **skyreels)
+    )
+    assert error.code == "INVALID_ARGUMENT" and error.field == "extra.runtime.step_cache"
+    assert "first_block" in error.message
+    entry = next(
+        e for e in wan_executor.cache._entries.values() if "skyreels" in type(e.pipeline).__name__.lower()
+    )
+    transformer = entry.pipeline.transformer
+    assert transformer._cache_config is None and not transformer.is_cache_enabled
+    assert not any(m._forward_pre_hooks for m in transformer.modules()), "the counting hooks are removed"
+    plain = run_job(wan_executor, "tiny-skyreels-v2", **skyreels)
+    assert plain.error is None and report(plain).cache_hits == {}
