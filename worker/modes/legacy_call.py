@@ -32,7 +32,7 @@ from omnirt.worker.modes import null as null_model
 from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopRun, stop_error
 from omnirt.worker.modes.events import StepMonitor
-from omnirt.worker.modes.schedulers import fresh_scheduler
+from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
@@ -234,7 +234,9 @@ class LegacyCallRun(AssignmentRun):
             generic["fps"] = first.fps
         kwargs = call_kwargs(generic, accepted)
         device = self.placement.device
-        kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for p in group for seed in p.seeds]
+        seeds = [seed for p in group for seed in p.seeds]
+        kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+        seed_noise_sampler(view.scheduler, seeds)
         monitor = StepMonitor(
             self.recorder, self.stop, job_ids, int(first.common.get("num_inference_steps", 0))
         )

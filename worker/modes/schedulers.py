@@ -52,3 +52,14 @@ def scheduler_copy(template: Any) -> Any:
         elif isinstance(value, list | dict | set) and not isinstance(value, FrozenDict):
             state[name] = copy.deepcopy(value)
     return scheduler
+
+
+def seed_noise_sampler(scheduler: Any, seeds: list[int]) -> None:
+    """Make a stochastic-differential-equation scheduler reproducible from the request's seeds.
+
+    DPM-Solver SDE draws its Brownian noise from a seed of its own, taken from torch's global RNG
+    when unset: the same request would give other bytes each time. One seed per output (a tree
+    each), so an output in a batch is the same as alone.
+    """
+    if getattr(scheduler, "noise_sampler_seed", 0) is None and seeds:
+        scheduler.noise_sampler_seed = list(seeds) if len(seeds) > 1 else seeds[0]

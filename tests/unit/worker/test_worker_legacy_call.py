@@ -160,6 +160,23 @@ def test_scheduler_is_swapped_by_class_name(executor: LegacyCallExecutor) -> Non
     assert report.warnings == ["scheduler LCMScheduler is not listed as compatible with this pipeline"]
 
 
+def test_the_sde_scheduler_gives_the_same_bytes_for_the_same_seed(executor: LegacyCallExecutor) -> None:
+    """DPM-Solver SDE draws Brownian noise from a seed of its own (torch's global RNG when unset):
+    the worker seeds it from the request, so a seed reproduces its image like any scheduler's."""
+
+    def image(job_id: str, seed: int) -> str:
+        [outcome], _ = run_assignment(
+            executor, make_assignment(job_ids=(job_id,), scheduler="DPMSolverSDEScheduler", seed=seed)
+        )
+        assert outcome.result is not None, outcome.error
+        assert outcome.result.report.config_resolved["scheduler"] == "DPMSolverSDEScheduler"
+        return outcome.result.artifacts[0].sha256
+
+    first, again, other = image("job-sde1", 7), image("job-sde2", 7), image("job-sde3", 8)
+    assert first == again
+    assert first != other
+
+
 def test_unknown_scheduler_is_invalid_argument(executor: LegacyCallExecutor) -> None:
     outcomes, _ = run_assignment(executor, make_assignment(job_ids=("job-x",), scheduler="NoSuchScheduler"))
     error = outcomes[0].error

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnirt.worker.modes.schedulers import scheduler_copy
+from omnirt.worker.modes.schedulers import scheduler_copy, seed_noise_sampler
 
 
 def _scheduler_classes() -> list[type]:
@@ -30,6 +30,7 @@ def _scheduler_classes() -> list[type]:
 def _steps(scheduler: Any, seed: int) -> tuple[Any, list[Any]]:
     """A function making one denoising step per call, as a pipeline would, and the 4 timesteps."""
     gen = torch.Generator().manual_seed(seed)
+    seed_noise_sampler(scheduler, [seed])  # as the worker does (DPM-Solver SDE's Brownian noise)
     scheduler.set_timesteps(4)
     state = {"sample": torch.randn(1, 4, 8, 8, generator=gen)}
     takes_generator = "generator" in inspect.signature(scheduler.step).parameters

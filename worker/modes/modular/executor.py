@@ -58,7 +58,7 @@ from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopRun
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular import stages
 from omnirt.worker.modes.modular.families import ModularFamily, modular_families, modular_family
-from omnirt.worker.modes.schedulers import fresh_scheduler
+from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan, check_call_arguments
 from omnirt.worker.pipelines.model_cache import CachedPipeline, CacheKey, ModelCache
@@ -359,6 +359,7 @@ class ModularRun(AssignmentRun):
 
         def setup(view: Any) -> None:  # each call's own scheduler and VAE flags
             view.scheduler, notes = fresh_scheduler(pipeline.scheduler, first.scheduler)
+            seed_noise_sampler(view.scheduler, [seed for plan in group for seed in plan.seeds])
             applied, vae_notes = runtime_options.call_vae(view, call)
             if not facts:
                 facts.update(scheduler=type(view.scheduler).__name__, options=applied)
@@ -432,6 +433,7 @@ class ModularRun(AssignmentRun):
         # A shallow copy with its own scheduler (per-call state); the modules stay shared.
         view = copy.copy(base)
         view.scheduler, warnings = fresh_scheduler(base.scheduler, first.scheduler)
+        seed_noise_sampler(view.scheduler, [seed for plan in group for seed in plan.seeds])
         # The model's call options: VAE slicing/tiling on a VAE of the view's own (legacy_call's way).
         call = self.options[first.job_id].call() if first.job_id in self.options else {}
         call_options, notes = runtime_options.call_vae(view, call)

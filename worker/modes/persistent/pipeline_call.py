@@ -34,7 +34,7 @@ from omnirt import types as t
 from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.modes.legacy_call import prompt_kwargs
 from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
-from omnirt.worker.modes.schedulers import fresh_scheduler
+from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import (
@@ -127,7 +127,9 @@ def run_share(
     if first.fps:
         generic["fps"] = first.fps
     kwargs = call_kwargs(generic, accepted)
-    kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for p in group for seed in p.seeds]
+    seeds = [seed for p in group for seed in p.seeds]
+    kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+    seed_noise_sampler(view.scheduler, seeds)
     if "callback_on_step_end" in accepted:
         kwargs["callback_on_step_end"] = step_end
     elif "callback" in accepted:  # the older per-step hook (Stable Audio)
