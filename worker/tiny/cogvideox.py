@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 LATENT_CHANNELS = 4
 # The pipeline pads every prompt to its default `max_sequence_length` (226) and the
@@ -23,32 +23,16 @@ MAX_TEXT_TOKENS = 226
 
 def build_tiny_cogvideox(target: Path) -> None:
     """A tiny CogVideoX text-to-video `CogVideoXPipeline` (sizes multiple of 16)."""
-    import torch
     from diffusers import (
         AutoencoderKLCogVideoX,
         CogVideoXDDIMScheduler,
         CogVideoXPipeline,
         CogVideoXTransformer3DModel,
     )
-    from transformers import T5Config, T5EncoderModel
 
     tokenizer = tokenizers.t5_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = T5EncoderModel(
-            T5Config(
-                vocab_size=len(tokenizer),
-                d_model=32,
-                d_kv=8,
-                d_ff=64,
-                num_layers=2,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        )
+    with parts.seeded():
+        text_encoder = parts.t5_encoder(tokenizer)
         vae = AutoencoderKLCogVideoX(
             down_block_types=("CogVideoXDownBlock3D",) * 4,
             up_block_types=("CogVideoXUpBlock3D",) * 4,

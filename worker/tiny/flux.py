@@ -25,15 +25,12 @@ WIDTH = 32
 
 def build_tiny_flux(target: Path) -> None:
     """A tiny `FluxPipeline`: 64x64 images by default, sizes multiple of 16."""
-    import torch
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextModel
 
     tokenizer = parts.clip_tokenizer()
     tokenizer_2 = tokenizers.t5_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         text_encoder = CLIPTextModel(parts.clip_text_config(tokenizer, WIDTH))
         text_encoder_2 = parts.t5_encoder(tokenizer_2, WIDTH)
         transformer = FluxTransformer2DModel(
@@ -48,23 +45,9 @@ def build_tiny_flux(target: Path) -> None:
             guidance_embeds=True,
             axes_dims_rope=(4, 4, 8),  # sums to attention_head_dim
         )
-        vae = parts.image_vae(
-            LATENT_CHANNELS,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.1159,
-            scaling_factor=0.3611,
-        )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
+        vae = parts.image_vae(LATENT_CHANNELS, **parts.FLUX_LATENTS)
     pipeline: Any = FluxPipeline(
-        scheduler=scheduler,
+        scheduler=parts.flux_scheduler(),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 LATENT_CHANNELS = 4
 TEXT_WIDTH = 16
@@ -34,13 +34,7 @@ TEXT_LAYERS = 30
 
 def build_tiny_flux2(target: Path) -> None:
     """A tiny `Flux2Pipeline`: sizes multiple of 16, 64x64 in the tests."""
-    import torch
-    from diffusers import (
-        AutoencoderKLFlux2,
-        FlowMatchEulerDiscreteScheduler,
-        Flux2Pipeline,
-        Flux2Transformer2DModel,
-    )
+    from diffusers import AutoencoderKLFlux2, Flux2Pipeline, Flux2Transformer2DModel
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     tokenizer = tokenizers.mistral_tokenizer()
@@ -77,9 +71,7 @@ def build_tiny_flux2(target: Path) -> None:
         image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
         **special_ids,
     )
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         text_encoder = Mistral3ForConditionalGeneration(config)
         transformer = Flux2Transformer2DModel(
             patch_size=1,
@@ -93,29 +85,11 @@ def build_tiny_flux2(target: Path) -> None:
             axes_dims_rope=(4, 4, 4, 4),  # sums to attention_head_dim
             guidance_embeds=True,
         )
-        vae = AutoencoderKLFlux2(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 16, 16, 16),
-            layers_per_block=1,
-            latent_channels=LATENT_CHANNELS,
-            norm_num_groups=8,
-            sample_size=64,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
+        vae = parts.image_vae(
+            LATENT_CHANNELS, AutoencoderKLFlux2, use_quant_conv=False, use_post_quant_conv=False
         )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
     pipeline: Any = Flux2Pipeline(
-        scheduler=scheduler,
+        scheduler=parts.flux_scheduler(),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,

@@ -32,39 +32,24 @@ CLIP_POSITIONS = 248
 
 def build_tiny_hidream(target: Path) -> None:
     """A tiny `HiDreamImagePipeline`: 1024x1024-area images, sizes multiple of 16."""
-    import torch
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         HiDreamImagePipeline,
         HiDreamImageTransformer2DModel,
     )
-    from transformers import CLIPTextModelWithProjection, LlamaConfig, LlamaForCausalLM
+    from transformers import CLIPTextModelWithProjection, LlamaForCausalLM
 
     tokenizer = parts.clip_tokenizer(max_length=CLIP_POSITIONS)
     tokenizer_2 = parts.clip_tokenizer(max_length=CLIP_POSITIONS)
     tokenizer_3 = tokenizers.t5_tokenizer()
     tokenizer_4 = tokenizers.llama_tokenizer()
-    clip_config = parts.clip_text_config(tokenizer, WIDTH)
-    clip_config.max_position_embeddings = CLIP_POSITIONS
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    clip_config = parts.clip_text_config(tokenizer, WIDTH, positions=CLIP_POSITIONS)
+    with parts.seeded():
         text_encoder = CLIPTextModelWithProjection(clip_config)
         text_encoder_2 = CLIPTextModelWithProjection(clip_config)
         text_encoder_3 = parts.t5_encoder(tokenizer_3, WIDTH)
         text_encoder_4 = LlamaForCausalLM(
-            LlamaConfig(
-                vocab_size=len(tokenizer_4),
-                hidden_size=WIDTH,
-                intermediate_size=64,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                num_hidden_layers=2,
-                max_position_embeddings=256,
-                bos_token_id=tokenizer_4.bos_token_id,
-                eos_token_id=tokenizer_4.eos_token_id,
-                pad_token_id=tokenizer_4.pad_token_id,
-            )
+            parts.llama_config(tokenizer_4, WIDTH, 2, intermediate_size=64, max_position_embeddings=256)
         )
         transformer = HiDreamImageTransformer2DModel(
             patch_size=2,
@@ -90,10 +75,7 @@ def build_tiny_hidream(target: Path) -> None:
             block_out_channels=(4, 8, 8, 8),
             norm_num_groups=4,
             mid_block_add_attention=False,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.1159,
-            scaling_factor=0.3611,
+            **parts.FLUX_LATENTS,
         )
     pipeline: Any = HiDreamImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),

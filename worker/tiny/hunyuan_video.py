@@ -12,11 +12,10 @@ Sizes are multiples of 16 (VAE factor 8 x patch 2); 9 frames make 3 latent frame
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 LATENT_CHANNELS = 4
 # The transformer's rotary axes (frames, height, width) must add up to the attention head width.
@@ -27,59 +26,23 @@ CLIP_WIDTH = 8
 
 def build_tiny_hunyuan_video(target: Path) -> None:
     """A tiny HunyuanVideo text-to-video `HunyuanVideoPipeline` (sizes multiple of 16)."""
-    import torch
     from diffusers import (
-        AutoencoderKLHunyuanVideo,
         FlowMatchEulerDiscreteScheduler,
         HunyuanVideoPipeline,
         HunyuanVideoTransformer3DModel,
     )
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, LlamaConfig, LlamaModel
+    from transformers import CLIPTextModel, LlamaModel
 
     tokenizer = tokenizers.llama_tokenizer()
-    with tempfile.TemporaryDirectory() as folder:
-        tokenizers.write_clip_tokenizer_files(Path(folder))
-        tokenizer_2 = CLIPTokenizer.from_pretrained(folder)
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    tokenizer_2 = parts.clip_tokenizer(max_length=None)
+    with parts.seeded():
         # The pipeline reads the third-from-last hidden state: three layers leave one that encodes.
-        text_encoder = LlamaModel(
-            LlamaConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=LLAMA_WIDTH,
-                intermediate_size=37,
-                num_attention_heads=4,
-                num_key_value_heads=4,
-                num_hidden_layers=3,
-                bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        )
+        text_encoder = LlamaModel(parts.llama_config(tokenizer, LLAMA_WIDTH, 3, intermediate_size=37))
         text_encoder_2 = CLIPTextModel(
-            CLIPTextConfig(
-                vocab_size=len(tokenizer_2),
-                hidden_size=CLIP_WIDTH,
-                intermediate_size=37,
-                num_attention_heads=4,
-                num_hidden_layers=2,
-                bos_token_id=tokenizer_2.bos_token_id,
-                eos_token_id=tokenizer_2.eos_token_id,
-                pad_token_id=tokenizer_2.pad_token_id,
-            )
+            # The pooled embedding only: the projection keeps transformers' default width.
+            parts.clip_text_config(tokenizer_2, CLIP_WIDTH, intermediate_size=37, projection_dim=512)
         )
-        vae = AutoencoderKLHunyuanVideo(
-            latent_channels=LATENT_CHANNELS,
-            down_block_types=("HunyuanVideoDownBlock3D",) * 4,
-            up_block_types=("HunyuanVideoUpBlock3D",) * 4,
-            block_out_channels=(8, 8, 8, 8),
-            layers_per_block=1,
-            norm_num_groups=4,
-            scaling_factor=0.476986,
-            spatial_compression_ratio=8,
-            temporal_compression_ratio=4,
-        )
+        vae = parts.hunyuan_video_vae(LATENT_CHANNELS)
         transformer = HunyuanVideoTransformer3DModel(
             in_channels=LATENT_CHANNELS,
             out_channels=LATENT_CHANNELS,

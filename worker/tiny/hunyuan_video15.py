@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 LATENT_CHANNELS = 4
 QWEN_WIDTH = 32
@@ -123,24 +123,12 @@ def _components(image_embed_dim: int, task_type: str) -> dict[str, Any]:
         HunyuanVideo15Transformer3DModel,
     )
     from diffusers.guiders import ClassifierFreeGuidance
-    from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextModel
 
     tokenizer = qwen_tokenizer()
     tokenizer_2 = ByT5Tokenizer()
     text_encoder = Qwen2_5_VLTextModel(qwen_text_config(tokenizer))
-    text_encoder_2 = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer_2),
-            d_model=BYT5_WIDTH,
-            d_kv=8,
-            d_ff=2 * BYT5_WIDTH,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tokenizer_2.pad_token_id,
-            eos_token_id=tokenizer_2.eos_token_id,
-        )
-    )
+    text_encoder_2 = parts.t5_encoder(tokenizer_2, BYT5_WIDTH)
     # Five blocks: four 2x spatial stages (16x), the last two also 2x temporal (4x).
     vae = AutoencoderKLHunyuanVideo15(
         latent_channels=LATENT_CHANNELS,
@@ -184,12 +172,9 @@ def _components(image_embed_dim: int, task_type: str) -> dict[str, Any]:
 
 def build_tiny_hunyuan_video15(target: Path) -> None:
     """A tiny HunyuanVideo 1.5 text-to-video `HunyuanVideo15Pipeline` (sizes multiple of 16, 4k+1 frames)."""
-    import torch
     from diffusers import HunyuanVideo15Pipeline
 
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         components = _components(image_embed_dim=SIGLIP_WIDTH, task_type="t2v")
     pipeline: Any = HunyuanVideo15Pipeline(**components)
     pipeline.save_pretrained(str(target))
@@ -197,12 +182,10 @@ def build_tiny_hunyuan_video15(target: Path) -> None:
 
 def build_tiny_hunyuan_video15_i2v(target: Path) -> None:
     """A tiny HunyuanVideo 1.5 `HunyuanVideo15ImageToVideoPipeline` (a SigLIP image encoder added)."""
-    import torch
     from diffusers import HunyuanVideo15ImageToVideoPipeline
     from transformers import SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         components = _components(image_embed_dim=SIGLIP_WIDTH, task_type="i2v")
         # 32x32 images in 8x8 patches: 16 image tokens (the real model's SigLIP makes 729).
         image_encoder = SiglipVisionModel(

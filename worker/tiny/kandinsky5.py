@@ -106,24 +106,11 @@ def _transformer(visual_cond: bool) -> Any:
 
 def build_tiny_kandinsky5(target: Path) -> None:
     """A tiny Kandinsky 5 text-to-video `Kandinsky5T2VPipeline` (sizes multiple of 16)."""
-    import torch
-    from diffusers import AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, Kandinsky5T2VPipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2VPipeline
 
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         text = _text_modules()
-        vae = AutoencoderKLHunyuanVideo(
-            latent_channels=LATENT_CHANNELS,
-            down_block_types=("HunyuanVideoDownBlock3D",) * 4,
-            up_block_types=("HunyuanVideoUpBlock3D",) * 4,
-            block_out_channels=(8, 8, 8, 8),
-            layers_per_block=1,
-            norm_num_groups=4,
-            scaling_factor=0.476986,
-            spatial_compression_ratio=8,
-            temporal_compression_ratio=4,
-        )
+        vae = parts.hunyuan_video_vae(LATENT_CHANNELS)
         transformer = _transformer(visual_cond=True)
     pipeline: Any = Kandinsky5T2VPipeline(
         transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), **text
@@ -133,11 +120,9 @@ def build_tiny_kandinsky5(target: Path) -> None:
 
 def build_tiny_kandinsky5_t2i(target: Path) -> None:
     """A tiny Kandinsky 5 text-to-image `Kandinsky5T2IPipeline` (it makes one of its resolutions)."""
-    import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2IPipeline
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         text = _text_modules()
         vae = parts.image_vae(latent_channels=LATENT_CHANNELS)
         transformer = _transformer(visual_cond=False)

@@ -1,7 +1,7 @@
 """The tiny random-weight Kolors (`builtin:tiny-kolors`), text-to-image and image-to-image.
 
 A real diffusers `KolorsPipeline` with small seeded weights, built offline and saved with
-`save_pretrained`: an SDXL-shaped 2-block `UNet2DConditionModel` with SDXL's `text_time` added
+`save_pretrained`: `tiny-sdxl`'s 2-block `UNet2DConditionModel` with SDXL's `text_time` added
 conditioning (the pooled text embedding and the 6 size/crop micro-conditions) and, as Kolors, a
 `text_proj` from the text encoder's width to the cross-attention width; a 4-block `AutoencoderKL`
 with 4 latent channels (the real 8x factor); a 2-layer `ChatGLMModel` of width 32 (diffusers'
@@ -19,12 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import parts, tokenizers
+from omnirt.worker.tiny import parts, sdxl, tokenizers
 
-TEXT_WIDTH = 32
-# SDXL's added time ids: original size, crop top-left and target size, 2 numbers each.
-TIME_IDS = 6
-TIME_EMBED_DIM = 8
+# ChatGLM's width: the SDXL UNet's pooled and cross-attention widths are made for it.
+TEXT_WIDTH = sdxl.TEXT_WIDTH
 
 
 def _tokenizer(folder: Path) -> Any:
@@ -68,36 +66,15 @@ def _text_encoder(vocab_size: int) -> Any:
 
 def build_tiny_kolors(target: Path) -> None:
     """A tiny `KolorsPipeline`: 64x64 images by default (8x8 latents), sizes multiple of 8."""
-    import torch
-    from diffusers import EulerDiscreteScheduler, KolorsPipeline, UNet2DConditionModel
+    from diffusers import EulerDiscreteScheduler, KolorsPipeline
 
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = _tokenizer(Path(folder))
-        # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+        with parts.seeded():
             text_encoder = _text_encoder(tokenizer.vocab_size)  # the pieces and ChatGLM's 9 commands
-            unet = UNet2DConditionModel(
-                sample_size=8,
-                in_channels=4,
-                out_channels=4,
-                block_out_channels=(32, 64),
-                layers_per_block=1,
-                down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-                attention_head_dim=(2, 4),
-                use_linear_projection=True,
-                transformer_layers_per_block=(1, 2),
-                # Kolors projects ChatGLM's hidden states (4096 wide there) to its cross-attention width.
-                encoder_hid_dim=TEXT_WIDTH,
-                encoder_hid_dim_type="text_proj",
-                cross_attention_dim=2 * TEXT_WIDTH,
-                addition_embed_type="text_time",
-                addition_time_embed_dim=TIME_EMBED_DIM,
-                # The time ids' embeddings and ChatGLM's pooled output (its last token's state).
-                projection_class_embeddings_input_dim=TIME_IDS * TIME_EMBED_DIM + TEXT_WIDTH,
-                norm_num_groups=32,
-            )
+            # Kolors projects ChatGLM's hidden states (4096 wide there) to the cross-attention
+            # width; the pooled text embedding is ChatGLM's last token's state.
+            unet = sdxl.text_time_unet(encoder_hid_dim=TEXT_WIDTH, encoder_hid_dim_type="text_proj")
             vae = parts.image_vae(4, scaling_factor=0.13025)  # SDXL's VAE scaling, as Kolors'
         # Kwai-Kolors/Kolors-diffusers' scheduler config.
         scheduler = EulerDiscreteScheduler(

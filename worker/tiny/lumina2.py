@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 TEXT_WIDTH = 8
 LATENT_CHANNELS = 4
@@ -21,19 +21,10 @@ LATENT_CHANNELS = 4
 
 def build_tiny_lumina2(target: Path) -> None:
     """A tiny `Lumina2Pipeline` (sizes multiple of 16)."""
-    import torch
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        Lumina2Pipeline,
-        Lumina2Transformer2DModel,
-    )
-    from transformers import Gemma2Config, Gemma2Model
+    from diffusers import FlowMatchEulerDiscreteScheduler, Lumina2Pipeline, Lumina2Transformer2DModel
 
     tokenizer = tokenizers.gemma_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         transformer = Lumina2Transformer2DModel(
             sample_size=8,
             patch_size=2,
@@ -49,33 +40,11 @@ def build_tiny_lumina2(target: Path) -> None:
             axes_dim_rope=(4, 2, 2),
             cap_feat_dim=TEXT_WIDTH,
         )
-        vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 8, 8, 8),
-            layers_per_block=1,
-            latent_channels=LATENT_CHANNELS,
-            norm_num_groups=8,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.0609,
-            scaling_factor=1.5035,
+        vae = parts.image_vae(
+            LATENT_CHANNELS, block_out_channels=(8, 8, 8, 8), sample_size=32, **parts.SD3_LATENTS
         )
-        text_encoder = Gemma2Model(
-            Gemma2Config(
-                head_dim=2,
-                hidden_size=TEXT_WIDTH,
-                intermediate_size=37,
-                num_attention_heads=4,
-                num_hidden_layers=2,
-                num_key_value_heads=4,
-                vocab_size=len(tokenizer),
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=tokenizer.bos_token_id,
-            )
+        text_encoder = parts.gemma2_encoder(
+            tokenizer, TEXT_WIDTH, 2, heads=4, head_dim=2, intermediate_size=37
         )
     pipeline: Any = Lumina2Pipeline(
         tokenizer=tokenizer,

@@ -13,39 +13,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 LATENT_CHANNELS = 12
 
 
 def build_tiny_mochi(target: Path) -> None:
     """A tiny Mochi text-to-video `MochiPipeline` (sizes multiple of 16, 6k+1 frames)."""
-    import torch
     from diffusers import (
         AutoencoderKLMochi,
         FlowMatchEulerDiscreteScheduler,
         MochiPipeline,
         MochiTransformer3DModel,
     )
-    from transformers import T5Config, T5EncoderModel
 
     tokenizer = tokenizers.t5_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = T5EncoderModel(
-            T5Config(
-                vocab_size=len(tokenizer),
-                d_model=32,
-                d_kv=8,
-                d_ff=64,
-                num_layers=2,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        )
+    with parts.seeded():
+        text_encoder = parts.t5_encoder(tokenizer)
         vae = AutoencoderKLMochi(
             latent_channels=LATENT_CHANNELS,
             out_channels=3,

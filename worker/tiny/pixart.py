@@ -16,40 +16,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
-TEXT_WIDTH = 32
+TEXT_WIDTH = parts.TEXT_WIDTH
 LATENT_CHANNELS = 4
 
 
 def build_tiny_pixart_sigma(target: Path) -> None:
     """A tiny `PixArtSigmaPipeline`: generated at a 256-pixel bin, returned at the requested size."""
-    import torch
-    from diffusers import (
-        AutoencoderKL,
-        DPMSolverMultistepScheduler,
-        PixArtSigmaPipeline,
-        PixArtTransformer2DModel,
-    )
-    from transformers import T5Config, T5EncoderModel
+    from diffusers import DPMSolverMultistepScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
 
     tokenizer = tokenizers.t5_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = T5EncoderModel(
-            T5Config(
-                vocab_size=len(tokenizer),
-                d_model=TEXT_WIDTH,
-                d_kv=8,
-                d_ff=64,
-                num_layers=2,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        )
+    with parts.seeded():
+        text_encoder = parts.t5_encoder(tokenizer, TEXT_WIDTH)
         transformer = PixArtTransformer2DModel(
             sample_size=32,
             num_layers=2,
@@ -68,17 +47,7 @@ def build_tiny_pixart_sigma(target: Path) -> None:
             norm_elementwise_affine=False,
             norm_eps=1e-6,
         )
-        vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 16, 16, 16),
-            layers_per_block=1,
-            latent_channels=LATENT_CHANNELS,
-            norm_num_groups=8,
-            sample_size=256,
-        )
+        vae = parts.image_vae(LATENT_CHANNELS, sample_size=256)
     pipeline: Any = PixArtSigmaPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,

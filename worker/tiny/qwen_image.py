@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 TEXT_WIDTH = 32
 LATENT_CHANNELS = 4
@@ -62,7 +62,6 @@ def _text_encoder(tokenizer: Any) -> Any:
 
 def build_tiny_qwen_image(target: Path) -> None:
     """A tiny `QwenImagePipeline`: 64x64 images by default, sizes multiple of 16."""
-    import torch
     from diffusers import (
         AutoencoderKLQwenImage,
         FlowMatchEulerDiscreteScheduler,
@@ -71,9 +70,7 @@ def build_tiny_qwen_image(target: Path) -> None:
     )
 
     tokenizer = tokenizers.qwen2_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         text_encoder = _text_encoder(tokenizer)
         transformer = QwenImageTransformer2DModel(
             patch_size=2,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 TEXT_WIDTH = 8
 LATENT_CHANNELS = 4
@@ -29,14 +29,10 @@ QKV_MULTISCALES: tuple[tuple[int, ...], ...] = ((),) * 5 + ((5,),)
 
 def build_tiny_sana(target: Path) -> None:
     """A tiny `SanaPipeline`: generated at a 512-pixel bin, returned at the requested size."""
-    import torch
     from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
-    from transformers import Gemma2Config, Gemma2Model
 
     tokenizer = tokenizers.gemma_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         transformer = SanaTransformer2DModel(
             patch_size=1,
             in_channels=LATENT_CHANNELS,
@@ -68,21 +64,8 @@ def build_tiny_sana(target: Path) -> None:
             decoder_act_fns="silu",
             scaling_factor=0.41407,
         )
-        text_encoder = Gemma2Model(
-            Gemma2Config(
-                head_dim=16,
-                hidden_size=TEXT_WIDTH,
-                initializer_range=0.02,
-                intermediate_size=64,
-                max_position_embeddings=8192,
-                num_attention_heads=2,
-                num_hidden_layers=1,
-                num_key_value_heads=2,
-                vocab_size=len(tokenizer),
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=tokenizer.bos_token_id,
-            )
+        text_encoder = parts.gemma2_encoder(
+            tokenizer, TEXT_WIDTH, 1, heads=2, head_dim=16, intermediate_size=64
         )
     pipeline: Any = SanaPipeline(
         tokenizer=tokenizer,

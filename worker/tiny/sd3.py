@@ -11,13 +11,12 @@ multiples of 16 (VAE factor 8 x patch 2); 64x64 makes 8x8 latents, 16 image toke
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
-CLIP_WIDTH = 32
+CLIP_WIDTH = parts.TEXT_WIDTH
 # SD3's real 16 latent channels: its inpaint pipeline accepts a transformer of 16 (or 33) only.
 LATENT_CHANNELS = 16
 # SD3 pads the two CLIP encoders' joined hidden states (2 x 32) to T5's width and
@@ -25,59 +24,18 @@ LATENT_CHANNELS = 16
 T5_WIDTH = 2 * CLIP_WIDTH
 
 
-def _clip_encoder(tokenizer: Any) -> Any:
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
-    return CLIPTextModelWithProjection(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=CLIP_WIDTH,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=77,
-            projection_dim=CLIP_WIDTH,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
-
-
 def build_tiny_sd3(target: Path) -> None:
     """A tiny `StableDiffusion3Pipeline`: 64x64 images by default, sizes multiple of 16."""
-    import torch
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
-    from transformers import CLIPTokenizer, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection
 
-    with tempfile.TemporaryDirectory() as vocab_dir:
-        tokenizers.write_clip_tokenizer_files(Path(vocab_dir))
-        tokenizer = CLIPTokenizer.from_pretrained(vocab_dir, model_max_length=77)
-        tokenizer_2 = CLIPTokenizer.from_pretrained(vocab_dir, model_max_length=77)
+    tokenizer = parts.clip_tokenizer()
+    tokenizer_2 = parts.clip_tokenizer()
     tokenizer_3 = tokenizers.t5_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = _clip_encoder(tokenizer)
-        text_encoder_2 = _clip_encoder(tokenizer_2)
-        text_encoder_3 = T5EncoderModel(
-            T5Config(
-                vocab_size=len(tokenizer_3),
-                d_model=T5_WIDTH,
-                d_kv=16,
-                d_ff=64,
-                num_layers=2,
-                num_heads=4,
-                relative_attention_num_buckets=8,
-                pad_token_id=tokenizer_3.pad_token_id,
-                eos_token_id=tokenizer_3.eos_token_id,
-            )
-        )
+    with parts.seeded():
+        text_encoder = CLIPTextModelWithProjection(parts.clip_text_config(tokenizer, CLIP_WIDTH))
+        text_encoder_2 = CLIPTextModelWithProjection(parts.clip_text_config(tokenizer_2, CLIP_WIDTH))
+        text_encoder_3 = parts.t5_encoder(tokenizer_3, T5_WIDTH, d_kv=16, d_ff=64)
         transformer = SD3Transformer2DModel(
             sample_size=8,
             patch_size=2,
@@ -91,21 +49,7 @@ def build_tiny_sd3(target: Path) -> None:
             pooled_projection_dim=2 * CLIP_WIDTH,  # both CLIPs' pooled projections, joined
             pos_embed_max_size=32,
         )
-        vae = AutoencoderKL(
-            in_channels=3,
-            out_channels=3,
-            down_block_types=("DownEncoderBlock2D",) * 4,
-            up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8, 16, 16, 16),
-            layers_per_block=1,
-            latent_channels=LATENT_CHANNELS,
-            norm_num_groups=8,
-            sample_size=64,
-            use_quant_conv=False,
-            use_post_quant_conv=False,
-            shift_factor=0.0609,
-            scaling_factor=1.5035,
-        )
+        vae = parts.image_vae(LATENT_CHANNELS, **parts.SD3_LATENTS)
     pipeline: Any = StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),

@@ -3,7 +3,7 @@
 
 SkyReels-V2 is Wan 2.1's architecture retrained (diffusers' `SkyReelsV2Transformer3DModel` takes
 the Wan transformer's arguments); these are real diffusers pipelines with small seeded weights,
-built offline from the parts of `tiny-wan` (`wan.umt5_encoder`, `wan.wan_vae`,
+built offline from the parts of `tiny-wan` (`parts.umt5_encoder`, `wan.wan_vae`,
 `wan.transformer_config`: a 2-layer UMT5 of width 32, the offline T5 tokenizer, a 4-channel
 `AutoencoderKLWan`, 8x spatial and 4x temporal) and the hub's `UniPCMultistepScheduler` (flow
 sigmas, shift 8 as the T2V models), saved with `save_pretrained`:
@@ -42,31 +42,17 @@ def _scheduler() -> Any:
 def _components(**transformer: Any) -> dict[str, Any]:
     """Seeded tokenizer, text encoder, VAE, transformer (its config updated by `transformer`) and
     scheduler; `image_encoder` too when the transformer takes image embeddings (`image_dim`)."""
-    import torch
     from diffusers import SkyReelsV2Transformer3DModel
-    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
     tokenizer = tokenizers.t5_tokenizer()
     config = {**wan.transformer_config(wan.LATENT_CHANNELS), **transformer}
     components: dict[str, Any] = {"tokenizer": tokenizer, "scheduler": _scheduler()}
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        components["text_encoder"] = wan.umt5_encoder(tokenizer)
+    with parts.seeded():
+        components["text_encoder"] = parts.umt5_encoder(tokenizer)
         components["vae"] = wan.wan_vae()
         components["transformer"] = SkyReelsV2Transformer3DModel(**config)
         if config.get("image_dim"):
-            components["image_encoder"] = CLIPVisionModelWithProjection(
-                CLIPVisionConfig(
-                    hidden_size=IMAGE_WIDTH,
-                    projection_dim=IMAGE_WIDTH,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    image_size=IMAGE_SIZE,
-                    intermediate_size=37,
-                    patch_size=8,
-                )
-            )
+            components["image_encoder"] = parts.clip_image_encoder(IMAGE_SIZE, 8, 2, IMAGE_WIDTH)
     return components
 
 

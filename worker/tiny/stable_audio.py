@@ -32,7 +32,6 @@ TOKENS = 16
 
 def build_tiny_stable_audio(target: Path) -> None:
     """A tiny `StableAudioPipeline`: stereo 8 kHz clips up to 2.048 s."""
-    import torch
     from diffusers import (
         AutoencoderOobleck,
         CosineDPMSolverMultistepScheduler,
@@ -44,9 +43,7 @@ def build_tiny_stable_audio(target: Path) -> None:
     tokenizer = tokenizers.t5_tokenizer()
     # The pipeline pads every prompt to `model_max_length` (T5's own is unbounded).
     tokenizer.model_max_length = TOKENS
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         text_encoder = parts.t5_encoder(tokenizer, WIDTH)
         transformer = StableAudioDiTModel(
             sample_size=LATENT_LENGTH,

@@ -15,19 +15,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from omnirt.worker.tiny import parts
+
 
 def _components() -> dict[str, Any]:
-    import torch
     from diffusers import (
         AutoencoderKLTemporalDecoder,
         EulerDiscreteScheduler,
         UNetSpatioTemporalConditionModel,
     )
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+    from transformers import CLIPImageProcessor
 
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with parts.seeded():
         unet = UNetSpatioTemporalConditionModel(
             block_out_channels=(32, 64),
             layers_per_block=2,
@@ -52,17 +51,7 @@ def _components() -> dict[str, Any]:
         # The pipeline resizes its input to 224x224 before the image encoder, and transformers 5
         # refuses any other size (diffusers' tests' 32x32 with 1x1 patches no longer runs):
         # 224 in 14x14 patches, as the real ViT-H/14, is 256 tokens.
-        image_encoder = CLIPVisionModelWithProjection(
-            CLIPVisionConfig(
-                hidden_size=32,
-                projection_dim=32,
-                num_hidden_layers=5,
-                num_attention_heads=4,
-                image_size=224,
-                intermediate_size=37,
-                patch_size=14,
-            )
-        )
+        image_encoder = parts.clip_image_encoder(image_size=224, patch_size=14, layers=5)
     scheduler = EulerDiscreteScheduler(
         beta_start=0.00085,
         beta_end=0.012,

@@ -10,8 +10,8 @@ The image-to-video model is Wan 2.2-style: the first frame is encoded by the VAE
 concatenated to the latents with a mask (no CLIP image encoder), so the transformer takes
 4 (noise) + 4 (mask) + 4 (image latents) input channels.
 
-`umt5_encoder`, `wan_vae` and `transformer_config` are the parts the families built on Wan's
-(Wan 2.2 in `wan22`, SkyReels-V2 in `skyreels_v2`) share with these two.
+`wan_vae` and `transformer_config` are the parts the families built on Wan's (Wan 2.2 in
+`wan22`, SkyReels-V2 in `skyreels_v2`) share with these two, with the UMT5 (`parts.umt5_encoder`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers
+from omnirt.worker.tiny import parts, tokenizers
 
 # Latent channels of the tiny VAE; the Wan VAE compresses 4 frames into one latent frame.
 LATENT_CHANNELS = 4
@@ -27,28 +27,7 @@ LATENT_CHANNELS = 4
 # one per frame a latent frame holds (the VAE's temporal factor).
 MASK_CHANNELS = 4
 # The width of the tiny UMT5 text encoder (the transformers' `text_dim`).
-TEXT_WIDTH = 32
-
-
-def umt5_encoder(tokenizer: Any) -> Any:
-    """A 2-layer `UMT5EncoderModel` of width 32 for `tokenizer` (the offline T5 one), from the
-    caller's RNG."""
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    return UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=TEXT_WIDTH,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-        )
-    )
+TEXT_WIDTH = parts.TEXT_WIDTH
 
 
 def wan_vae(**config: Any) -> Any:
@@ -92,14 +71,11 @@ def transformer_config(in_channels: int, out_channels: int = LATENT_CHANNELS) ->
 
 def _components(transformer_in_channels: int) -> dict[str, Any]:
     """Seeded tokenizer, text encoder, VAE, transformer and scheduler shared by both builders."""
-    import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
 
     tokenizer = tokenizers.t5_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = umt5_encoder(tokenizer)
+    with parts.seeded():
+        text_encoder = parts.umt5_encoder(tokenizer, TEXT_WIDTH)
         vae = wan_vae()
         transformer = WanTransformer3DModel(**transformer_config(transformer_in_channels))
     return {

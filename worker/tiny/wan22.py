@@ -1,7 +1,7 @@
 """Tiny random-weight Wan 2.2 video models (`builtin:tiny-wan22`, `tiny-wan22-i2v`, `tiny-wan22-ti2v`).
 
 Real diffusers pipelines with small seeded weights, built offline from the parts of `tiny-wan`
-(`wan.umt5_encoder`, `wan.wan_vae`, `wan.transformer_config`: its 2-layer UMT5 of width 32,
+(`parts.umt5_encoder`, `wan.wan_vae`, `wan.transformer_config`: its 2-layer UMT5 of width 32,
 offline T5 tokenizer, 4-channel `AutoencoderKLWan` with 8x spatial and 4x temporal compression)
 and saved with `save_pretrained`; the scheduler is the hub's `UniPCMultistepScheduler` (flow
 sigmas, shift 3 here, so that 2 steps already run both experts).
@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.tiny import tokenizers, wan
+from omnirt.worker.tiny import parts, tokenizers, wan
 
 # The timestep fractions at which Wan2.2's A14B models hand over to the low-noise expert.
 T2V_BOUNDARY_RATIO = 0.875
@@ -42,14 +42,11 @@ def _scheduler() -> Any:
 
 def _two_experts(transformer_in_channels: int) -> dict[str, Any]:
     """Seeded tokenizer, text encoder, VAE, both experts (different weights) and the scheduler."""
-    import torch
     from diffusers import WanTransformer3DModel
 
     tokenizer = tokenizers.t5_tokenizer()
-    # Seeded on a forked RNG: identical weights everywhere, the caller's RNG untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = wan.umt5_encoder(tokenizer)
+    with parts.seeded():
+        text_encoder = parts.umt5_encoder(tokenizer)
         vae = wan.wan_vae()
         config = wan.transformer_config(transformer_in_channels)
         transformer = WanTransformer3DModel(**config)
@@ -87,13 +84,11 @@ def build_tiny_wan22_i2v(target: Path) -> None:
 
 def build_tiny_wan22_ti2v(target: Path) -> None:
     """A tiny Wan 2.2 TI2V-5B-style `WanPipeline` (`expand_timesteps`, 16x VAE of 48 channels)."""
-    import torch
     from diffusers import WanPipeline, WanTransformer3DModel
 
     tokenizer = tokenizers.t5_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        text_encoder = wan.umt5_encoder(tokenizer)
+    with parts.seeded():
+        text_encoder = parts.umt5_encoder(tokenizer)
         vae = wan.wan_vae(
             z_dim=TI2V_LATENT_CHANNELS,
             is_residual=True,
