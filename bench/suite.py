@@ -6,8 +6,9 @@
                                                # table, writes only what --json/--docs ask for
     python -m bench.suite --only overhead,batching --json out.json
 
-Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, fair_share, export. Each
-starts its own daemons on loopback and stops them (export needs none). A scenario that cannot run here (Ray
+Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, fair_share, export,
+step_cache. Each starts its own daemons on loopback and stops them (export and step_cache need
+none: they run in-process). A scenario that cannot run here (Ray
 Serve not installed for `peers`) is reported as skipped; one that fails is reported as failed
 with its daemons' log tails, the others still run. Exit status: 0 when no scenario failed, 1
 otherwise, 2 for bad arguments. Missed targets are results, not failures: the table says met /
@@ -40,6 +41,7 @@ from . import (
     overhead,
     peers,
     report,
+    step_cache,
 )
 from . import _scenario as sc
 
@@ -54,6 +56,7 @@ SCENARIOS: dict[str, sc.Scenario] = {
         control_plane_scenarios.DISPATCH,
         fair_share.SCENARIO,
         export.SCENARIO,
+        step_cache.SCENARIO,
     )
 }
 RESULTS = _machine.ROOT / "bench" / "results"
