@@ -1,24 +1,31 @@
 """Random-weight pipelines of published sizes for `bench.gpu`, built offline from bench/gpu_configs.json.
 
 `sd15`: Stable Diffusion 1.5 (UNet 860M, VAE 84M, CLIP ViT-L/14 text encoder 123M parameters).
+`sdxl`: Stable Diffusion XL base 1.0 (UNet 2.6B, VAE 84M, CLIP ViT-L/14 123M and OpenCLIP
+ViT-bigG/14 695M text encoders), all at their published configs.
+`flux`: FLUX.1-dev (the 11.9B `FluxTransformer2DModel`: 19 double- and 38 single-stream blocks,
+3072 wide, guidance embedding; its 16-channel VAE and CLIP-L text encoder; T5-XXL cut to 2 of
+its 24 layers, see the JSON's `text_encoder_note`).
 `wan`: Wan 2.1 text-to-video 1.3B (the transformer and the VAE at their published configs; the
-UMT5 text encoder cut to 2 layers, see the JSON's `text_encoder_note`). Tokenizers are the
-offline ones of OmniRT's tiny models (no hub). Modules are created directly on the target
-device (random init of a billion parameters on a CPU takes minutes), cast to the benchmark's
-dtype and saved with `save_pretrained`, so the worker loads them with `from_pretrained` like any
-local model.
+UMT5 text encoder cut to 2 layers, see the JSON's `text_encoder_note`).
+
+Tokenizers are the offline ones of OmniRT's tiny models (no hub). Modules are created directly
+on the target device (random init of a billion parameters on a CPU takes minutes), cast to the
+benchmark's dtype and saved with `save_pretrained`, so the worker loads them with
+`from_pretrained` like any local model.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 CONFIGS = Path(__file__).with_name("gpu_configs.json")
-MODELS = ("sd15", "wan")
+MODELS = ("sd15", "sdxl", "flux", "wan")
+MODULES = ("unet", "transformer", "vae", "text_encoder", "text_encoder_2")
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -50,26 +57,52 @@ def _scheduler(config: dict[str, Any]) -> Any:
     return cls.from_config(settings)
 
 
-def _build_sd15(spec: dict[str, Any], device: str) -> Any:
-    import torch
-    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+def _clip_tokenizer() -> Any:
+    from omnirt.worker.tiny import parts
 
-    from omnirt.worker.tiny.tokenizers import write_clip_tokenizer_files
+    return parts.clip_tokenizer(max_length=77)
 
-    with tempfile.TemporaryDirectory() as vocab_dir:
-        write_clip_tokenizer_files(Path(vocab_dir))
-        tokenizer = CLIPTokenizer.from_pretrained(vocab_dir, model_max_length=77)
+
+def _clip_config(config: dict[str, Any], tokenizer: Any) -> Any:
+    from transformers import CLIPTextConfig
+
     special = {
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
+    return CLIPTextConfig(**config, **special)
+
+
+def _t5_tokenizer() -> Any:
+    from omnirt.worker.tiny.tokenizers import t5_tokenizer
+
+    return t5_tokenizer()
+
+
+def _t5_config(config: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    # The offline tokenizer's vocabulary: the real one is not shipped (no hub) and only the
+    # embedding table's height depends on it.
+    return {
+        "vocab_size": len(tokenizer),
+        **config,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.pad_token_id,
+    }
+
+
+def _build_sd15(spec: dict[str, Any], device: str) -> Any:
+    import torch
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    tokenizer = _clip_tokenizer()
     with torch.device(device):
         torch.manual_seed(0)
         unet = UNet2DConditionModel(**spec["unet"])
         vae = AutoencoderKL(**spec["vae"])
-        text_encoder = CLIPTextModel(CLIPTextConfig(**spec["text_encoder"], **special))
+        text_encoder = CLIPTextModel(_clip_config(spec["text_encoder"], tokenizer))
     return StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,
@@ -82,27 +115,69 @@ def _build_sd15(spec: dict[str, Any], device: str) -> Any:
     )
 
 
+def _build_sdxl(spec: dict[str, Any], device: str) -> Any:
+    import torch
+    from diffusers import AutoencoderKL, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    # SDXL's two tokenizers are both CLIP BPE tokenizers (the second pads with "!"): the
+    # offline one serves both.
+    tokenizer = _clip_tokenizer()
+    with torch.device(device):
+        torch.manual_seed(0)
+        unet = UNet2DConditionModel(**spec["unet"])
+        vae = AutoencoderKL(**spec["vae"])
+        text_encoder = CLIPTextModel(_clip_config(spec["text_encoder"], tokenizer))
+        text_encoder_2 = CLIPTextModelWithProjection(_clip_config(spec["text_encoder_2"], tokenizer))
+    return StableDiffusionXLPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        text_encoder_2=text_encoder_2,
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer,
+        unet=unet,
+        scheduler=_scheduler(spec["scheduler"]),
+        force_zeros_for_empty_prompt=spec["force_zeros_for_empty_prompt"],
+    )
+
+
+def _build_flux(spec: dict[str, Any], device: str) -> Any:
+    import torch
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+
+    tokenizer = _clip_tokenizer()
+    tokenizer_2 = _t5_tokenizer()
+    transformer_config = dict(spec["transformer"])
+    transformer_config["axes_dims_rope"] = tuple(transformer_config["axes_dims_rope"])
+    with torch.device(device):
+        torch.manual_seed(0)
+        text_encoder = CLIPTextModel(_clip_config(spec["text_encoder"], tokenizer))
+        text_encoder_2 = T5EncoderModel(T5Config(**_t5_config(spec["text_encoder_2"], tokenizer_2)))
+        vae = AutoencoderKL(**spec["vae"])
+        transformer = FluxTransformer2DModel(**transformer_config)
+    return FluxPipeline(
+        scheduler=_scheduler(spec["scheduler"]),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        transformer=transformer,
+    )
+
+
 def _build_wan(spec: dict[str, Any], device: str) -> Any:
     import torch
     from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
-    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+    from transformers import UMT5Config, UMT5EncoderModel
 
-    from omnirt.worker.tiny.tokenizers import t5_vocabulary
-
-    tokenizer = T5Tokenizer(vocab=t5_vocabulary(), extra_ids=0)
+    tokenizer = _t5_tokenizer()
     transformer_config = dict(spec["transformer"])
     transformer_config["patch_size"] = tuple(transformer_config["patch_size"])
     with torch.device(device):
         torch.manual_seed(0)
-        text_encoder = UMT5EncoderModel(
-            UMT5Config(
-                vocab_size=len(tokenizer),
-                **spec["text_encoder"],
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                decoder_start_token_id=tokenizer.pad_token_id,
-            )
-        )
+        text_encoder = UMT5EncoderModel(UMT5Config(**_t5_config(spec["text_encoder"], tokenizer)))
         vae = AutoencoderKLWan(**spec["vae"])
         transformer = WanTransformer3DModel(**transformer_config)
     return WanPipeline(
@@ -114,15 +189,25 @@ def _build_wan(spec: dict[str, Any], device: str) -> Any:
     )
 
 
+BUILDERS: dict[str, Callable[[dict[str, Any], str], Any]] = {
+    "sd15": _build_sd15,
+    "sdxl": _build_sdxl,
+    "flux": _build_flux,
+    "wan": _build_wan,
+}
+
+
 def build(name: str, spec: dict[str, Any], target: Path, device: str) -> dict[str, Any]:
     """Build model `name` into `target` (random weights, `spec["dtype"]`); parameter counts per module."""
     import torch
 
-    pipeline = _build_sd15(spec, device) if name == "sd15" else _build_wan(spec, device)
+    # Built in float32 and then cast (FLUX.1-dev's transformer: 48 GB for a moment, before
+    # the worker starts): diffusers' and transformers' initialisers are written for float32.
+    pipeline = BUILDERS[name](spec, device)
     pipeline.to(dtype=getattr(torch, spec["dtype"]))
     params = {
         module: sum(p.numel() for p in getattr(pipeline, module).parameters())
-        for module in ("unet", "transformer", "vae", "text_encoder")
+        for module in MODULES
         if getattr(pipeline, module, None) is not None
     }
     pipeline.save_pretrained(str(target))
@@ -130,6 +215,11 @@ def build(name: str, spec: dict[str, Any], target: Path, device: str) -> dict[st
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return params
+
+
+def weight_bytes(path: Path) -> int:
+    """The bytes of a saved model's weight files (what the worker's model cache counts it by)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.suffix in (".safetensors", ".bin"))
 
 
 def load(spec: dict[str, Any], path: Path, device: str) -> Any:
@@ -144,9 +234,11 @@ def load(spec: dict[str, Any], path: Path, device: str) -> Any:
 
 
 def catalog_entries(name: str, spec: dict[str, Any], path: Path) -> list[dict[str, Any]]:
-    """Two catalog entries on the same weights: `gpu-NAME` (batching) and `gpu-NAME-single` (none).
+    """Three catalog entries on the same weights: `gpu-NAME` (batching), `gpu-NAME-single` (none),
+    both `legacy_call`, and `gpu-NAME-cfg2`: a resident 2-rank `persistent_worker` group that splits
+    classifier-free guidance across its ranks (`runtime.parallel = "cfg"`).
 
-    The worker's model cache keys on source, class, device and dtype, so both share one load.
+    The worker's model cache keys on source, class, device and dtype, so the first two share one load.
     """
     request = spec["request"]
     video = "num_frames" in request
@@ -162,7 +254,7 @@ def catalog_entries(name: str, spec: dict[str, Any], path: Path) -> list[dict[st
         defaults["fps"] = 16.0
         limits["max_num_frames"] = 81
     base = {
-        "family": "wan" if video else "sd",
+        "family": spec["family"],
         "tasks": ["text2video" if video else "text2image"],
         "execution_mode": "legacy_call",
         "source": str(path),
@@ -171,7 +263,15 @@ def catalog_entries(name: str, spec: dict[str, Any], path: Path) -> list[dict[st
         "limits": limits,
         "runtime": {"dtype": spec["dtype"]},
     }
+    cfg2 = {
+        **base,
+        "execution_mode": "persistent_worker",
+        "limits": {**limits, "max_batch_size": 1},
+        # A start loads the model on both ranks: FLUX.1-dev's 24 GB twice.
+        "runtime": {"dtype": spec["dtype"], "nproc_per_node": 2, "parallel": "cfg", "start_timeout_s": 1200},
+    }
     return [
         {"id": f"gpu-{name}", "supports_batching": True, **base},
         {"id": f"gpu-{name}-single", "supports_batching": False, **base},
+        {"id": f"gpu-{name}-cfg2", "supports_batching": False, **cfg2},
     ]

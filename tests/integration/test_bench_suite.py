@@ -152,15 +152,46 @@ def test_gpu_script_without_cuda_says_so_and_exits_0(tmp_path: Path) -> None:
 
 
 def test_gpu_script_smoke_runs_the_whole_flow_on_the_cpu(tmp_path: Path) -> None:
-    """`--smoke`: the GPU script's own code (build from configs, catalog, worker, both measurements)."""
+    """`--smoke`: the GPU script's own code (build from configs, catalog, workers, every case)."""
     out = tmp_path / "gpu.json"
     done = run_module("bench.gpu", "--smoke", "--calls", "1", "--batch-calls", "4", "--json", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(out.read_text())
-    assert results["smoke"] is True and set(results["models"]) == {"sd15", "wan"}
+    assert results["smoke"] is True and list(results["models"]) == ["sd15", "sdxl", "flux", "wan"]
     for name, model in results["models"].items():
         assert model["overhead"]["direct_p50_ms"] > 0 and model["overhead"]["omnirt_p50_ms"] > 0, name
         batching = model["batching"]
         assert batching["off"]["ok"] == batching["on"]["ok"] == 4, name
         assert batching["off"]["mean_batch_size"] == 1.0, name  # gpu-NAME-single never batches
+    assert set(results["models"]["sdxl"]["parameters"]) == {"unet", "vae", "text_encoder", "text_encoder_2"}
     assert results["models"]["wan"]["request"]["num_frames"] == 5
+    assert "only 2 of its layers are built" in results["models"]["flux"]["text_encoder_note"]
+
+    # The step cache case, on the transformer models only: the worker applied the cache (it
+    # skipped attention computations) and the cached output differs from the uncached one.
+    assert "step_cache" not in results["models"]["sd15"] and "step_cache" not in results["models"]["sdxl"]
+    for name in ("flux", "wan"):
+        cache = results["models"][name]["step_cache"]
+        assert cache["applied"] == {"kind": "first_block", "threshold": 1.0}, name
+        assert cache["attention_skipped"] > 0, name
+        assert cache["cached_p50_ms"] > 0 and cache["uncached_p50_ms"] > 0, name
+        assert cache["psnr_db"] is not None and cache["other_seed_psnr_db"] is not None, name
+
+    # CFG parallel on 2 gloo ranks, for flux only in --smoke (true CFG: two denoiser calls a
+    # step, one per rank): each rank computed only part of the calls, the image is the one
+    # process's, bit for bit.
+    cfg = results["models"]["flux"]["cfg_parallel"]
+    assert cfg["status"] == "ok" and cfg["parallel"] == "cfg", cfg
+    assert cfg["request"]["extra"] == {"true_cfg_scale": 4.0}
+    ranks = cfg["guidance_split"]
+    assert [r["pattern"] for r in ranks] == ["sequential", "sequential"], ranks
+    assert all(0 < r["computed_calls"] < r["denoiser_calls"] for r in ranks), ranks
+    assert cfg["psnr_vs_one_process_db"] is None  # identical
+    for name in ("sd15", "sdxl", "wan"):
+        skipped = results["models"][name]["cfg_parallel"]
+        assert skipped["status"] == "skipped" and "--cfg-models" in skipped["reason"], name
+
+    table = done.stdout
+    assert "flux   step cache first_block threshold 1.0: p50 (speed-up)" in table
+    assert "flux   CFG on 2 ranks vs 1 process: p50 (speed-up)" in table
+    assert "sd15   CFG on 2 ranks" in table and "skipped: not in --cfg-models (flux)" in table
