@@ -10,12 +10,21 @@ sizes are multiples of 16 (VAE factor 8 x 2); off it, INVALID_ARGUMENT naming th
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 from PIL import Image
-from worker_testing import IMAGE, Family, noise_image, only_result, pixels, png_bytes, refusal, run_family
+from worker_testing import (
+    IMAGE,
+    Family,
+    check_image,
+    check_seeded,
+    noise_image,
+    only_result,
+    pixels,
+    png_bytes,
+    refusal,
+    run_family,
+)
 
 from omnirt import types as t
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
@@ -59,24 +68,14 @@ def test_text2image_runs_the_flux2_pipeline_at_the_requested_size(
     images: dict[str, t.GenerateResult],
 ) -> None:
     result = images["first"]
-    [image] = result.artifacts
-    assert (image.kind, image.mime_type, image.width, image.height) == (
-        t.MediaKind.IMAGE,
-        "image/png",
-        64,
-        64,
-    )
-    assert image.sha256 == hashlib.sha256(image.data).hexdigest()
-    assert np.std(pixels(image)) > 1, "not a flat image"
+    check_image(result.artifacts[0], 64, 64)
     assert (result.report.task, result.report.pipeline_class) == (t.Task.TEXT2IMAGE, "Flux2Pipeline")
     [wide] = images["wide"].artifacts
     assert (wide.width, wide.height) == (96, 64) and pixels(wide).shape == (64, 96, 3)
 
 
 def test_same_seed_same_bytes_other_seed_other_image(images: dict[str, t.GenerateResult]) -> None:
-    first, again, other = (images[key].artifacts[0] for key in ("first", "again", "other-seed"))
-    assert first.sha256 == again.sha256
-    assert np.abs(pixels(first) - pixels(other)).mean() > 1
+    check_seeded(images)
 
 
 def test_guidance_reaches_the_model(images: dict[str, t.GenerateResult]) -> None:

@@ -10,11 +10,9 @@ answering 512x512 with a 1024x1024 image.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
-from worker_testing import Family, only_result, pixels, refusal, run_family
+from worker_testing import Family, check_image, check_seeded, only_result, pixels, refusal, run_family
 
 from omnirt import types as t
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
@@ -51,25 +49,14 @@ def test_text2image_runs_the_hidream_pipeline_at_the_requested_size(
     images: dict[str, t.GenerateResult],
 ) -> None:
     result = images["first"]
-    [image] = result.artifacts
-    assert (image.kind, image.mime_type, image.width, image.height) == (
-        t.MediaKind.IMAGE,
-        "image/png",
-        1024,
-        1024,
-    )
-    assert image.sha256 == hashlib.sha256(image.data).hexdigest()
-    assert pixels(image).shape == (1024, 1024, 3)
-    assert np.std(pixels(image)) > 1, "not a flat image"
+    check_image(result.artifacts[0], 1024, 1024)
     assert (result.report.task, result.report.pipeline_class) == (t.Task.TEXT2IMAGE, "HiDreamImagePipeline")
     [wide] = images["wide"].artifacts
     assert (wide.width, wide.height) == (1360, 768) and pixels(wide).shape == (768, 1360, 3)
 
 
 def test_same_seed_same_bytes_other_seed_other_image(images: dict[str, t.GenerateResult]) -> None:
-    first, again, other = (images[key].artifacts[0] for key in ("first", "again", "other-seed"))
-    assert first.sha256 == again.sha256
-    assert np.abs(pixels(first) - pixels(other)).mean() > 1
+    check_seeded(images)
 
 
 def test_guidance_and_the_negative_prompt_reach_the_model(images: dict[str, t.GenerateResult]) -> None:

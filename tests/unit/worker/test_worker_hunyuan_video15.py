@@ -11,16 +11,17 @@ image-to-video pipeline takes no size: it makes the size bucket nearest the imag
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 from worker_testing import (
     IMAGE,
     Family,
+    check_seeded,
+    check_video,
     decoded_frames,
     noise_image,
     only_result,
+    pixel_difference,
     png_bytes,
     refusal,
     run_family,
@@ -48,11 +49,6 @@ def run_i2v(executor: LegacyCallExecutor, image_seed: int, **fields: object) -> 
     return run_family(executor, I2V, inputs=((IMAGE, image),), **fields)
 
 
-def pixel_difference(a: t.GenerateResult, b: t.GenerateResult) -> float:
-    frames_a, frames_b = (decoded_frames(r.artifacts[0].data).astype(np.float32) for r in (a, b))
-    return float(np.abs(frames_a - frames_b).mean())
-
-
 @pytest.fixture(scope="module")
 def videos(executor: LegacyCallExecutor) -> dict[str, t.GenerateResult]:
     """Seed 7 twice, seed 8, another prompt, a negative prompt and a 48x32 9-frame video."""
@@ -74,22 +70,14 @@ def test_text2video_runs_the_hunyuan_video15_pipeline(videos: dict[str, t.Genera
 
 
 def test_video_has_the_requested_frames_and_size(videos: dict[str, t.GenerateResult]) -> None:
-    [video] = videos["first"].artifacts
-    assert (video.kind, video.mime_type) == (t.MediaKind.VIDEO, "video/mp4")
-    assert (video.width, video.height, video.num_frames, video.fps) == (32, 32, 5, 8.0)
-    assert video.sha256 == hashlib.sha256(video.data).hexdigest()
-    frames = decoded_frames(video.data)
-    assert frames.shape == (5, 32, 32, 3)
-    assert np.std(frames.astype(np.float32)) > 1, "not a flat video"
+    check_video(videos["first"].artifacts[0], 32, 32, 5)
     [wider] = videos["48x32x9"].artifacts
     assert (wider.width, wider.height, wider.num_frames) == (48, 32, 9)
     assert decoded_frames(wider.data).shape == (9, 32, 48, 3)
 
 
 def test_same_seed_same_bytes_other_seed_other_video(videos: dict[str, t.GenerateResult]) -> None:
-    first, again, other = (videos[key].artifacts[0].sha256 for key in ("first", "again", "other-seed"))
-    assert first == again
-    assert first != other
+    check_seeded(videos)
 
 
 def test_the_prompt_and_the_negative_prompt_change_the_video(videos: dict[str, t.GenerateResult]) -> None:
@@ -177,6 +165,12 @@ def test_two_image2video_outputs_with_the_vae_decoding_one_at_a_time(
     slicing = {"runtime": {"enable_vae_slicing": True}}
     result = only_result(run_i2v(executor, 1, num_outputs=2, extra=slicing))
     assert [video.seed for video in result.artifacts] == [7, 8]
-    assert result.artifacts[0].sha256 == i2v["first"].artifacts[0].sha256
     alone = only_result(run_i2v(executor, 1, seed=8))
-    assert result.artifacts[1].sha256 == alone.artifacts[0].sha256
+    # Each as it is alone, up to float sums: the transformer runs a batch of 2, and some CPUs'
+    # kernels add in another order for it (seen: at most 4/255 on 2% of the decoded pixels).
+    for made, single in (
+        (result.artifacts[0], i2v["first"].artifacts[0]),
+        (result.artifacts[1], alone.artifacts[0]),
+    ):
+        difference = np.abs(decoded_frames(made.data).astype(np.int16) - decoded_frames(single.data))
+        assert difference.max() <= 8 and (difference > 0).mean() < 0.05

@@ -10,13 +10,23 @@ INTERNAL: the worker refuses it first, INVALID_ARGUMENT naming the field.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
-from worker_testing import IMAGE, Family, noise_image, only_result, pixels, png_bytes, refusal, run_family
+from worker_testing import (
+    IMAGE,
+    Family,
+    check_image,
+    check_seeded,
+    noise_image,
+    only_result,
+    pixel_difference,
+    pixels,
+    png_bytes,
+    refusal,
+    run_family,
+)
 
 from omnirt import types as t
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
@@ -59,38 +69,24 @@ def images(executor: LegacyCallExecutor) -> dict[str, t.GenerateResult]:
     }
 
 
-def differ(a: t.GenerateResult, b: t.GenerateResult) -> float:
-    return float(np.abs(pixels(a.artifacts[0]) - pixels(b.artifacts[0])).mean())
-
-
 def test_text2image_runs_the_kolors_pipeline_at_the_requested_size(
     images: dict[str, t.GenerateResult],
 ) -> None:
     result = images["first"]
-    [image] = result.artifacts
-    assert (image.kind, image.mime_type, image.width, image.height) == (
-        t.MediaKind.IMAGE,
-        "image/png",
-        64,
-        64,
-    )
-    assert image.sha256 == hashlib.sha256(image.data).hexdigest()
-    assert np.std(pixels(image)) > 1, "not a flat image"
+    check_image(result.artifacts[0], 64, 64)
     assert (result.report.task, result.report.pipeline_class) == (t.Task.TEXT2IMAGE, "KolorsPipeline")
     [wide] = images["wide"].artifacts
     assert (wide.width, wide.height) == (96, 64) and pixels(wide).shape == (64, 96, 3)
 
 
 def test_same_seed_same_bytes_other_seed_other_image(images: dict[str, t.GenerateResult]) -> None:
-    first, again = (images[key].artifacts[0] for key in ("first", "again"))
-    assert first.sha256 == again.sha256
-    assert differ(images["first"], images["other-seed"]) > 1
+    check_seeded(images)
 
 
 def test_the_prompt_and_the_guidance_reach_the_unet(images: dict[str, t.GenerateResult]) -> None:
     # Random tiny weights: text moves pixels by ~3-5 next to a seed's ~30; without it, by 0.
-    assert differ(images["first"], images["other-prompt"]) > 1
-    assert differ(images["first"], images["guidance1"]) > 1
+    assert pixel_difference(images["first"], images["other-prompt"]) > 1
+    assert pixel_difference(images["first"], images["guidance1"]) > 1
     assert images["first"].report.config_resolved["guidance_scale"] == 5.0
 
 
@@ -102,8 +98,8 @@ def test_image2image_is_the_kolors_img2img_pipeline_conditioned_on_the_image(
     assert red.report.config_resolved["strength"] == pytest.approx(0.6)
     assert (red.artifacts[0].width, red.artifacts[0].height) == (64, 64)
     assert red.artifacts[0].sha256 == again.artifacts[0].sha256
-    assert differ(red, noise) > 1, "another init image must change the output"
-    assert differ(red, images["first"]) > 2, "image2image must differ from text2image"
+    assert pixel_difference(red, noise) > 1, "another init image must change the output"
+    assert pixel_difference(red, images["first"]) > 2, "image2image must differ from text2image"
 
 
 def test_every_build_makes_the_same_files(tmp_path: Path, model_dir: Path) -> None:

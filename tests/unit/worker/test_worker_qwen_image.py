@@ -11,7 +11,6 @@ Image-to-image and inpaint are diffusers' `QwenImageImg2ImgPipeline` and
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,11 @@ from worker_testing import (
     MASK,
     TASKS,
     Family,
+    check_image,
+    check_seeded,
     noise_image,
     only_result,
+    pixel_difference,
     pixels,
     png_bytes,
     refusal,
@@ -78,32 +80,18 @@ def images(executor: LegacyCallExecutor) -> dict[str, t.GenerateResult]:
     }
 
 
-def differ(a: t.GenerateResult, b: t.GenerateResult) -> float:
-    return float(np.abs(pixels(a.artifacts[0]) - pixels(b.artifacts[0])).mean())
-
-
 def test_text2image_runs_the_qwen_image_pipeline_at_the_requested_size(
     images: dict[str, t.GenerateResult],
 ) -> None:
     result = images["first"]
-    [image] = result.artifacts
-    assert (image.kind, image.mime_type, image.width, image.height) == (
-        t.MediaKind.IMAGE,
-        "image/png",
-        64,
-        64,
-    )
-    assert image.sha256 == hashlib.sha256(image.data).hexdigest()
-    assert np.std(pixels(image)) > 1, "not a flat image"
+    check_image(result.artifacts[0], 64, 64)
     assert (result.report.task, result.report.pipeline_class) == (t.Task.TEXT2IMAGE, "QwenImagePipeline")
     [wide] = images["wide"].artifacts
     assert (wide.width, wide.height) == (96, 64) and pixels(wide).shape == (64, 96, 3)
 
 
 def test_same_seed_same_bytes_other_seed_other_image(images: dict[str, t.GenerateResult]) -> None:
-    first, again = (images[key].artifacts[0] for key in ("first", "again"))
-    assert first.sha256 == again.sha256
-    assert differ(images["first"], images["other-seed"]) > 1
+    check_seeded(images)
 
 
 def test_the_request_guidance_is_true_cfg_against_the_empty_prompt(
@@ -113,9 +101,9 @@ def test_the_request_guidance_is_true_cfg_against_the_empty_prompt(
     # guidance 1, 2 and 4 would make one image.
     first = images["first"]
     # Random tiny weights: the text moves pixels by ~0.3-0.7 (a seed by ~17); broken, by 0.
-    assert differ(first, images["guidance1"]) > 0.1, "guidance 4 runs CFG, 1 does not"
-    assert differ(first, images["guidance2"]) > 0.1, "the scale itself reaches true_cfg_scale"
-    assert differ(first, images["negative"]) > 0.1, "a negative prompt replaces the empty one"
+    assert pixel_difference(first, images["guidance1"]) > 0.1, "guidance 4 runs CFG, 1 does not"
+    assert pixel_difference(first, images["guidance2"]) > 0.1, "the scale itself reaches true_cfg_scale"
+    assert pixel_difference(first, images["negative"]) > 0.1, "a negative prompt replaces the empty one"
     assert first.report.config_resolved["guidance_scale"] == 4.0
 
 
@@ -124,7 +112,7 @@ def test_the_prompt_reaches_the_model_behind_the_template(
 ) -> None:
     from diffusers import QwenImagePipeline
 
-    assert differ(images["first"], images["other-prompt"]) > 0.1
+    assert pixel_difference(images["first"], images["other-prompt"]) > 0.1
     # The pipeline drops its template's prefix by a fixed token count (Qwen2's): the offline
     # tokenizer must encode that prefix in exactly as many, or the prompt loses its first words.
     pipeline = QwenImagePipeline.from_pretrained(ensure_builtin(QWEN.model, model_dir))
@@ -156,8 +144,9 @@ def test_a_batch_without_negative_prompts_runs_each_job_as_alone(
     outcomes, _ = run_assignment(executor, assignment_from_proto(msg))
     fox, boat = (only_result(outcome) for outcome in outcomes)
     assert fox.report.batch_size == 2
-    assert differ(fox, images["first"]) < 0.01 and differ(boat, images["other-prompt"]) < 0.01
-    assert differ(fox, images["guidance1"]) > 0.1, "a batch runs CFG too"
+    assert pixel_difference(fox, images["first"]) < 0.01
+    assert pixel_difference(boat, images["other-prompt"]) < 0.01
+    assert pixel_difference(fox, images["guidance1"]) > 0.1, "a batch runs CFG too"
 
 
 def test_an_extra_true_cfg_scale_is_refused_as_the_request_sets_it(executor: LegacyCallExecutor) -> None:
@@ -174,8 +163,8 @@ def test_image2image_is_the_qwen_image_img2img_pipeline_conditioned_on_the_image
     assert red.report.config_resolved["strength"] == 0.5
     assert (red.artifacts[0].width, red.artifacts[0].height) == (64, 64)
     assert red.artifacts[0].sha256 == again.artifacts[0].sha256
-    assert differ(red, noise) > 0.5, "another init image must change the output"
-    assert differ(red, images["first"]) > 2, "image2image must differ from text2image"
+    assert pixel_difference(red, noise) > 0.5, "another init image must change the output"
+    assert pixel_difference(red, images["first"]) > 2, "image2image must differ from text2image"
 
 
 def test_every_build_makes_the_same_files(tmp_path: Path, model_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import textwrap
 from dataclasses import dataclass, field
@@ -198,3 +199,51 @@ def decoded_frames(data: bytes) -> np.ndarray:
     """A video's frames as one (frames, height, width, 3) uint8 array."""
     with av.open(io.BytesIO(data)) as container:
         return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+
+
+def pixel_difference(a: t.GenerateResult, b: t.GenerateResult) -> float:
+    """Mean absolute pixel difference of two results' first artifacts (images or videos)."""
+
+    def values(result: t.GenerateResult) -> np.ndarray:
+        artifact = result.artifacts[0]
+        if artifact.kind is t.MediaKind.VIDEO:
+            return decoded_frames(artifact.data).astype(np.float32)
+        return pixels(artifact)
+
+    return float(np.abs(values(a) - values(b)).mean())
+
+
+def check_image(artifact: t.Artifact, width: int, height: int) -> None:
+    """A PNG of `width` x `height` with its own digest, and not a flat image."""
+    assert (artifact.kind, artifact.mime_type, artifact.width, artifact.height) == (
+        t.MediaKind.IMAGE,
+        "image/png",
+        width,
+        height,
+    )
+    assert artifact.sha256 == hashlib.sha256(artifact.data).hexdigest()
+    image = pixels(artifact)
+    assert image.shape == (height, width, 3)
+    assert np.std(image) > 1, "not a flat image"
+
+
+def check_video(artifact: t.Artifact, width: int, height: int, frames: int, fps: float = 8.0) -> None:
+    """An MP4 of `frames` frames of `width` x `height` at `fps`, its own digest, not flat."""
+    assert (artifact.kind, artifact.mime_type) == (t.MediaKind.VIDEO, "video/mp4")
+    made = (artifact.width, artifact.height, artifact.num_frames, artifact.fps)
+    assert made == (width, height, frames, fps)
+    assert artifact.sha256 == hashlib.sha256(artifact.data).hexdigest()
+    decoded = decoded_frames(artifact.data)
+    assert decoded.shape == (frames, height, width, 3)
+    assert np.std(decoded.astype(np.float32)) > 1, "not a flat video"
+
+
+def check_seeded(
+    results: dict[str, t.GenerateResult], same: str = "again", other: str = "other-seed"
+) -> None:
+    """`results["first"]` and `results[same]` (one seed) are the same bytes; `results[other]`
+    (another seed) other bytes, visibly (more than 1 of 255 on average)."""
+    first = results["first"].artifacts[0]
+    assert first.sha256 == results[same].artifacts[0].sha256
+    assert first.sha256 != results[other].artifacts[0].sha256
+    assert pixel_difference(results["first"], results[other]) > 1
