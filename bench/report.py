@@ -94,9 +94,9 @@ def gpu_md(gpu: dict[str, Any] | None) -> str:
             "No GPU results are recorded yet: `python -m bench.gpu` writes `bench/results/gpu.json` "
             "on a CUDA machine, and the next `python -m bench.report` (or full suite run) puts them here."
         )
-    from . import gpu as gpu_bench
+    from . import _gpu_report
 
-    return gpu_bench.markdown(gpu)
+    return _gpu_report.markdown(gpu)
 
 
 def targets_md(results: dict[str, Any]) -> str:
