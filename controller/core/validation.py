@@ -139,12 +139,16 @@ def _check_family(req: GenerateRequest, spec: ModelSpec, family: Family) -> None
 
 
 def _check_persistent(req: GenerateRequest, spec: ModelSpec, family: Family) -> None:
-    """The resident group runs text-to-X tasks, with a parallel kind its family supports."""
+    """The resident group runs a parallel kind its family supports; its pipeline program (a
+    `runtime.parallel`, or `runtime.program = "pipeline"`) also tasks with media inputs, the
+    Stable Diffusion loops text-to-image only."""
     assert req.task is not None
-    if REQUIRED_INPUTS.get(req.task):
-        reason = f"{spec.id} runs in persistent_worker mode, whose ranks run text-to-X tasks only"
-        raise FailedPrecondition(f"{reason} (not {req.task.value})", field="task")
-    kind = spec.runtime.get("parallel") if isinstance(spec.runtime, dict) else None
+    runtime = spec.runtime if isinstance(spec.runtime, dict) else {}
+    pipeline = bool(runtime.get("parallel")) or runtime.get("program") == "pipeline"
+    if REQUIRED_INPUTS.get(req.task) and not pipeline:
+        reason = f"{spec.id} runs in persistent_worker mode, whose SD loop runs text-to-X tasks only"
+        raise FailedPrecondition(f"{reason} (not {req.task.value}; runtime.parallel runs it)", field="task")
+    kind = runtime.get("parallel")
     if kind and kind not in family.parallel:
         takes = ", ".join(family.parallel) or "none"
         reason = f"{spec.id}: runtime.parallel {kind!r} is not one the {family.id} family runs ({takes})"

@@ -165,7 +165,9 @@ def test_a_task_the_modular_blocks_do_not_run_is_failed_precondition(tmp_path: P
     assert "cannot run inpaint in modular mode" in info.value.message
 
 
-def test_persistent_worker_takes_text_tasks_and_its_familys_parallel_kinds(tmp_path: Path) -> None:
+def test_persistent_worker_takes_its_familys_parallel_kinds_and_media_tasks_in_its_pipeline_program(
+    tmp_path: Path,
+) -> None:
     mine = tmp_path / "mine.toml"
     mine.write_text(
         '[[models]]\nid = "my-sd3-ring"\nfamily = "sd3"\ntasks = ["text2image", "image2image"]\n'
@@ -177,6 +179,9 @@ def test_persistent_worker_takes_text_tasks_and_its_familys_parallel_kinds(tmp_p
         + '\n[[models]]\nid = "my-sd3-cfg"\nfamily = "sd3"\ntasks = ["text2image", "image2image"]\n'
         'execution_mode = "persistent_worker"\nsource = "builtin:tiny-sd3"\n'
         'pipeline_class = "StableDiffusion3Pipeline"\n[models.runtime]\nparallel = "cfg"\n'
+        '\n[[models]]\nid = "my-sd-loop"\nfamily = "sd"\ntasks = ["text2image", "image2image"]\n'
+        'execution_mode = "persistent_worker"\nsource = "builtin:tiny-sd"\n'
+        'pipeline_class = "StableDiffusionPipeline"\n'
     )
     catalog = Catalog.load([mine])
     assert validate(req("tiny-wan-ulysses2"), catalog).spec.runtime["parallel"] == "ulysses"
@@ -184,6 +189,10 @@ def test_persistent_worker_takes_text_tasks_and_its_familys_parallel_kinds(tmp_p
     with pytest.raises(FailedPrecondition) as info:
         validate(req("my-sd3-ring"), catalog)
     assert info.value.field == "model" and "'ring' is not one the sd3 family runs" in info.value.message
+    # The pipeline program (any runtime.parallel) runs media tasks; the SD loops do not.
+    assert validate(req("my-sd3-cfg", task=Task.IMAGE2IMAGE, inputs=[image()]), catalog).request.task is (
+        Task.IMAGE2IMAGE
+    )
     with pytest.raises(FailedPrecondition) as info:
-        validate(req("my-sd3-cfg", task=Task.IMAGE2IMAGE, inputs=[image()]), catalog)
-    assert info.value.field == "task" and "text-to-X tasks only (not image2image)" in info.value.message
+        validate(req("my-sd-loop", task=Task.IMAGE2IMAGE, inputs=[image()]), catalog)
+    assert info.value.field == "task" and "text-to-X tasks only (not image2image" in info.value.message

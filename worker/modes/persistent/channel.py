@@ -8,8 +8,9 @@ own children, and only this user can reach the socket.
 
 Messages, daemon -> rank 0: `{"op": "run", "job": {...}}` (one job, `cfg_denoise`),
 `{"op": "run", "jobs": [{...}, ...]}` (a batch, `data_parallel`) or `{"op": "run", "call":
-{"plans": [ItemPlan, ...], "parallel": KIND}}` (a batch, `pipeline_call`), `{"op": "continue"}` /
-`{"op": "stop"}` (the answer to each progress message), `{"op": "shutdown"}`.
+{"plans": [ItemPlan, ...], "parallel": KIND, "model": ModelSpec}}` (a batch, `pipeline_call`;
+a plan's media inputs ride in its request as encoded bytes, bounded by `inputs.shipped`),
+`{"op": "continue"}` / `{"op": "stop"}` (the answer to each progress message), `{"op": "shutdown"}`.
 Rank 0 -> daemon: `{"type": "ready", ...}` or `{"type": "failed", "message": ...}` once at
 start; per job `{"type": "progress", "step", "total"}` after every denoising step (rank 0
 then waits for the answer and broadcasts it to the other ranks), and one of

@@ -8,7 +8,8 @@ initialised once per start; requests then cost only their compute. The rank prog
 by `runtime.parallel` (any diffusers family through its pipeline's own `__call__`,
 `pipeline_call`: `cfg` splits classifier-free guidance across 2 ranks, `data` a batch's
 outputs, `ulysses`/`ring` the denoiser's sequence, `none` runs on rank 0; the compatible jobs
-of an assignment go as one request) or else by `runtime.program` (Stable Diffusion
+of an assignment go as one request; image2image, inpaint and image2video jobs too, their
+images shipped as bytes, `inputs`) or else by `runtime.program` (Stable Diffusion
 text-to-image written from its components: `cfg_parallel`, the default, `cfg_denoise`, one
 job per request; `data_parallel`, a batch's outputs split across ranks).
 
@@ -38,11 +39,13 @@ from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopCheck, stop_error
 from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.persistent import inputs as media
 from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
 from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec
 from omnirt.worker.modes.persistent.settings import GroupSettings, SettingsError
 from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.thread_events import ThreadEvents
+from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import backends
@@ -56,14 +59,14 @@ DEFAULT_PIPELINE_CLASS = "StableDiffusionPipeline"
 
 def check_supported(plan: ItemPlan, generic: bool = False) -> None:
     """The Stable Diffusion loops take prompts, size, steps, guidance, seeds and scheduler; the
-    pipeline program (`generic`) also the pipeline's own extras (the ranks check them by its
-    signature). Neither takes media inputs, strength or adapters."""
+    pipeline program (`generic`) also the pipeline's own extras, media inputs and strength (the
+    ranks check them by its signature, `inputs` ships the media). Neither takes adapters."""
     req = plan.item.request
     for key in [] if generic else req.extra:
         raise JobFailure(INVALID_ARGUMENT, f"the persistent pipeline does not take {key!r}", f"extra.{key}")
-    if req.inputs:
+    if req.inputs and not generic:
         raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline takes no media inputs", "inputs")
-    if req.strength is not None:
+    if req.strength is not None and not generic:
         raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline does not take 'strength'", "strength")
     if req.adapters:  # the ranks load the model once; they have no per-request LoRA
         raise JobFailure(INVALID_ARGUMENT, "the persistent pipeline does not apply adapters", "adapters")
@@ -121,6 +124,7 @@ class PersistentWorkerExecutor(Executor):
 
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
+        self.inputs = media_inputs.InputPolicy.of(config)  # file:// inputs the daemon may read
         self._backend = ""
         self._lock = threading.Lock()
         self._groups: dict[str, ResidentGroup] = {}
@@ -231,12 +235,13 @@ class _PersistentRun:
             return
         spec, placement = resolved
         generic = spec.settings.program == "pipeline"
+        policy = self.executor.inputs.for_model(self.spec)
         plans = []
         for item in self.assignment.items:
             try:
                 plan = plan_item(item, self.spec)
                 check_supported(plan, generic)
-                plans.append(plan)
+                plans.append(media.shipped(plan, policy) if generic else plan)
             except JobFailure as failure:
                 self.fail(item.job_id, failure.error)
         if not plans:
@@ -274,7 +279,7 @@ class _PersistentRun:
         batched = program == "data_parallel"
         work: dict[str, Any] = {"job": job_fields(plans[0])}
         if program == "pipeline":  # the plans as they are: the ranks build legacy_call's arguments
-            work = {"call": {"plans": plans, "parallel": group.settings.parallel}}
+            work = {"call": {"plans": plans, "parallel": group.settings.parallel, "model": self.spec}}
         elif batched:
             work = {"jobs": [job_fields(plan) for plan in plans]}
         waited: list[float] = []
@@ -372,7 +377,8 @@ class _PersistentRun:
             raise artifacts
         job_id = plan.job_id
         record = lease.record
-        pipeline_class = record.pipeline_class or group.spec.pipeline_class
+        # The task's pipeline (image2image on a text-to-image model: its img2img class), as legacy_call says.
+        pipeline_class = reply.get("pipeline_class") or record.pipeline_class or group.spec.pipeline_class
         first = artifacts[0]
         config = resolved_config(
             plan,

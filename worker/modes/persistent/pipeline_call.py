@@ -3,9 +3,11 @@
 A request of this program is the daemon's `ItemPlan`s of one batch (jobs that may share a
 call) and the catalog's `runtime.parallel`. Every rank:
 
-1. checks each plan against the loaded pipeline with legacy_call's own code
-   (`tasks.check_size`, `args.pipeline_kwargs`: the request's extras by the pipeline's
-   signature and `check_call_arguments`' refusals, `args.check_arguments`,
+1. checks each plan against its task's pipeline (the loaded one, or for image2image, inpaint
+   and image2video on a text-to-X model one built on its modules, `tasks.pipeline_for_task`)
+   with legacy_call's own code (`tasks.check_size`, `args.pipeline_kwargs`: the request's
+   extras by the pipeline's signature and `check_call_arguments`' refusals, its media inputs
+   decoded from the bytes the daemon shipped (`inputs`), `args.check_arguments`,
    `tasks.check_audio`), so a field the family cannot take is INVALID_ARGUMENT naming it, as
    in legacy_call; a refused plan fails alone, the others run;
 2. cuts the batch's outputs (one per seed, in job order) into this rank's share by the kind:
@@ -17,6 +19,8 @@ call) and the catalog's `runtime.parallel`. Every rank:
    fresh scheduler, under inference mode; with `cfg` the denoisers carry a `GuidanceSplit`.
    A rank whose images nobody reads (ranks 1 and up when every rank makes every output) asks
    for `output_type="latent"` and skips the VAE decode.
+   An inpaint's outputs get the input pasted back outside the mask, as in legacy_call
+   (`tasks.finish_outputs`).
 
 The caller (`rank.Rank.run_call`) supplies the step callback (progress, the stop agreement and
 the split's step ends) and gathers the shares on rank 0.
@@ -56,16 +60,18 @@ StepEnd = Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]
 """A diffusers `callback_on_step_end`: (pipeline, step index, timestep, tensors) -> tensors."""
 
 
-def check_plans(pipe: Any, plans: list[ItemPlan]) -> dict[int, t.JobError]:
-    """legacy_call's checks of each plan against `pipe` (filling `plan.specific`); the refused ones."""
-    accepted = call_parameters(pipe)
+def check_plans(pipe: Any, plans: list[ItemPlan], spec: t.ModelSpec) -> dict[int, t.JobError]:
+    """legacy_call's checks of each plan against its task's pipeline on `pipe` (filling
+    `plan.specific`, media inputs decoded); the refused ones."""
     refused: dict[int, t.JobError] = {}
     for index, plan in enumerate(plans):
         try:
-            task_pipelines.check_size(pipe, plan.common)
-            pipeline_kwargs(plan, accepted, media_inputs.InputPolicy())  # no file:// input is read
-            check_arguments(pipe, plan)
-            task_pipelines.check_audio(pipe, plan.task, plan.specific, plan.output_format)
+            task_pipe = task_pipelines.pipeline_for_task(pipe, plan.task, spec)
+            task_pipelines.check_size(task_pipe, plan.common)
+            # The daemon read every file:// input into bytes (`inputs.shipped`): none is read here.
+            pipeline_kwargs(plan, call_parameters(task_pipe), media_inputs.InputPolicy())
+            check_arguments(task_pipe, plan)
+            task_pipelines.check_audio(task_pipe, plan.task, plan.specific, plan.output_format)
         except JobFailure as failure:
             refused[index] = failure.error
     return refused
@@ -103,6 +109,7 @@ def call_plans(plans: list[ItemPlan], share: list[Output]) -> list[ItemPlan]:
 def run_share(
     pipe: Any,
     plans: list[ItemPlan],
+    spec: t.ModelSpec,
     share: list[Output],
     device: str,
     step_end: StepEnd,
@@ -115,6 +122,7 @@ def run_share(
 
     group = call_plans(plans, share)
     first = group[0]
+    pipe = task_pipelines.pipeline_for_task(pipe, first.task, spec)  # image2image, inpaint: from_pipe
     # As legacy_call: a shallow copy with its own scheduler (schedulers keep per-call state).
     view = copy.copy(pipe)
     scheduler, warnings = fresh_scheduler(pipe.scheduler, first.scheduler)
@@ -147,6 +155,7 @@ def run_share(
     if not decode:
         return [], info
     made = task_pipelines.call_outputs(output, view)
+    made = task_pipelines.finish_outputs(first.task, made, first.specific, spec.runtime)  # inpaint overlay
     if len(made) != len(share):
         raise JobFailure("INTERNAL", f"the pipeline returned {len(made)} outputs, expected {len(share)}")
     return made, info

@@ -309,10 +309,10 @@ class Rank:
         from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
         from omnirt.worker.runtime.memory import PeakMemory
 
-        plans, parallel = call["plans"], str(call["parallel"])
+        plans, parallel, spec = call["plans"], str(call["parallel"]), call["model"]
         memory = PeakMemory(self.device)
         memory.reset()
-        refused, error = self._prepare_agreed(lambda: pc.check_plans(self.pipe, plans))
+        refused, error = self._prepare_agreed(lambda: pc.check_plans(self.pipe, plans, spec))
         if error is not None or refused is None:
             return error
         box = [{i: dataclasses.asdict(e) for i, e in refused.items()}]
@@ -341,7 +341,7 @@ class Rank:
         if share:
             decode = self.rank == 0 or parallel not in pc.EVERY_RANK
             try:
-                made, info = pc.run_share(self.pipe, plans, share, self.device, step_end, split, decode)
+                made, info = pc.run_share(self.pipe, plans, spec, share, self.device, step_end, split, decode)
             except _Ended as exc:
                 ended = exc.flag
             except Exception as exc:
@@ -390,13 +390,14 @@ class Rank:
                 errors[i] = failure or {"code": "INTERNAL", "message": "a rank made no output", "field": ""}
                 per_plan[i] = None
         from omnirt.worker.modes.persistent import pipeline_call as pc
+        from omnirt.worker.modes.persistent.inputs import without_media
 
         info = gathered[0]["info"]
         reply: dict[str, Any] = {
             "type": "result",
             "outputs": per_plan,
             "errors": errors,
-            "specific": [plan.specific for plan in plans],
+            "specific": [without_media(plan.specific) for plan in plans],  # no decoded images back
             "scheduler": info.get("scheduler", ""),
             "num_inference_steps": steps[0] if steps else int(plans[0].common.get("num_inference_steps", 0)),
             "pipeline_class": info.get("pipeline_class", type(self.pipe).__name__),
