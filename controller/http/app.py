@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 from omnirt._internal.address import is_loopback
 from omnirt.controller.core.bounds import echo
 from omnirt.controller.edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
-from omnirt.controller.http import openai_images, openai_models, openai_videos
+from omnirt.controller.http import openai_audio, openai_images, openai_models, openai_videos
 from omnirt.controller.http.errors import HttpError, bad_request, error_response, from_http_exception
 from omnirt.controller.http.security import (
     METRICS_PATH,
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from omnirt.controller.edges.auth import Authenticator
 
 log = logging.getLogger("omnirt.controller.http")
-OPENAI_PREFIXES = ("/v1/images", "/v1/videos", "/v1/models")
+OPENAI_PREFIXES = ("/v1/images", "/v1/videos", "/v1/models", "/v1/audio")
 MAX_SEQUENCE = 2**64 - 1  # after_sequence is a uint64
 SHUTDOWN_GRACE_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -125,6 +125,7 @@ class HttpGateway:
         openai_models.register(self.app, self)
         openai_images.register(self.app, self)
         openai_videos.register(self.app, self)
+        openai_audio.register(self.app, self)
         self.app.on_response_prepare.append(self._on_prepare)
         self._runner: web.AppRunner | None = None
 
