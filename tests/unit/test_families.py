@@ -26,7 +26,7 @@ FIELD_NAMES = {
     "negative_prompt": ("negative_prompt",),
     "guidance_scale": ("guidance_scale", "max_guidance_scale", "true_cfg_scale"),
     "num_frames": ("num_frames",),
-    "duration_ms": ("audio_end_in_s",),
+    "duration_ms": ("audio_end_in_s", "audio_length_in_s"),
 }
 VIDEO = {Task.TEXT2VIDEO, Task.IMAGE2VIDEO}
 AUDIO = {Task.TEXT2AUDIO}
@@ -147,9 +147,13 @@ def test_a_malformed_family_table_names_the_family_and_key(table: dict, message:
     assert message in str(info.value)
 
 
-# Families whose checkpoints load as a modular family's class but are refused by their config
-# (Wan 2.2's `boundary_ratio` two experts and `expand_timesteps` TI2V load as `WanPipeline`).
-REFUSED_BY_CONFIG = {"wan2.2", "wan2.2-ti2v"}
+# The pipeline config of families whose checkpoints load as another family's class: Wan 2.2's
+# two experts (`boundary_ratio`, run on the Wan 2.2 blocks) and TI2V (`expand_timesteps`,
+# refused) load as `WanPipeline` and `WanImageToVideoPipeline`.
+CHECKPOINT_CONFIGS: dict[str, dict[str, object]] = {
+    "wan2.2": {"boundary_ratio": 0.875},
+    "wan2.2-ti2v": {"expand_timesteps": True},
+}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES.values(), key=lambda f: f.id), ids=lambda f: f.id)
@@ -158,8 +162,9 @@ def test_the_modular_tasks_are_the_ones_the_worker_runs(family: Family) -> None:
 
     runs = set()
     for task, cls in family.pipelines.items():
-        blocks = modular_family(cls)
-        if blocks is not None and task in blocks.tasks and family.id not in REFUSED_BY_CONFIG:
+        config = CHECKPOINT_CONFIGS.get(family.id, {})
+        blocks = modular_family(cls, config)
+        if blocks is not None and task in blocks.tasks and not blocks.refused(config):
             runs.add(task)
     assert set(family.modular) == runs
     assert ("modular" in family.modes) == bool(family.modular)

@@ -48,8 +48,8 @@ STAGE_ORDER = ("encode", "denoise", "decode")
 # Call arguments whose default the blocks declare differently from the pipelines (the guider's
 # 7.5 against SDXL's 5.0, SDXL inpainting's strength 0.9999 against the blocks' 0.3): when a
 # request leaves one unset, the `legacy_call` pipeline's own default is used, so both modes
-# make the same image of the same request.
-LEGACY_DEFAULTS = ("num_inference_steps", "guidance_scale", "strength", "output_type")
+# make the same image of the same request (Qwen-Image's prompt is cut at 512 tokens, not 1024).
+LEGACY_DEFAULTS = ("num_inference_steps", "guidance_scale", "strength", "output_type", "max_sequence_length")
 
 Outputs = dict[str, tuple[Any, str | None]]
 """The text encoder blocks' outputs: name -> (value, kwargs_type) as they go into the state."""
@@ -85,11 +85,14 @@ def input_names(pipeline: Any) -> frozenset[str]:
     return frozenset(p.name for p in pipeline._blocks.inputs if p.name)
 
 
-def accepted_arguments(pipeline: Any) -> frozenset[str]:
-    """What a request may set on this pipeline: its inputs, and guidance_scale through a guider."""
+def accepted_arguments(pipeline: Any, family: ModularFamily) -> frozenset[str]:
+    """What a request may set on this pipeline: its inputs, and guidance_scale through a guider
+    (Wan 2.2's low-noise expert's `guidance_scale_2` through its `guider_2`)."""
     names = set(input_names(pipeline))
-    if getattr(pipeline, "guider", None) is not None:
+    if getattr(pipeline, "guider", None) is not None and family.takes_guidance_scale:
         names |= {"guidance_scale", "guidance_rescale"}
+        if getattr(pipeline, "guider_2", None) is not None:
+            names.add("guidance_scale_2")
     return frozenset(names)
 
 
@@ -185,13 +188,30 @@ class BlocksGroup:
             view.guider = type(guider).from_config(
                 guider.config, guidance_scale=scale, guidance_rescale=rescale, enabled=scale > 1.0
             )
+            # Wan 2.2's low-noise expert: `guidance_scale_2`, else guidance_scale (the pipeline's
+            # default), and no guidance when the high-noise one has none (the pipeline's CFG switch).
+            second = getattr(self.pipeline, "guider_2", None)
+            if second is not None:
+                scale_2 = float(args.get("guidance_scale_2", scale))
+                view.guider_2 = type(second).from_config(
+                    second.config,
+                    guidance_scale=scale_2,
+                    guidance_rescale=rescale,
+                    enabled=scale > 1.0 and scale_2 > 1.0,
+                )
         self.view_setup(view)
         return view
 
     def _args(self, plan: ItemPlan) -> dict[str, Any]:
         args = {**plan.common, **plan.specific}
         for name, value in self.legacy_defaults.items():
-            args.setdefault(name, value)
+            if value is not None:
+                args.setdefault(name, value)
+        # Qwen-Image's pipeline (guidance_scale None: its CFG is `true_cfg_scale`, 4.0 as the
+        # blocks' guider) runs CFG only with a negative prompt: without either, no guidance.
+        unset = self.legacy_defaults.get("guidance_scale", 0) is None and "guidance_scale" not in args
+        if unset and not plan.item.request.negative_prompt:
+            args["guidance_scale"] = 1.0
         args.setdefault("output_type", "pil")
         return args
 

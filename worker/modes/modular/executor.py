@@ -6,7 +6,8 @@ loaded once per worker by the model cache (keyed by source, so every catalog ent
 (`families.py` says which pipeline class is which; any other is refused with
 FAILED_PRECONDITION naming the model, before it loads):
 
-- Families with Modular Diffusers blocks (SDXL, Flux, SD3, Wan 2.1, LTX-Video): each task runs
+- Families with Modular Diffusers blocks (SDXL, Flux, SD3, Wan 2.1 and 2.2, HunyuanVideo 1.5,
+  LTX-Video): each task runs
   diffusers' own `ModularPipeline` of the family's blocks (the task's workflow), whose
   components are the model cache's modules, registered in the worker's one `ComponentsManager`
   (`pipelines.py`); the blocks run sub-block by sub-block (`block_run.py`).
@@ -103,16 +104,17 @@ def modular_refusal(spec: t.ModelSpec, pipeline_class: str, loaded: Any = None) 
     (or the `loaded` pipeline's checkpoint, whose config may make it another family's)."""
     if not pipeline_class or pipeline_class == "DiffusionPipeline":
         return None  # a generic class: known once loaded, checked again then
-    family = modular_family(pipeline_class)
     config = getattr(loaded, "config", None) or {}
+    family = modular_family(pipeline_class, config)
     if family is not None:
-        refused = [key for key in family.refused_configs if config.get(key)]
+        refused = family.refused(config)
         if not refused:
             return None
         what = f"{pipeline_class} with {', '.join(refused)} set"
     else:
         what = pipeline_class
-    runs = sorted({f.name for f in modular_families().values()})
+    known = modular_families().values()
+    runs = sorted({f.name for f in known} | {other.name for f in known for _, other in f.by_config})
     return JobFailure(
         "FAILED_PRECONDITION",
         f"model {spec.id!r} ({what}) cannot run in the {MODE} mode: it runs the families diffusers "
@@ -175,7 +177,7 @@ class ModularExecutor(LegacyCallExecutor):
             raise ValueError(refusal.error.message)
         cached = self.cache.get(spec, self._placement(spec))
         try:
-            family = modular_family(type(cached.pipeline).__name__)
+            family = modular_family(type(cached.pipeline).__name__, cached.pipeline.config)
             refusal = modular_refusal(spec, type(cached.pipeline).__name__, cached.pipeline)
             if family is None or refusal is not None:
                 raise ValueError(refusal.error.message if refusal else "no modular family")
@@ -225,7 +227,7 @@ class ModularRun(AssignmentRun):
 
     def run_group(self, cached: CachedPipeline, group: list[ItemPlan]) -> None:
         """One batch (plans `legacy_call` would put in one pipeline call) in one pass through the stages."""
-        family = modular_family(type(cached.pipeline).__name__)
+        family = modular_family(type(cached.pipeline).__name__, cached.pipeline.config)
         assert family is not None  # refused by `_load` otherwise
         group = self.drop_stopped(group, "before start")
         if not group:
@@ -314,7 +316,7 @@ class ModularRun(AssignmentRun):
             return
         from omnirt.worker.modes.modular import block_run
 
-        accepted = block_run.accepted_arguments(pipeline)
+        accepted = block_run.accepted_arguments(pipeline, family)
         try:
             check_call_arguments(plan, accepted)  # a negative prompt to Flux's blocks, ...
         except JobFailure as failure:

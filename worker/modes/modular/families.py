@@ -8,9 +8,12 @@ are). Stable Diffusion 1.x/2.x has no blocks in diffusers 0.42: its family runs 
 composed stages (`blocks == ""`, see `stages.py`).
 
 Only families verified on a tiny model against `legacy_call` are listed (SDXL and Flux with
-tests; SD3, Wan 2.1 text-to-video and LTX-Video text-to-video checked by hand). diffusers
-0.42.1 ships blocks for more (Flux Kontext, Flux.2, QwenImage, HunyuanVideo 1.5, Z-Image,
-Wan 2.2 and image-to-video, ...): they stay off until someone checks them the same way.
+tests; SD3, Wan 2.1 text-to-video and LTX-Video text-to-video checked by hand; Wan 2.1
+image-to-video, Wan 2.2 A14B text- and image-to-video and HunyuanVideo 1.5 text-to-video in
+tests/unit/worker/test_worker_modular_video.py; FLUX.2 text- and image-conditioned and Qwen-Image
+text-to-image in tests/unit/worker/test_worker_modular_images.py). diffusers
+0.42.1 ships blocks for more (Flux Kontext, Flux.2 Klein, QwenImage Layered, Z-Image, Wan VACE,
+HunyuanVideo 1.5 image-to-video, ...): they stay off until someone checks them the same way.
 """
 
 from __future__ import annotations
@@ -41,9 +44,15 @@ class ModularFamily:
     # `force_zeros_for_empty_prompt` apply (as `legacy_call`'s call does); SD3's pipeline
     # encodes "" where its blocks would skip the negative half.
     empty_negative_prompt: str | None = None
-    # Pipeline config keys that, when set, make the checkpoint another family's (Wan 2.2's
-    # `boundary_ratio` two-expert and `expand_timesteps` TI2V checkpoints load as `WanPipeline`).
+    # Pipeline config keys that, when set, make the checkpoint one the mode cannot run (Wan 2.2
+    # TI2V-5B's `expand_timesteps`, a timestep per latent token: no diffusers blocks do that).
     refused_configs: tuple[str, ...] = ()
+    # Pipeline config key -> the family of a checkpoint with that key set: Wan 2.2's two-expert
+    # checkpoints (`boundary_ratio`) load as Wan 2.1's classes and run on the Wan 2.2 blocks.
+    by_config: tuple[tuple[str, ModularFamily], ...] = ()
+    # False: the guider's config is the guidance and a request's guidance_scale is refused
+    # (HunyuanVideo 1.5's pipelines take none, so `legacy_call` refuses it too).
+    takes_guidance_scale: bool = True
 
     @property
     def composed(self) -> bool:
@@ -54,6 +63,10 @@ class ModularFamily:
     def tasks(self) -> frozenset[t.Task]:
         """The tasks the family runs in the modular mode."""
         return frozenset(self.workflows)
+
+    def refused(self, config: Mapping[str, object]) -> list[str]:
+        """The `refused_configs` keys a checkpoint's pipeline `config` sets."""
+        return [key for key in self.refused_configs if config.get(key)]
 
 
 _SD = ModularFamily(
@@ -75,13 +88,64 @@ _SD3 = ModularFamily(
     {t.Task.TEXT2IMAGE: "text2image", t.Task.IMAGE2IMAGE: "image2image"},
     empty_negative_prompt="",
 )
-# Wan 2.1 only: a Wan 2.2 checkpoint (two experts, `boundary_ratio` set) needs `Wan22Blocks`.
+# FLUX.2: its guidance is an embedding (a block input, no guider); image2image is the
+# `image_conditioned` workflow (the input image a reference the transformer attends to, no strength).
+# Not the same bits as `legacy_call`: the blocks' text encoder step writes the system message
+# with a space where the pipeline's (BFL's) has a line break, so the prompt embeddings differ
+# (on tiny-flux2, 1/255 on ~1% of the pixels; the same bits once the message is the pipeline's).
+_FLUX2 = ModularFamily(
+    "flux2", "Flux2AutoBlocks", {t.Task.TEXT2IMAGE: "text2image", t.Task.IMAGE2IMAGE: "image_conditioned"}
+)
+# Qwen-Image: the guider is its true CFG (the request's guidance_scale, against "" when the request
+# has no negative prompt, as `legacy_call` gives it `true_cfg_scale`). Text-to-image only: the
+# blocks' image2image and inpainting VAE encoder step takes the latent distribution's mean where
+# the pipelines sample it with the request's generator (which then draws other noise too): up to
+# 96/255 from `legacy_call` on tiny-qwen-image, the same bits once the step samples.
+_QWEN_IMAGE = ModularFamily(
+    "qwen-image", "QwenImageAutoBlocks", {t.Task.TEXT2IMAGE: "text2image"}, empty_negative_prompt=""
+)
+# Wan 2.2 A14B: two experts (`transformer` above `boundary_ratio`, `transformer_2` below it),
+# each with a guider of its own (`guider_2` takes the request's `extra.guidance_scale_2`).
+_WAN22 = ModularFamily(
+    "wan2.2", "Wan22Blocks", {t.Task.TEXT2VIDEO: ""}, output="videos", refused_configs=("expand_timesteps",)
+)
+_WAN22_I2V = ModularFamily(
+    "wan2.2-i2v",
+    "Wan22Image2VideoBlocks",
+    {t.Task.IMAGE2VIDEO: ""},
+    output="videos",
+    refused_configs=("expand_timesteps",),
+)
+# Wan 2.1, and Wan 2.2 A14B by its config. TI2V-5B (`expand_timesteps`) stays off: the Wan
+# blocks of diffusers 0.42.1 give every latent token the same timestep.
 _WAN = ModularFamily(
     "wan",
     "WanBlocks",
     {t.Task.TEXT2VIDEO: ""},
     output="videos",
-    refused_configs=("boundary_ratio", "expand_timesteps"),
+    refused_configs=("expand_timesteps",),
+    by_config=(("boundary_ratio", _WAN22),),
+)
+# Wan 2.1 image-to-video: its CLIP image encoder is a required component (a checkpoint without
+# one, as tiny-wan-i2v, is refused naming the model).
+_WAN_I2V = ModularFamily(
+    "wan-i2v",
+    "WanImage2VideoAutoBlocks",
+    {t.Task.IMAGE2VIDEO: "image2video"},
+    output="videos",
+    refused_configs=("expand_timesteps",),
+    by_config=(("boundary_ratio", _WAN22_I2V),),
+)
+# Text-to-video only: in diffusers 0.42.1 the blocks' image2video denoise step runs the
+# text-to-video `prepare_latents` step, whose zero `image_embeds` replace the SigLIP image
+# encoder's, so the video ignores the image embedding the pipeline conditions on (frames up to
+# 35/255 from `legacy_call`'s on tiny-hunyuan-video15-i2v).
+_HUNYUAN_VIDEO15 = ModularFamily(
+    "hunyuan-video-1.5",
+    "HunyuanVideo15AutoBlocks",
+    {t.Task.TEXT2VIDEO: "text2video"},
+    output="videos",
+    takes_guidance_scale=False,
 )
 _LTX = ModularFamily(
     "ltx",
@@ -102,7 +166,11 @@ _FAMILIES: Mapping[str, ModularFamily] = MappingProxyType(
         "FluxImg2ImgPipeline": _FLUX,
         "StableDiffusion3Pipeline": _SD3,
         "StableDiffusion3Img2ImgPipeline": _SD3,
+        "Flux2Pipeline": _FLUX2,
+        "QwenImagePipeline": _QWEN_IMAGE,
         "WanPipeline": _WAN,
+        "WanImageToVideoPipeline": _WAN_I2V,
+        "HunyuanVideo15Pipeline": _HUNYUAN_VIDEO15,
         "LTXPipeline": _LTX,
         "LTXImageToVideoPipeline": _LTX,
     }
@@ -114,9 +182,13 @@ def modular_families() -> dict[str, ModularFamily]:
     return dict(_FAMILIES)
 
 
-def modular_family(pipeline_class: str) -> ModularFamily | None:
-    """The family of diffusers pipeline class `pipeline_class`, or None when the mode cannot run it."""
-    return _FAMILIES.get(pipeline_class)
+def modular_family(pipeline_class: str, config: Mapping[str, object] | None = None) -> ModularFamily | None:
+    """The family of diffusers pipeline class `pipeline_class` (of the checkpoint whose pipeline
+    config is `config`, when given), or None when the mode cannot run it."""
+    family = _FAMILIES.get(pipeline_class)
+    if family is None or not config:
+        return family
+    return next((other for key, other in family.by_config if config.get(key)), family)
 
 
 def supports_modular(pipeline_class: str, task: t.Task | None = None) -> bool:

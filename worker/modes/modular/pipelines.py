@@ -40,6 +40,8 @@ from omnirt.worker.pipelines.model_cache import CachedPipeline
 STEP_CALLBACK = "_omnirt_on_step"
 """Attribute of a per-call pipeline copy: called by `StepHook` after each denoising step."""
 HOOK_NAME = "omnirt_step"
+GUIDERS = ("guider", "guider_2")
+"""Components made from a config that a loaded pipeline may carry (and then the blocks use it)."""
 
 StepCallback = Callable[[Any], None]
 """Called with the loop's block state after each step; raises StopRun to end the loop."""
@@ -149,7 +151,9 @@ class ModularPipelines:
         pipeline = blocks.init_pipeline(None, components_manager=self.manager, collection=collection)
         base = cached.pipeline
         wanted = set(pipeline.pretrained_component_names)
-        modules = {name: c for name, c in base.components.items() if name in wanted and c is not None}
+        # The checkpoint's guiders too (HunyuanVideo 1.5's carries its guidance scale in one).
+        taken = wanted | set(GUIDERS)
+        modules = {name: c for name, c in base.components.items() if name in taken and c is not None}
         # The loaded pipeline's config (SDXL's force_zeros_for_empty_prompt, ...) as the blocks'.
         configs = {c.name: base.config[c.name] for c in blocks.expected_configs if c.name in base.config}
         pipeline.update_components(**modules, **configs)
