@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +22,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_module(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    """`python -m ARGS` in a session of its own: past `timeout` the whole group is killed, the
+    daemons the benchmark started included (a plain kill would leave them running)."""
+    with subprocess.Popen(
         [sys.executable, "-m", *args],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         env={**os.environ, **(env or {})},
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def test_quick_overhead_writes_json_table_and_docs(tmp_path: Path, model_dir: Path) -> None:
