@@ -12,11 +12,12 @@ from omnirt._internal import defaults, runtime_schema
 from omnirt._internal.defaults import MAX_SEED
 from omnirt._internal.families import Family
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.controller.core import bounds
 from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
 from omnirt.controller.core.catalog import PRESET_RUNTIME, Catalog
 from omnirt.errors import FailedPrecondition
-from omnirt.types import GenerateRequest, MediaKind, MediaRole, ModelSpec, Preset, Task
+from omnirt.types import GenerateRequest, MediaKind, ModelSpec, Preset, Task
 
 MAX_PRIORITY = 100
 # Float fields travel as float32; beyond these they are mistakes, not settings.
@@ -24,12 +25,6 @@ MAX_FPS = 1000.0
 MAX_GUIDANCE_SCALE = 1000.0
 MAX_QUALITY = 100  # output.quality is 1-100 (0 = the encoder's default)
 TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
-REQUIRED_INPUTS: dict[Task, tuple[MediaRole, ...]] = {
-    Task.IMAGE2IMAGE: (MediaRole.IMAGE,),
-    Task.INPAINT: (MediaRole.IMAGE, MediaRole.MASK),
-    Task.IMAGE2VIDEO: (MediaRole.IMAGE,),
-    Task.AUDIO2VIDEO: (MediaRole.IMAGE, MediaRole.AUDIO),
-}
 OUTPUT_KIND = {
     Task.TEXT2IMAGE: MediaKind.IMAGE,
     Task.IMAGE2IMAGE: MediaKind.IMAGE,
@@ -42,7 +37,7 @@ OUTPUT_KIND = {
 FORMATS = {
     MediaKind.IMAGE: ("png", "webp", "jpeg"),
     MediaKind.VIDEO: ("mp4", "gif"),
-    MediaKind.AUDIO: ("wav", "flac", "mp3"),
+    MediaKind.AUDIO: ("wav", "flac", "mp3", "pcm", "opus", "aac"),
 }
 
 
@@ -124,6 +119,9 @@ def _check_family(req: GenerateRequest, spec: ModelSpec, family: Family) -> None
         "guidance_scale": req.guidance_scale is not None,
         "num_frames": req.num_frames is not None,
         "duration_ms": req.duration_ms is not None,
+        "num_inference_steps": req.num_inference_steps is not None,
+        "width": req.width is not None,
+        "height": req.height is not None,
     }
     for name in family.unsupported:
         if given.get(name):

@@ -20,7 +20,17 @@ from omnirt._internal.modes import EXECUTION_MODES
 from omnirt.types import MediaRole, Task
 
 # Request fields a family may declare it cannot honour.
-REFUSABLE_FIELDS = ("prompt", "negative_prompt", "guidance_scale", "num_frames", "duration_ms")
+# The last three: a model that runs no diffusion (a transformers TTS model) takes none of them.
+REFUSABLE_FIELDS = (
+    "prompt",
+    "negative_prompt",
+    "guidance_scale",
+    "num_frames",
+    "duration_ms",
+    "num_inference_steps",
+    "width",
+    "height",
+)
 PARALLEL_KINDS = ("cfg", "data", "none", "ulysses", "ring")
 OFFLOAD_AIDS = ("cpu_offload", "vae_tiling", "vae_slicing")
 DTYPES = ("float16", "bfloat16", "float32")

@@ -130,3 +130,25 @@ def test_bad_parameters_are_openai_errors_naming_them(oai: openai.OpenAI, http: 
     assert bad.value.param == "extra.speed"
     # ... and the daemons serve on.
     assert oai.audio.speech.create(**SPOKEN, response_format="wav").content  # type: ignore[arg-type]
+
+
+def test_a_speech_model_speaks_the_input_and_speed_shortens_it(oai: openai.OpenAI) -> None:
+    spoken = {
+        "model": "tiny-vits",
+        "voice": "alloy",
+        "input": "hello there my dog is cute",
+        "extra_body": {"seed": 3},
+    }
+    normal = oai.audio.speech.create(**spoken, response_format="wav")  # type: ignore[arg-type]
+    rate, channels, samples = wav_facts(normal.content)
+    assert (rate, channels) == (16000, 1) and samples > 0
+    fast = oai.audio.speech.create(**spoken, response_format="wav", speed=2.0)  # type: ignore[arg-type]
+    assert wav_facts(fast.content)[2] < samples * 0.8
+    longer = oai.audio.speech.create(
+        **{**spoken, "input": "hello there my dog is cute " * 3}, response_format="wav"
+    )  # type: ignore[arg-type]
+    assert wav_facts(longer.content)[2] > samples
+    pcm = oai.audio.speech.create(**spoken, response_format="pcm")  # type: ignore[arg-type]
+    assert pcm.response.headers["content-type"] == "audio/pcm"
+    with wave.open(io.BytesIO(normal.content)) as reader:
+        assert pcm.content == reader.readframes(samples)  # raw s16le: the WAV's very samples

@@ -3,6 +3,9 @@
 Every family's pipeline classes exist in the installed diffusers; a field the table says a
 family cannot honour is one no pipeline of the family takes, and every other field is taken by
 one; every catalog model's class, tasks, defaults, presets and limits agree with its family.
+A family of transformers text-to-speech models (`vits`) is checked against transformers: its
+classes exist there, and the fields are those the worker's wrapper of them
+(`omnirt.worker.pipelines.speech`) takes.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ import inspect
 
 import diffusers
 import pytest
+import transformers
 
 from omnirt._internal import families, runtime_schema
 from omnirt._internal.defaults import PRESET_FIELDS
 from omnirt._internal.families import Family, FamilyError
 from omnirt.controller.core.catalog import PRESET_RUNTIME, Catalog
 from omnirt.types import ModelSpec, Task
+from omnirt.worker.pipelines import speech
 
 FAMILIES = families.builtin()
 CATALOG = Catalog.load()
@@ -27,7 +32,13 @@ FIELD_NAMES = {
     "guidance_scale": ("guidance_scale", "max_guidance_scale", "true_cfg_scale"),
     "num_frames": ("num_frames",),
     "duration_ms": ("audio_end_in_s", "audio_length_in_s"),
+    "num_inference_steps": ("num_inference_steps",),
+    "width": ("width",),
+    "height": ("height",),
 }
+# Fields every diffusion pipeline but an audio one takes; a diffusers family may leave them off
+# its `unsupported` list (the worker drops an audio pipeline's size); a TTS family lists them.
+DIFFUSION_FIELDS = ("num_inference_steps", "width", "height")
 VIDEO = {Task.TEXT2VIDEO, Task.IMAGE2VIDEO}
 AUDIO = {Task.TEXT2AUDIO}
 # The families the issue names: each has a table and at least one real catalog model.
@@ -38,7 +49,14 @@ EXPECTED = {
 }  # fmt: skip
 
 
+def is_transformers(family: Family) -> bool:
+    """A family of transformers TTS models, which the worker calls through its speech wrapper."""
+    return all(speech.is_speech_class(cls) for cls in family.pipelines.values())
+
+
 def parameters(cls_name: str) -> frozenset[str]:
+    if speech.is_speech_class(cls_name):  # what takes a request's fields is the worker's wrapper
+        return frozenset(inspect.signature(speech.wrapper_class(cls_name).__call__).parameters)
     cls = getattr(diffusers, cls_name)
     return frozenset(inspect.signature(cls.__call__).parameters)
 
@@ -60,13 +78,20 @@ def test_every_family_the_issue_names_has_a_table_and_a_real_model() -> None:
 @pytest.mark.parametrize("family", sorted(FAMILIES.values(), key=lambda f: f.id), ids=lambda f: f.id)
 def test_the_family_table_matches_the_pipelines_signatures(family: Family) -> None:
     for cls_name in family.pipelines.values():
+        if speech.is_speech_class(cls_name):
+            cls = getattr(transformers, cls_name, None)
+            assert isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel), cls_name
+            continue
         cls = getattr(diffusers, cls_name, None)
         assert isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline), cls_name
+    assert is_transformers(family) or not any(speech.is_speech_class(c) for c in family.pipelines.values())
     tasks = set(family.tasks)
     for field in families.REFUSABLE_FIELDS:
         applies = (field != "num_frames" or tasks & VIDEO) and (field != "duration_ms" or tasks & AUDIO)
         if field in family.unsupported:
             assert not family_takes(family, field), f"{family.id}: a pipeline takes {field}"
+        elif field in DIFFUSION_FIELDS and not is_transformers(family):
+            continue
         elif applies:
             assert family_takes(family, field), (
                 f"{family.id}: no pipeline takes {field}; list it as unsupported"
@@ -98,6 +123,9 @@ def denoiser_class(cls_name: str) -> type | None:
 def test_step_cache_is_said_of_the_families_whose_denoiser_takes_cache_hooks(family: Family) -> None:
     from diffusers.models.cache_utils import CacheMixin
 
+    if is_transformers(family):  # no diffusers denoiser: the worker refuses a step cache
+        assert not family.step_cache, family.id
+        return
     classes = {denoiser_class(cls) for cls in family.pipelines.values()}
     assert None not in classes, family.id
     takes = {issubclass(c, CacheMixin) for c in classes if c is not None}
@@ -116,9 +144,12 @@ def test_every_catalog_model_agrees_with_its_family(spec: ModelSpec) -> None:
         assert not most or most % family.size_multiple == 0
     assert not d.num_frames or (family.on_frame_grid(d.num_frames) and d.num_frames <= lim.max_num_frames)
     assert not lim.max_inference_steps or d.num_inference_steps <= lim.max_inference_steps
-    if not spec.source.startswith("builtin:"):
+    if not spec.source.startswith("builtin:") and is_transformers(family):
+        assert not d.num_inference_steps and not spec.presets, f"{spec.id}: a TTS model runs no steps"
+    elif not spec.source.startswith("builtin:"):
         assert d.num_inference_steps, f"{spec.id}: a real model states its steps"
         assert {"fast", "quality", "low-vram"} <= {p.name for p in spec.presets}
+    if not spec.source.startswith("builtin:"):
         assert spec.runtime["dtype"] == dict(family.dtype), "the family's dtype per backend"
     for preset in spec.presets:
         assert set(preset.overrides) <= {*PRESET_FIELDS, PRESET_RUNTIME}
@@ -135,7 +166,7 @@ def test_every_catalog_model_agrees_with_its_family(spec: ModelSpec) -> None:
     [
         ({"id": "x"}, "`pipelines` must map"),
         ({"id": "x", "pipelines": {"text2sound": "P"}}, "'text2sound' is not a task"),
-        ({"id": "x", "pipelines": {"text2image": "P"}, "unsupported": ["width"]}, "'width' is not one of"),
+        ({"id": "x", "pipelines": {"text2image": "P"}, "unsupported": ["seed"]}, "'seed' is not one of"),
         ({"id": "x", "pipelines": {"text2image": "P"}, "size_multiple": 0}, "at least 1"),
         ({"id": "x", "pipelines": {"text2image": "P"}, "dtype": {"cuda": "fp8"}}, "`dtype` maps"),
         ({"id": "x", "pipelines": {"text2image": "P"}, "colour": "red"}, "unknown keys ['colour']"),

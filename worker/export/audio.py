@@ -1,13 +1,21 @@
-"""Audio export: pipeline waveforms -> WAV (stdlib `wave`), FLAC or MP3 (PyAV) bytes with sha256.
+"""Audio export: pipeline waveforms -> WAV (stdlib `wave`), raw PCM, or FLAC, MP3, Opus or AAC
+(PyAV) bytes with sha256.
 
 Every format is 16-bit: the waveform (floats in [-1, 1], clipped) is rounded to 16-bit PCM
-first, so WAV and FLAC hold exactly the same samples and FLAC decodes back to the WAV's. MP3
-(LAME) is lossy; it encodes the same 16-bit samples.
+first, so WAV, PCM and FLAC hold exactly the same samples and FLAC decodes back to the WAV's.
+`pcm` is those samples alone, signed 16-bit little-endian, channels interleaved, no header (as
+OpenAI's speech `pcm`; the artifact's `sample_rate` and `channels` say how to play it). MP3
+(LAME), Opus (libopus in Ogg) and AAC (ffmpeg's encoder, in ADTS frames, as OpenAI's `aac`) are
+lossy; they encode the same 16-bit samples. Opus takes 8, 12, 16, 24 or 48 kHz (a clip of
+another rate is refused, not resampled) and always decodes at 48 kHz; AAC in ADTS has no field
+for the encoder's delay, so a decoder plays 1024 samples of priming before the clip.
 
-All three are deterministic: the same samples give the same bytes. WAV has no metadata; FLAC and
-MP3 are written with ffmpeg's `bitexact` flag, which leaves out the encoder's version tag
-("Lavf62.12.102") the muxers otherwise write, so the bytes do not change with the PyAV build's
-ffmpeg either (LAME's own output still may, across LAME versions).
+All are deterministic: the same samples give the same bytes. WAV and PCM have no metadata; the
+others are written with ffmpeg's `bitexact` flag, which leaves out the encoder's version tag
+("Lavf62.12.102") the muxers otherwise write, and gives Ogg the stream serial number 0 instead of
+a random one, so the bytes do not change with the PyAV build's ffmpeg either (LAME's, libopus's
+and the AAC encoder's own output still may, across their versions). AAC also takes the flag as
+a codec option: its encoder writes its version ("Lavc62...") into every file otherwise.
 """
 
 from __future__ import annotations
@@ -25,14 +33,41 @@ AUDIO_FORMATS = {
     "wav": ("audio/wav", "wav"),
     "flac": ("audio/flac", "flac"),
     "mp3": ("audio/mpeg", "mp3"),
+    "pcm": ("audio/pcm", "pcm"),
+    "opus": ("audio/ogg", "opus"),
+    "aac": ("audio/aac", "aac"),
 }
 DEFAULT_AUDIO_FORMAT = "wav"
 # The sample rates MP3 has (MPEG-1, -2 and -2.5 layer III); LAME refuses any other.
 MP3_SAMPLE_RATES = frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000})
-# Channel counts -> ffmpeg layouts; FLAC and MP3 are written for mono and stereo only.
+# The input rates Opus takes (libopus refuses any other); AAC's sampling frequency index.
+OPUS_SAMPLE_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
+AAC_SAMPLE_RATES = frozenset(
+    {7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000}
+)
+RATES = {"mp3": MP3_SAMPLE_RATES, "opus": OPUS_SAMPLE_RATES, "aac": AAC_SAMPLE_RATES}
+# Channel counts -> ffmpeg layouts; the PyAV formats are written for mono and stereo only.
 LAYOUTS = {1: "mono", 2: "stereo"}
-# (PyAV codec, sample format): FLAC takes interleaved 16-bit samples, LAME planar ones.
-_CODECS = {"flac": ("flac", "s16"), "mp3": ("libmp3lame", "s16p")}
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How PyAV writes one format: codec, the sample format it is given, container, codec options."""
+
+    codec: str
+    sample_format: str
+    container: str
+    options: tuple[tuple[str, str], ...] = ()
+
+
+# FLAC and libopus take interleaved 16-bit samples, LAME planar ones; the AAC encoder takes
+# planar floats, which PyAV converts the 16-bit samples to (exactly: every int16 is a float).
+_CODECS = {
+    "flac": Codec("flac", "s16", "flac"),
+    "mp3": Codec("libmp3lame", "s16p", "mp3"),
+    "opus": Codec("libopus", "s16", "ogg"),
+    "aac": Codec("aac", "s16", "adts", (("flags", "+bitexact"),)),
+}
 _BITEXACT = {"fflags": "+bitexact"}
 
 
@@ -62,14 +97,27 @@ def audio_format(name: str) -> str:
 
 def format_problem(fmt: str, sample_rate: int, channels: int) -> str:
     """Why `fmt` cannot hold audio of `sample_rate` Hz and `channels` channels ("" when it can)."""
-    if fmt == "wav":
+    if fmt in ("wav", "pcm"):
         return "" if channels >= 1 else f"no channels ({channels})"
     if channels not in LAYOUTS:
         return f"{fmt} is written for mono or stereo audio here; this model makes {channels} channels"
-    if fmt == "mp3" and sample_rate not in MP3_SAMPLE_RATES:
-        rates = ", ".join(str(r) for r in sorted(MP3_SAMPLE_RATES))
-        return f"mp3 has no {sample_rate} Hz sample rate (it has {rates}); use wav or flac"
+    rates = RATES.get(fmt)
+    if rates is not None and sample_rate not in rates:
+        listed = ", ".join(str(r) for r in sorted(rates))
+        others = ", ".join(
+            f for f in AUDIO_FORMATS if f != fmt and sample_rate in RATES.get(f, [sample_rate])
+        )
+        return f"{fmt} has no {sample_rate} Hz sample rate (it has {listed}); use {others}"
+    codec = _CODECS.get(fmt)
+    if codec is not None and not _has_encoder(codec.codec):
+        return f"this worker's PyAV (ffmpeg) has no {codec.codec} encoder for {fmt}"
     return ""
+
+
+def _has_encoder(name: str) -> bool:
+    import av
+
+    return name in av.codecs_available
 
 
 def waveform(output: Any, sample_rate: int) -> Waveform:
@@ -106,20 +154,30 @@ def encode_wav(pcm: Any, sample_rate: int) -> bytes:
     return buf.getvalue()
 
 
+def encode_pcm(pcm: Any) -> bytes:
+    """Raw signed 16-bit little-endian samples, channels interleaved (no header)."""
+    return bytes(pcm.T.astype("<i2").tobytes())
+
+
 def encode_pyav(pcm: Any, sample_rate: int, fmt: str) -> bytes:
-    """FLAC or MP3 of 16-bit PCM through PyAV (its encoder cuts the one frame to its frame size)."""
+    """FLAC, MP3, Opus or AAC of 16-bit PCM through PyAV (its encoder cuts the one frame to its
+    frame size, and converts the samples to the format the codec takes)."""
     import av
     import numpy as np
 
-    codec, sample_format = _CODECS[fmt]
+    codec = _CODECS[fmt]
     layout = LAYOUTS[pcm.shape[0]]
     # Packed formats take (1, samples x channels) interleaved; planar ones (channels, samples).
-    planes = pcm if sample_format.endswith("p") else pcm.T.reshape(1, -1)
-    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planes), format=sample_format, layout=layout)
+    planes = pcm if codec.sample_format.endswith("p") else pcm.T.reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(
+        np.ascontiguousarray(planes), format=codec.sample_format, layout=layout
+    )
     frame.sample_rate = sample_rate
     buf = io.BytesIO()
-    with av.open(buf, mode="w", format=fmt, options=_BITEXACT) as container:
-        stream = container.add_stream(codec, rate=sample_rate, layout=layout)
+    with av.open(buf, mode="w", format=codec.container, options=_BITEXACT) as container:
+        stream = container.add_stream(
+            codec.codec, rate=sample_rate, layout=layout, options=dict(codec.options)
+        )
         assert isinstance(stream, av.AudioStream)  # an audio codec's stream (for the type checker)
         for packet in stream.encode(frame):
             container.mux(packet)
@@ -129,12 +187,14 @@ def encode_pyav(pcm: Any, sample_rate: int, fmt: str) -> bytes:
 
 
 def encode_audio(clip: Waveform, fmt: str) -> bytes:
-    """Encode `clip` as `fmt` ("wav", "flac" or "mp3"); ValueError when `fmt` cannot hold it."""
+    """Encode `clip` as `fmt` (one of `AUDIO_FORMATS`); ValueError when `fmt` cannot hold it."""
     problem = format_problem(fmt, clip.sample_rate, clip.channels)
     if problem:
         raise ValueError(problem)
     pcm = pcm16(clip)
-    return encode_wav(pcm, clip.sample_rate) if fmt == "wav" else encode_pyav(pcm, clip.sample_rate, fmt)
+    if fmt == "wav":
+        return encode_wav(pcm, clip.sample_rate)
+    return encode_pcm(pcm) if fmt == "pcm" else encode_pyav(pcm, clip.sample_rate, fmt)
 
 
 def audio_artifact(clip: Waveform, *, index: int, seed: int, job_id: str, fmt: str) -> t.Artifact:

@@ -20,9 +20,10 @@ from typing import Any
 from omnirt import types as t
 from omnirt._internal import batching, defaults
 from omnirt._internal.limits import ECHO_CHARS
+from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.worker.export import video as video_export
 from omnirt.worker.modes.base import JobFailure
-from omnirt.worker.pipelines import media_inputs
+from omnirt.worker.pipelines import media_inputs, speech
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.protocol import AssignmentItem
 
@@ -101,9 +102,11 @@ CALL_ARGUMENTS: dict[str, CallArgument] = {
 # The table's other names are set from request fields too (`max_guidance_scale` is the
 # request's guidance_scale on SVD): extras may not set them either.
 RESERVED_ARGUMENTS |= {"fps", *(name for rule in CALL_ARGUMENTS.values() for name in rule.names[1:])}
-# Stable Audio's clip window, set from the request's duration_ms (`audio_arguments`).
+# Stable Audio's clip window and AudioLDM 2's clip length, set from the request's duration_ms
+# (`audio_arguments`).
 AUDIO_START, AUDIO_END = task_pipelines.AUDIO_START, task_pipelines.AUDIO_END
-RESERVED_ARGUMENTS |= {AUDIO_START, AUDIO_END}
+AUDIO_LENGTH = task_pipelines.AUDIO_LENGTH
+RESERVED_ARGUMENTS |= {AUDIO_START, AUDIO_END, AUDIO_LENGTH}
 
 
 def call_kwargs(generic: dict[str, Any], accepted: Set[str]) -> dict[str, Any]:
@@ -341,7 +344,8 @@ def pipeline_kwargs(plan: ItemPlan, accepted: Set[str], inputs: media_inputs.Inp
 
 def audio_arguments(plan: ItemPlan, accepted: Set[str]) -> dict[str, Any]:
     """An audio request's duration_ms as the pipeline's clip window (Stable Audio's
-    `audio_end_in_s`, from `audio_start_in_s` 0); none for other tasks or an unset duration (the
+    `audio_end_in_s`, from `audio_start_in_s` 0) or length (AudioLDM 2's `audio_length_in_s`);
+    none for other tasks or an unset duration (the
     pipeline's longest clip). JobFailure naming duration_ms when the pipeline has no such window.
 
     Part of `specific`, so jobs of different durations never share a call. Whether the model can
@@ -349,6 +353,8 @@ def audio_arguments(plan: ItemPlan, accepted: Set[str]) -> dict[str, Any]:
     duration = plan.item.request.duration_ms
     if duration is None or not task_pipelines.is_audio(plan.task):
         return {}
+    if AUDIO_END not in accepted and AUDIO_LENGTH in accepted:  # AudioLDM 2: a length, from 0
+        return {AUDIO_LENGTH: duration / 1000}
     if AUDIO_END not in accepted:
         reason = "this model's pipeline takes no duration_ms; leave it unset"
         raise JobFailure(INVALID_ARGUMENT, reason, "duration_ms")
@@ -394,10 +400,13 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
 
     `clip_skip` is checked against the model's text encoders, `guidance_rescale` must be a number
     from 0 to 1, `guidance_scale_2` needs a two-expert model (Wan 2.2), a video longer than a
-    diffusion-forcing window needs `overlap_history`, and an argument whose default is a number
+    diffusion-forcing window needs `overlap_history`, a media input the pipeline requires must be
+    there (JobFailure naming `inputs`), and an argument whose default is a number
     must get a number (or a list of them, when its annotation takes one). JobFailure naming
-    `extra.KEY`.
+    `extra.KEY`. A transformers TTS model refuses its own fields first (`speech.check_plan`).
     """
+    if isinstance(pipeline, speech.SpeechPipeline):
+        speech.check_plan(pipeline, plan)
     extra = {k: plan.specific[k] for k in plan.item.request.extra if k in plan.specific}
     if "clip_skip" in extra:
         _check_clip_skip(pipeline, extra["clip_skip"])
@@ -408,6 +417,7 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
         _check_guidance_scale_2(pipeline, extra["guidance_scale_2"])
     call = getattr(pipeline.__call__, "__func__", None)
     if call is not None:
+        _check_required_inputs(call, plan)
         _check_long_video(pipeline, call, plan.common.get("num_frames"), extra)
     numbers = _number_defaults(call) if call is not None else {}
     for key, value in extra.items():
@@ -417,6 +427,35 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
             raise _bad_extra(key, f"a number (got {_echo(value)})")
         if not (isinstance(value, list) and value and all(_is_number(v) for v in value)):
             raise _bad_extra(key, f"a number or a list of numbers (got {_echo(value)})")
+
+
+@functools.lru_cache(maxsize=256)
+def _required_parameters(function: Any) -> frozenset[str]:
+    parameters = inspect.signature(function).parameters.values()
+    return frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty) - {"self"}
+
+
+def check_task_inputs(task: t.Task, req: t.GenerateRequest) -> None:
+    """A job without an input its task needs (image2image: an image, inpaint: an image and a
+    mask, ...; the controller's rule, for a job sent without it): INVALID_ARGUMENT naming `inputs`."""
+    roles = {media.role for media in req.inputs}
+    for role in REQUIRED_INPUTS.get(task, ()):
+        if role not in roles:
+            reason = f"{task.value} needs an input with role {role.value}"
+            raise JobFailure(INVALID_ARGUMENT, reason, "inputs")
+
+
+def _check_required_inputs(call: Any, plan: ItemPlan) -> None:
+    # The controller refuses an image2video or image2image job without its image; a job sent
+    # without it anyway would fail in the pipeline's `__call__` (a TypeError, or Qwen-Image-Edit's
+    # `image=None` failing on `.size`: an internal error).
+    req = plan.item.request
+    check_task_inputs(plan.task, req)
+    given = {MEDIA_ARGUMENTS.get(media.role) for media in req.inputs if media.role}
+    for role, argument in MEDIA_ARGUMENTS.items():
+        if argument in _required_parameters(call) and argument not in given:
+            reason = f"this model's pipeline needs an input with role {role.value}"
+            raise JobFailure(INVALID_ARGUMENT, reason, "inputs")
 
 
 def _check_guidance_scale_2(pipeline: Any, value: Any) -> None:

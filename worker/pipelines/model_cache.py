@@ -9,7 +9,8 @@ modules come out with tensors on the meta device fails (ModelLoadError) and is n
 
 Every source goes through the same loading code: `builtin:NAME` is first built into
 `model_dir/NAME` (see `tiny_models`) and then loaded from that path like any local model or
-hub id with `from_pretrained`.
+hub id with `from_pretrained`. A transformers TTS model (`pipeline_class = "VitsModel"`) is loaded
+by `omnirt.worker.pipelines.speech` instead, under the same lock, into a pipeline-like wrapper.
 
 Memory budget (`budget_bytes`, 0 = unlimited): a pipeline's size is the bytes of its modules'
 parameters and buffers. Before a load the cache frees room for the new model (its size from
@@ -356,7 +357,14 @@ class ModelCache:
             import diffusers
             from diffusers.utils import logging as diffusers_logging
 
+            from omnirt.worker.pipelines import qwen_vl_processor, speech
+
             diffusers_logging.disable_progress_bar()
+            if speech.is_speech_class(key.pipeline_class):  # a transformers TTS model (VITS)
+                with LOAD_LOCK:
+                    location = self._resolve_source(key.source)
+                    options = runtime_options.load_options(spec.runtime)
+                    return speech.load(location, key.pipeline_class, placement, options)
             cls = getattr(diffusers, key.pipeline_class, None)
             if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
                 raise ModelLoadError(spec.id, key.source, f"unknown pipeline class {key.pipeline_class!r}")
@@ -375,6 +383,7 @@ class ModelCache:
             with LOAD_LOCK:
                 location = self._resolve_source(key.source)
                 kwargs.update(runtime_options.load_kwargs(options, location))
+                kwargs.update(qwen_vl_processor.processor_kwargs(cls, location))  # without torchvision
                 pipeline = cls.from_pretrained(location, **kwargs)
             # Before `apply`: sequential CPU offload moves weights to the meta device on purpose.
             on_meta = meta_components(pipeline)

@@ -8,11 +8,12 @@ loaded once, no copy of the weights. Which class: the model's `runtime.task_pipe
 `AutoPipelineForImage2Image` / `AutoPipelineForInpainting` mapping. image2video on a
 text-to-video model whose image-to-video pipeline takes the same modules (LTX-Video's, Wan 2.2
 TI2V-5B's) runs that one, built the same way. Other tasks (text2image, text2video, image2video
-on an image-to-video model) run the loaded pipeline as is.
+on an image-to-video model), and a task whose family pipeline the model is loaded as (Kandinsky
+5's image-to-image one), run the loaded pipeline as is.
 
 Video tasks return frames: `output.frames` is split per output and exported as MP4 or GIF.
-Audio tasks return waveforms: `output.audios` (Stable Audio's), one clip per output at the
-VAE's sample rate, exported as WAV, FLAC or MP3.
+Audio tasks return waveforms: `output.audios` (Stable Audio's, AudioLDM 2's), one clip per
+output at the VAE's (or the vocoder's) sample rate, exported as WAV, FLAC or MP3.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ VIDEO_TASKS = frozenset({t.Task.TEXT2VIDEO, t.Task.IMAGE2VIDEO, t.Task.AUDIO2VID
 AUDIO_TASKS = frozenset({t.Task.TEXT2AUDIO})
 # Stable Audio's clip window in seconds: the request's duration_ms is its end, from 0.
 AUDIO_START, AUDIO_END = "audio_start_in_s", "audio_end_in_s"
+# AudioLDM 2's clip length in seconds: the request's duration_ms.
+AUDIO_LENGTH = "audio_length_in_s"
 # Tasks whose pipeline is derived from the loaded one, and diffusers' auto class for them.
 _DERIVED_TASKS = {
     t.Task.IMAGE2IMAGE: "AutoPipelineForImage2Image",
@@ -104,10 +107,19 @@ def _derive(pipeline: Any, task: t.Task, spec: t.ModelSpec) -> Any:
     return derived
 
 
+def _is_task_pipeline(pipeline: Any, task: t.Task, spec: t.ModelSpec) -> bool:
+    """Whether `pipeline` is a family table's own pipeline for `task` (and the model's runtime names
+    none): a model loaded as Kandinsky 5's image-to-image pipeline, which no diffusers auto class
+    knows, runs image2image as it is."""
+    if isinstance(spec.runtime, dict) and (spec.runtime.get(RUNTIME_KEY) or {}).get(task.value):
+        return False
+    return type(pipeline).__name__ in {f.pipelines.get(task) for f in families.builtin().values()}
+
+
 def pipeline_for_task(pipeline: Any, task: t.Task, spec: t.ModelSpec) -> Any:
     """The pipeline that runs `task` on the loaded `pipeline` (itself, or one sharing its modules)."""
     image2video = task is t.Task.IMAGE2VIDEO and _image2video_class(pipeline) is not None
-    if task not in _DERIVED_TASKS and not image2video:
+    if (task not in _DERIVED_TASKS and not image2video) or _is_task_pipeline(pipeline, task, spec):
         return pipeline
     with _lock:
         per_task = _derived.setdefault(pipeline, {})
@@ -190,6 +202,10 @@ _ANY_FRAME_COUNT = frozenset({"AllegroPipeline"})
 # OpenAI video route asks for seconds x fps frames). The family table says which of its
 # pipelines do (`rounds_frames`); these diffusers packages round too but have no family there.
 _ROUNDS_FRAMES_UNLISTED = frozenset({"kandinsky6", "lucy", "chronoedit", "anyflow"})
+# Pipelines that need a least frame count: Kandinsky 5's image-to-video one renormalises its
+# first 4 latent frames against the ones after them (`normalize_first_frame`), which makes NaN
+# frames with fewer than 5 latent frames (17 frames) and raises a Python error with one.
+_MIN_FRAMES = {"Kandinsky5I2VPipeline": 17}
 
 
 def _takes_any_frame_count(pipeline: Any) -> bool:
@@ -270,7 +286,7 @@ def check_size(pipeline: Any, common: dict[str, Any]) -> None:
     pipelines round (Wan, with a warning) or decode another count than asked (LTX-Video).
     Pipelines without the factors are left to themselves. A pipeline that makes one pixel area
     (HiDream-I1) refuses a size it would rescale; one that lists its sizes (Kandinsky 5's image
-    pipelines) refuses any other."""
+    pipelines) refuses any other; Kandinsky 5's image-to-video pipeline, fewer than 17 frames."""
     factor = _factor(pipeline, _SPATIAL_FACTORS)
     patch = getattr(getattr(getattr(pipeline, "transformer", None), "config", None), "patch_size", None)
     # Wan's patch is (frames, height, width); the others give one int for height and width.
@@ -298,6 +314,10 @@ def check_size(pipeline: Any, common: dict[str, Any]) -> None:
             f" or {((frames - 1) // temporal + 1) * temporal + 1}; got {frames})",
             "num_frames",
         )
+    least = _MIN_FRAMES.get(type(pipeline).__name__)
+    if least and frames and frames < least:
+        reason = f"num_frames must be at least {least} for this model (got {frames})"
+        raise JobFailure("INVALID_ARGUMENT", reason, "num_frames")
 
 
 def _config_number(module: Any, name: str) -> int | float | None:
@@ -306,9 +326,15 @@ def _config_number(module: Any, name: str) -> int | float | None:
 
 
 def sample_rate(pipeline: Any) -> int:
-    """The sample rate of the pipeline's audio (its VAE's, Stable Audio's Oobleck), 0 if it has none."""
-    vae = getattr(pipeline, "vae", None)
-    for value in (getattr(vae, "sampling_rate", None), _config_number(vae, "sampling_rate")):
+    """The sample rate of the pipeline's audio (its VAE's, Stable Audio's Oobleck; else its
+    vocoder's, AudioLDM 2's HiFi-GAN), 0 if it has none."""
+    vae, vocoder = getattr(pipeline, "vae", None), getattr(pipeline, "vocoder", None)
+    for value in (
+        getattr(pipeline, "sampling_rate", None),  # a transformers TTS model's own (speech.py)
+        getattr(vae, "sampling_rate", None),
+        _config_number(vae, "sampling_rate"),
+        _config_number(vocoder, "sampling_rate"),
+    ):
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return 0
@@ -333,13 +359,26 @@ def max_duration_ms(pipeline: Any) -> int | None:
     return longest if top is None else min(longest, math.floor(top * 1000))
 
 
+def min_duration_ms(pipeline: Any) -> float:
+    """The shortest clip the pipeline makes, in milliseconds (0 when it does not say).
+
+    AudioLDM 2 raises ValueError under one latent frame: the VAE's factor x the vocoder's hop
+    (its upsampling rates' product) / the sample rate (tiny-audioldm2: 2 x 160 / 16000 Hz = 20 ms)."""
+    rates = getattr(getattr(getattr(pipeline, "vocoder", None), "config", None), "upsample_rates", None)
+    factor, rate = getattr(pipeline, "vae_scale_factor", None), sample_rate(pipeline)
+    if not (isinstance(rates, list | tuple) and isinstance(factor, int) and rate):
+        return 0.0
+    return math.prod(rates) * factor * 1000 / rate
+
+
 def check_audio(pipeline: Any, task: t.Task, specific: dict[str, Any], fmt: str) -> None:
     """Refuse, before the call, an audio job the pipeline cannot make or its format cannot hold.
 
-    `duration_ms` (as `specific`'s `audio_end_in_s`) must give at least one sample and at most
-    `max_duration_ms`; `output.format` must take the VAE's sample rate and channels (MP3 has
-    fixed rates). INVALID_ARGUMENT naming the field; FAILED_PRECONDITION for an audio pipeline
-    whose sample rate is unknown (no artifact could say it)."""
+    `duration_ms` (as `specific`'s `audio_end_in_s`, or AudioLDM 2's `audio_length_in_s`) must
+    give at least one sample, at least `min_duration_ms` and at most `max_duration_ms`;
+    `output.format` must take the sample rate and channels (MP3 has fixed rates).
+    INVALID_ARGUMENT naming the field; FAILED_PRECONDITION for an audio pipeline whose sample rate
+    is unknown (no artifact could say it)."""
     if not is_audio(task):
         return
     rate = sample_rate(pipeline)
@@ -350,10 +389,14 @@ def check_audio(pipeline: Any, task: t.Task, specific: dict[str, Any], fmt: str)
     problem = audio_export.format_problem(fmt, rate, int(channels or 1))
     if problem:
         raise JobFailure("INVALID_ARGUMENT", f"output.format: {problem}", "output.format")
-    end = specific.get(AUDIO_END)
+    end = specific.get(AUDIO_END, specific.get(AUDIO_LENGTH))
     if end is None:
         return
     requested = round(end * 1000)
+    shortest = min_duration_ms(pipeline)
+    if end * 1000 < shortest:
+        reason = f"duration_ms must be at least {math.ceil(shortest)} for this model (got {requested})"
+        raise JobFailure("INVALID_ARGUMENT", reason, "duration_ms")
     longest = max_duration_ms(pipeline)
     if longest is not None and requested > longest:
         reason = f"duration_ms must be at most {longest} for this model (got {requested})"

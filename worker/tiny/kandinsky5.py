@@ -1,7 +1,8 @@
-"""Tiny random-weight Kandinsky 5 models (`builtin:tiny-kandinsky5`, `builtin:tiny-kandinsky5-t2i`).
+"""Tiny random-weight Kandinsky 5 models (`builtin:tiny-kandinsky5`, `-i2v`, `-t2i`, `-i2i`).
 
-Real diffusers `Kandinsky5T2VPipeline` (text-to-video) and `Kandinsky5T2IPipeline`
-(text-to-image) with small seeded weights, built offline and saved with `save_pretrained`: a
+Real diffusers `Kandinsky5T2VPipeline` (text-to-video), `Kandinsky5I2VPipeline`
+(image-to-video), `Kandinsky5T2IPipeline` (text-to-image) and `Kandinsky5I2IPipeline`
+(image-to-image) with small seeded weights, built offline and saved with `save_pretrained`: a
 `Kandinsky5Transformer3DModel` with one text and one visual block (patch (1, 2, 2) as Kandinsky
 5's; the video one with the visual conditioning channels of Kandinsky 5's video models), a
 `Qwen2_5_VLForConditionalGeneration` with a 3-layer text model and a 1-block vision tower, a
@@ -13,8 +14,15 @@ FLUX.1's).
 
 Video sizes are multiples of 16 (VAE factor 8 x patch 2); the pipeline itself makes a frame
 count n off the 4k+1 grid (n // 4) * 4 + 1 frames (8 make 9, 6 make 5), so the worker passes any
-count; 5 frames make 2 latent frames. The image pipeline makes one of its seven resolutions
+count; 5 frames make 2 latent frames. The image pipelines make one of their seven resolutions
 (1024x1024, 1280x768, ...: the one nearest the asked aspect ratio) whatever size is asked.
+
+The image-to-video model is the text-to-video one's weights (the same seeded modules: the I2V
+pipeline takes them as they are), saved as the I2V pipeline; its input image is the first latent
+frame. It needs 17 frames or more: the pipeline renormalises the first 4 latent frames against the
+ones after them (`normalize_first_frame`), NaN with fewer than 5 latent frames. The image-to-image
+model is the text-to-image one with a visual-conditioning transformer (the I2I pipeline
+concatenates the image's latents and a mask to the noise, as the video transformer's input does).
 
 Two departures from the released layout, both for this worker's environment:
 - The `tokenizer` is a plain Qwen2 tokenizer (the one of `hunyuan_video15`, whose merges make
@@ -22,7 +30,9 @@ Two departures from the released layout, both for this worker's environment:
   template exactly the 40 dropped) where the released models ship a `Qwen2VLProcessor`:
   transformers builds that processor only with torchvision (for its video processor), which
   the worker does not install. The pipelines call it as a tokenizer (`images=None,
-  videos=None`), so the text path is the same.
+  videos=None`), so the text path is the same; the image-to-image pipeline passes its input
+  image too, which a plain tokenizer ignores: there the image conditions the transformer (its
+  latents), not also the Qwen2.5-VL prompt embedding as with the released processor.
 - The transformer's modulation layers start from small random weights, not zeros as
   diffusers initialises them: with zero modulation every block's gate is closed and the output
   would not depend on the prompt.
@@ -104,29 +114,51 @@ def _transformer(visual_cond: bool) -> Any:
     return transformer
 
 
-def build_tiny_kandinsky5(target: Path) -> None:
-    """A tiny Kandinsky 5 text-to-video `Kandinsky5T2VPipeline` (sizes multiple of 16)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2VPipeline
+def _video_pipeline(cls: Any) -> Any:
+    """`cls` (the T2V or I2V pipeline) on the video model's modules."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
     with parts.seeded():
         text = _text_modules()
         vae = parts.hunyuan_video_vae(LATENT_CHANNELS)
         transformer = _transformer(visual_cond=True)
-    pipeline: Any = Kandinsky5T2VPipeline(
-        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), **text
-    )
-    pipeline.save_pretrained(str(target))
+    return cls(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), **text)
 
 
-def build_tiny_kandinsky5_t2i(target: Path) -> None:
-    """A tiny Kandinsky 5 text-to-image `Kandinsky5T2IPipeline` (it makes one of its resolutions)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2IPipeline
+def _image_pipeline(cls: Any, visual_cond: bool) -> Any:
+    """`cls` (the T2I or I2I pipeline) on the image model's modules."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
     with parts.seeded():
         text = _text_modules()
         vae = parts.image_vae(latent_channels=LATENT_CHANNELS)
-        transformer = _transformer(visual_cond=False)
-    pipeline: Any = Kandinsky5T2IPipeline(
-        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), **text
-    )
-    pipeline.save_pretrained(str(target))
+        transformer = _transformer(visual_cond=visual_cond)
+    return cls(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), **text)
+
+
+def build_tiny_kandinsky5(target: Path) -> None:
+    """A tiny Kandinsky 5 text-to-video `Kandinsky5T2VPipeline` (sizes multiple of 16)."""
+    from diffusers import Kandinsky5T2VPipeline
+
+    _video_pipeline(Kandinsky5T2VPipeline).save_pretrained(str(target))
+
+
+def build_tiny_kandinsky5_i2v(target: Path) -> None:
+    """A tiny Kandinsky 5 image-to-video `Kandinsky5I2VPipeline`: the text-to-video weights."""
+    from diffusers import Kandinsky5I2VPipeline
+
+    _video_pipeline(Kandinsky5I2VPipeline).save_pretrained(str(target))
+
+
+def build_tiny_kandinsky5_t2i(target: Path) -> None:
+    """A tiny Kandinsky 5 text-to-image `Kandinsky5T2IPipeline` (it makes one of its resolutions)."""
+    from diffusers import Kandinsky5T2IPipeline
+
+    _image_pipeline(Kandinsky5T2IPipeline, visual_cond=False).save_pretrained(str(target))
+
+
+def build_tiny_kandinsky5_i2i(target: Path) -> None:
+    """A tiny Kandinsky 5 image-to-image `Kandinsky5I2IPipeline` (one of its resolutions)."""
+    from diffusers import Kandinsky5I2IPipeline
+
+    _image_pipeline(Kandinsky5I2IPipeline, visual_cond=True).save_pretrained(str(target))

@@ -5,9 +5,9 @@ with tiny, seeded random weights: every machine builds identical weights, saves 
 `save_pretrained` and loads them back with `from_pretrained` like any local model.
 
 Builders are registered by name in `BUILDERS`, one module per family (`sd`, `sdxl`, `sd3`, `flux`,
-`flux2`, `hidream`, `pixart`, `sana`, `lumina2`, `qwen_image`, `kolors`, `wan`, `wan22`,
+`flux2`, `hidream`, `pixart`, `sana`, `lumina2`, `qwen_image`, `qwen_image_edit`, `kolors`, `wan`, `wan22`,
 `skyreels_v2`, `cogvideox`, `ltx`, `mochi`, `hunyuan_video`, `hunyuan_video15`, `kandinsky5`, `svd`,
-`stable_audio`);
+`stable_audio`, `audioldm2`; transformers' `vits`);
 `tokenizers` makes their offline tokenizers.
 A build goes into a temporary folder beside the target and is renamed into place, under a
 file lock, so workers sharing a model dir never see (or make) a half-written model.
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omnirt.worker.tiny import (
+    audioldm2,
     cogvideox,
     flux,
     flux2,
@@ -38,6 +39,7 @@ from omnirt.worker.tiny import (
     mochi,
     pixart,
     qwen_image,
+    qwen_image_edit,
     sana,
     sd,
     sd3,
@@ -45,6 +47,7 @@ from omnirt.worker.tiny import (
     skyreels_v2,
     stable_audio,
     svd,
+    vits,
     wan,
     wan22,
 )
@@ -136,6 +139,16 @@ BUILDERS: dict[str, Builder] = {
         version=1,
         description="tiny Kandinsky 5 text-to-image, 1024x1024 area, random weights",
     ),
+    "tiny-kandinsky5-i2v": Builder(
+        kandinsky5.build_tiny_kandinsky5_i2v,
+        version=1,
+        description="tiny Kandinsky 5 image-to-video (the text-to-video weights), random weights",
+    ),
+    "tiny-kandinsky5-i2i": Builder(
+        kandinsky5.build_tiny_kandinsky5_i2i,
+        version=1,
+        description="tiny Kandinsky 5 image-to-image, 1024x1024 area, random weights",
+    ),
     "tiny-ltx-video": Builder(
         ltx.build_tiny_ltx_video, version=1, description="tiny LTX-Video text-to-video, random weights"
     ),
@@ -166,6 +179,11 @@ BUILDERS: dict[str, Builder] = {
         version=1,
         description="tiny Qwen-Image text/image-to-image, 64x64, random weights",
     ),
+    "tiny-qwen-image-edit": Builder(
+        qwen_image_edit.build_tiny_qwen_image_edit,
+        version=1,
+        description="tiny Qwen-Image-Edit image editing, 64x64, random weights",
+    ),
     "tiny-kolors": Builder(
         kolors.build_tiny_kolors,
         version=1,
@@ -180,6 +198,16 @@ BUILDERS: dict[str, Builder] = {
         stable_audio.build_tiny_stable_audio,
         version=1,
         description="tiny Stable Audio text-to-audio, stereo 8 kHz, random weights",
+    ),
+    "tiny-vits": Builder(
+        vits.build_tiny_vits,
+        version=1,
+        description="tiny VITS (MMS-TTS) text-to-speech, transformers layout, mono 16 kHz, random weights",
+    ),
+    "tiny-audioldm2": Builder(
+        audioldm2.build_tiny_audioldm2,
+        version=1,
+        description="tiny AudioLDM 2 text-to-audio, mono 16 kHz, random weights",
     ),
 }
 

@@ -320,3 +320,20 @@ def sentencepiece_unigram_model() -> bytes:
     model.normalizer_spec.remove_extra_whitespaces = True
     model.normalizer_spec.escape_whitespaces = True
     return model.SerializeToString()
+
+
+def roberta_tokenizer(max_length: int = 77) -> Any:
+    """A RoBERTa tokenizer (byte-level BPE over `qwen2_vocabulary`, RoBERTa's `<s>`, `<pad>`,
+    `</s>`, `<unk>` as ids 0-3 and `<mask>` last), made offline: the one CLAP's text branch takes."""
+    from transformers import RobertaTokenizer
+
+    pieces, merges = qwen2_vocabulary()
+    vocab = {token: index for index, token in enumerate(("<s>", "<pad>", "</s>", "<unk>"))}
+    for piece in pieces:
+        vocab.setdefault(piece, len(vocab))
+    vocab["<mask>"] = len(vocab)
+    return RobertaTokenizer(
+        vocab=vocab,
+        merges=merges,  # type: ignore[arg-type]  # the BPE model takes (left, right) pairs
+        model_max_length=max_length,
+    )

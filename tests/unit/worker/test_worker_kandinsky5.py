@@ -12,7 +12,19 @@ import hashlib
 
 import numpy as np
 import pytest
-from worker_testing import Family, decoded_frames, only_result, pixels, refusal, run_family
+from worker_testing import (
+    IMAGE,
+    Family,
+    check_image,
+    check_video,
+    decoded_frames,
+    noise_image,
+    only_result,
+    pixels,
+    png_bytes,
+    refusal,
+    run_family,
+)
 
 from omnirt import types as t
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
@@ -176,3 +188,128 @@ def test_text2image_makes_another_of_its_resolutions_and_refuses_the_rest(
 
 def test_text2image_size_off_the_16_grid_is_invalid_argument(executor: LegacyCallExecutor) -> None:
     assert refusal(run_family(executor, T2I, width=1000)) == ("INVALID_ARGUMENT", "width")
+
+
+# ---- image2video: Kandinsky5I2VPipeline on builtin:tiny-kandinsky5-i2v (the T2V weights) ------
+
+# 17 frames = 5 latent frames, the fewest the pipeline makes without NaN (`normalize_first_frame`).
+I2V = Family(
+    "tiny-kandinsky5-i2v",
+    "Kandinsky5I2VPipeline",
+    (t.Task.IMAGE2VIDEO,),
+    {
+        "width": 32,
+        "height": 32,
+        "num_frames": 17,
+        "fps": 8.0,
+        "num_inference_steps": 2,
+        "guidance_scale": 5.0,
+        "seed": 7,
+    },
+)
+
+
+def run_i2v(executor: LegacyCallExecutor, image_seed: int | None = 1, **fields: object) -> ItemOutcome:
+    """One image2video job on a 32x32 noise image made from `image_seed` (None: no image)."""
+    inputs = () if image_seed is None else ((IMAGE, png_bytes(noise_image(image_seed, (32, 32)))),)
+    return run_family(executor, I2V, inputs=inputs, **fields)
+
+
+@pytest.fixture(scope="module")
+def i2v(executor: LegacyCallExecutor) -> dict[str, t.GenerateResult]:
+    """Image 1 with seed 7 twice, seed 8, and image 2."""
+    return {
+        "first": only_result(run_i2v(executor)),
+        "again": only_result(run_i2v(executor)),
+        "other-seed": only_result(run_i2v(executor, seed=8)),
+        "other-image": only_result(run_i2v(executor, 2)),
+    }
+
+
+def first_frame_difference(a: t.GenerateResult, b: t.GenerateResult) -> float:
+    # The input image is the first latent frame (not denoised): its frames show it most.
+    frames_a, frames_b = (decoded_frames(r.artifacts[0].data)[:4].astype(np.float32) for r in (a, b))
+    return float(np.abs(frames_a - frames_b).mean())
+
+
+def test_image2video_runs_the_kandinsky5_image_to_video_pipeline(i2v: dict[str, t.GenerateResult]) -> None:
+    report = i2v["first"].report
+    assert (report.task, report.pipeline_class) == (t.Task.IMAGE2VIDEO, "Kandinsky5I2VPipeline")
+    check_video(i2v["first"].artifacts[0], 32, 32, 17)
+
+
+def test_image2video_repeats_with_the_seed_and_depends_on_the_image(i2v: dict[str, t.GenerateResult]) -> None:
+    first, again, other_seed, other_image = (
+        i2v[key].artifacts[0].sha256 for key in ("first", "again", "other-seed", "other-image")
+    )
+    assert first == again
+    assert first not in (other_seed, other_image)
+    assert pixel_difference(i2v["first"], i2v["other-seed"]) > 1
+    assert first_frame_difference(i2v["first"], i2v["other-image"]) > 1
+
+
+def test_image2video_without_an_image_is_invalid_argument(executor: LegacyCallExecutor) -> None:
+    outcome = run_i2v(executor, None)
+    assert refusal(outcome) == ("INVALID_ARGUMENT", "inputs")
+    assert outcome.error is not None and "role image" in outcome.error.message
+
+
+@pytest.mark.parametrize("frames", [1, 5, 13])
+def test_image2video_under_17_frames_is_invalid_argument(executor: LegacyCallExecutor, frames: int) -> None:
+    outcome = run_i2v(executor, num_frames=frames)
+    assert refusal(outcome) == ("INVALID_ARGUMENT", "num_frames")
+    assert outcome.error is not None and "at least 17" in outcome.error.message
+
+
+# ---- image2image: Kandinsky5I2IPipeline on builtin:tiny-kandinsky5-i2i -------------------------
+
+I2I = Family(
+    "tiny-kandinsky5-i2i",
+    "Kandinsky5I2IPipeline",
+    (t.Task.IMAGE2IMAGE,),
+    {"width": 1024, "height": 1024, "num_inference_steps": 2, "guidance_scale": 3.5, "seed": 7},
+)
+
+
+def run_i2i(executor: LegacyCallExecutor, image_seed: int | None = 1, **fields: object) -> ItemOutcome:
+    """One image2image job on a 64x64 noise image made from `image_seed` (None: no image)."""
+    inputs = () if image_seed is None else ((IMAGE, png_bytes(noise_image(image_seed))),)
+    return run_family(executor, I2I, inputs=inputs, **fields)
+
+
+@pytest.fixture(scope="module")
+def i2i(executor: LegacyCallExecutor) -> dict[str, t.GenerateResult]:
+    """Image 1 with seed 7 twice, seed 8, and image 2."""
+    return {
+        "first": only_result(run_i2i(executor)),
+        "again": only_result(run_i2i(executor)),
+        "other-seed": only_result(run_i2i(executor, seed=8)),
+        "other-image": only_result(run_i2i(executor, 2)),
+    }
+
+
+def test_image2image_runs_the_kandinsky5_image_to_image_pipeline(i2i: dict[str, t.GenerateResult]) -> None:
+    report = i2i["first"].report
+    assert (report.task, report.pipeline_class) == (t.Task.IMAGE2IMAGE, "Kandinsky5I2IPipeline")
+    check_image(i2i["first"].artifacts[0], 1024, 1024)
+
+
+def test_image2image_repeats_with_the_seed_and_depends_on_the_image(i2i: dict[str, t.GenerateResult]) -> None:
+    first, again, other_seed, other_image = (
+        i2i[key].artifacts[0].sha256 for key in ("first", "again", "other-seed", "other-image")
+    )
+    assert first == again
+    assert first not in (other_seed, other_image)
+    image = pixels(i2i["first"].artifacts[0])
+    assert np.abs(image - pixels(i2i["other-seed"].artifacts[0])).mean() > 1
+    assert np.abs(image - pixels(i2i["other-image"].artifacts[0])).mean() > 1
+
+
+def test_image2image_without_an_image_is_invalid_argument(executor: LegacyCallExecutor) -> None:
+    outcome = run_i2i(executor, None)
+    assert refusal(outcome) == ("INVALID_ARGUMENT", "inputs")
+    assert outcome.error is not None and "role image" in outcome.error.message
+
+
+def test_image2image_off_its_resolutions_is_invalid_argument(executor: LegacyCallExecutor) -> None:
+    assert refusal(run_i2i(executor, width=512, height=512)) == ("INVALID_ARGUMENT", "width")

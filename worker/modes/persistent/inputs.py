@@ -15,26 +15,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from omnirt import types as t
 from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.pipelines import media_inputs
-from omnirt.worker.pipelines.args import INVALID_ARGUMENT, MEDIA_ARGUMENTS, ItemPlan
-
-# The image roles each media task needs (the controller's rule, again, for a job sent without it).
-REQUIRED_ROLES: dict[t.Task, tuple[t.MediaRole, ...]] = {
-    t.Task.IMAGE2IMAGE: (t.MediaRole.IMAGE,),
-    t.Task.INPAINT: (t.MediaRole.IMAGE, t.MediaRole.MASK),
-    t.Task.IMAGE2VIDEO: (t.MediaRole.IMAGE,),
-}
+from omnirt.worker.pipelines.args import INVALID_ARGUMENT, MEDIA_ARGUMENTS, ItemPlan, check_task_inputs
 
 
 def check_required(plan: ItemPlan) -> None:
     """A media task without one of its inputs: INVALID_ARGUMENT naming `inputs`."""
-    roles = {media.role for media in plan.item.request.inputs}
-    for role in REQUIRED_ROLES.get(plan.task, ()):
-        if role not in roles:
-            reason = f"{plan.task.value} needs an input with role {role.value}"
-            raise JobFailure(INVALID_ARGUMENT, reason, "inputs")
+    check_task_inputs(plan.task, plan.item.request)
 
 
 def shipped(plan: ItemPlan, policy: media_inputs.InputPolicy) -> ItemPlan:
