@@ -18,4 +18,4 @@ scripts/check_proto.sh
 .venv/bin/ruff format --check .
 # By import name through the editable link tree (build/): every module is checked once, as omnirt.*.
 .venv/bin/mypy -p omnirt
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

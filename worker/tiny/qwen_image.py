@@ -64,7 +64,6 @@ def build_tiny_qwen_image(target: Path) -> None:
     """A tiny `QwenImagePipeline`: 64x64 images by default, sizes multiple of 16."""
     from diffusers import (
         AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
         QwenImagePipeline,
         QwenImageTransformer2DModel,
     )
@@ -92,8 +91,22 @@ def build_tiny_qwen_image(target: Path) -> None:
             latents_mean=[0.0] * LATENT_CHANNELS,
             latents_std=[1.0] * LATENT_CHANNELS,
         )
-    # Qwen/Qwen-Image's scheduler config.
-    scheduler = FlowMatchEulerDiscreteScheduler(
+    scheduler = qwen_scheduler()
+    pipeline: Any = QwenImagePipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+    )
+    pipeline.save_pretrained(str(target))
+
+
+def qwen_scheduler() -> Any:
+    """Qwen/Qwen-Image's scheduler config (Qwen-Image-Edit's too)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
         base_image_seq_len=256,
         base_shift=0.5,
         max_image_seq_len=8192,
@@ -103,11 +116,3 @@ def build_tiny_qwen_image(target: Path) -> None:
         use_dynamic_shifting=True,
         time_shift_type="exponential",
     )
-    pipeline: Any = QwenImagePipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        transformer=transformer,
-    )
-    pipeline.save_pretrained(str(target))

@@ -59,7 +59,6 @@ def build_tiny_qwen_image_edit(target: Path) -> None:
     import torch
     from diffusers import (
         AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
         QwenImageEditPipeline,
         QwenImageTransformer2DModel,
     )
@@ -104,17 +103,7 @@ def build_tiny_qwen_image_edit(target: Path) -> None:
                 block.attn.norm_added_k,
             ):
                 norm.weight.fill_(ATTENTION_GAIN)
-    # Qwen/Qwen-Image-Edit's scheduler config (Qwen-Image's).
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        base_image_seq_len=256,
-        base_shift=0.5,
-        max_image_seq_len=8192,
-        max_shift=0.9,
-        shift=1.0,
-        shift_terminal=0.02,
-        use_dynamic_shifting=True,
-        time_shift_type="exponential",
-    )
+    scheduler = qwen_image.qwen_scheduler()
     pipeline: Any = QwenImageEditPipeline(
         scheduler=scheduler,
         vae=vae,
