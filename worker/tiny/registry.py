@@ -47,6 +47,7 @@ from omnirt.worker.tiny import (
     skyreels_v2,
     stable_audio,
     svd,
+    talking_head,
     vits,
     wan,
     wan22,
@@ -208,6 +209,11 @@ BUILDERS: dict[str, Builder] = {
         audioldm2.build_tiny_audioldm2,
         version=1,
         description="tiny AudioLDM 2 text-to-audio, mono 16 kHz, random weights",
+    ),
+    "tiny-talking-head": Builder(
+        talking_head.build_tiny_talking_head,
+        version=1,
+        description="tiny streaming talking head, 28 frames of 64x64 per 1.12 s chunk, random weights",
     ),
 }
 
