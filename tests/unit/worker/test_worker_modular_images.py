@@ -1,13 +1,12 @@
 """The `modular` mode on FLUX.2 (`Flux2AutoBlocks`) and Qwen-Image (`QwenImageAutoBlocks`).
 
-Each task against `legacy_call` on the same tiny twin (same request, same seed), same seed same
-bytes, the stage events, one ComponentsManager holding each module once, and what the blocks
-cannot do refused naming the field.
+Each task against `legacy_call` on the same tiny twin (same request, same seed: the same pixels,
+with OmniRT's block fixes), same seed same bytes, the stage events, one ComponentsManager holding
+each module once, and what the blocks cannot do refused naming the field.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.modular.block_fixes import apply_block_fixes
 from omnirt.worker.modes.modular.executor import ModularExecutor
 from omnirt.worker.modes.modular.families import modular_family
 from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
@@ -40,9 +40,9 @@ from omnirt.worker.v1 import gateway_pb2
 
 SIZE: dict[str, Any] = {"width": 64, "height": 64, "num_inference_steps": 2, "guidance_scale": 4.0, "seed": 7}
 FLUX2 = Family("tiny-flux2", "Flux2Pipeline", (t.Task.TEXT2IMAGE, t.Task.IMAGE2IMAGE), SIZE)
-QWEN = Family("tiny-qwen-image", "QwenImagePipeline", (t.Task.TEXT2IMAGE,), SIZE)
-# Qwen-Image's other tasks: the modular mode refuses them (see families.py).
-QWEN_ALL = dataclasses.replace(QWEN, tasks=(t.Task.TEXT2IMAGE, t.Task.IMAGE2IMAGE, t.Task.INPAINT))
+QWEN = Family(
+    "tiny-qwen-image", "QwenImagePipeline", (t.Task.TEXT2IMAGE, t.Task.IMAGE2IMAGE, t.Task.INPAINT), SIZE
+)
 # Over the legacy pipeline's 512 prompt tokens (the blocks' own default is 1024).
 LONG_PROMPT = " ".join(["a red fox in the snow"] * 150)
 
@@ -92,8 +92,8 @@ def made(modular: ModularExecutor, executor: LegacyCallExecutor) -> Run:
 
 
 def test_flux2_blocks_write_the_system_message_the_pipeline_writes_but_for_a_line_break() -> None:
-    # Why FLUX.2's images below differ from legacy_call's by 1/255: the prompt the text encoder
-    # reads. When diffusers makes the two one, the parity test's tolerance drops to 0.
+    # Why OmniRT's `flux2_system_message` fix exists (1/255 from legacy_call without it): when
+    # diffusers makes the two one, this fails and the fix can go.
     from diffusers.modular_pipelines.flux2.encoders import Flux2TextEncoderStep
     from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
 
@@ -101,15 +101,35 @@ def test_flux2_blocks_write_the_system_message_the_pipeline_writes_but_for_a_lin
     assert blocks != SYSTEM_MESSAGE and blocks.split() == SYSTEM_MESSAGE.split()
 
 
+def test_the_block_fixes_change_only_the_pipelines_own_blocks(made: Run) -> None:
+    import diffusers
+    from diffusers.modular_pipelines.flux2.encoders import Flux2TextEncoderStep
+    from diffusers.modular_pipelines.hunyuan_video1_5.before_denoise import HunyuanVideo15PrepareLatentsStep
+    from diffusers.modular_pipelines.qwenimage.encoders import QwenImageVaeEncoderStep
+
+    made("modular", FLUX2, t.Task.TEXT2IMAGE, seed=11)
+    made("modular", QWEN, t.Task.IMAGE2IMAGE, seed=11)
+    # Blocks made afterwards, anywhere in the process, are diffusers' own.
+    flux2 = diffusers.Flux2AutoBlocks().get_workflow("text2image").sub_blocks["text_encoder"]
+    assert flux2.DEFAULT_SYSTEM_MESSAGE == Flux2TextEncoderStep.DEFAULT_SYSTEM_MESSAGE
+    assert "\n" not in flux2.DEFAULT_SYSTEM_MESSAGE
+    qwen = diffusers.QwenImageAutoBlocks().get_workflow("image2image").sub_blocks["vae_encoder.encode"]
+    assert type(qwen) is QwenImageVaeEncoderStep
+    # HunyuanVideo 1.5 image-to-video's fix (its model runs in test_worker_modular_video.py).
+    fixed = diffusers.HunyuanVideo15AutoBlocks().get_workflow("image2video")
+    assert apply_block_fixes("HunyuanVideo15AutoBlocks", fixed) == ["keep_hunyuan_video15_image_embeds"]
+    fresh = diffusers.HunyuanVideo15AutoBlocks().get_workflow("image2video")
+    assert type(fresh.sub_blocks["denoise.prepare_latents"]) is HunyuanVideo15PrepareLatentsStep
+    assert "image_embeds" in fresh.sub_blocks["denoise.prepare_latents"].intermediate_output_names
+
+
 @pytest.mark.parametrize(
     ("family", "task", "fields", "tolerance", "changed"),
     [
-        # FLUX.2: the blocks' system message has a space where the pipeline's has a line break
-        # (the test above), so the prompt embeddings differ; the tiny twin's random text encoder
-        # barely moves the image: 1/255 on ~1.2% of the pixels (the same bits with the message
-        # made the pipeline's, measured by hand).
-        (FLUX2, t.Task.TEXT2IMAGE, {}, 1, 0.05),
-        (FLUX2, t.Task.IMAGE2IMAGE, {}, 1, 0.05),
+        # FLUX.2, with the pipeline's system message (`flux2_system_message`; the blocks' own
+        # made 1/255 on ~1.2% of the pixels).
+        (FLUX2, t.Task.TEXT2IMAGE, {}, 0, 0.0),
+        (FLUX2, t.Task.IMAGE2IMAGE, {}, 0, 0.0),
         # Qwen-Image: the same computation, CFG against "" (the request's guidance as true CFG).
         (QWEN, t.Task.TEXT2IMAGE, {}, 0, 0.0),
         (QWEN, t.Task.TEXT2IMAGE, {"negative_prompt": "blurry"}, 0, 0.0),
@@ -119,6 +139,12 @@ def test_flux2_blocks_write_the_system_message_the_pipeline_writes_but_for_a_lin
         (QWEN, t.Task.TEXT2IMAGE, {"guidance_scale": None, "negative_prompt": "blurry"}, 0, 0.0),
         # Cut at the pipeline's 512 tokens, not the blocks' 1024 (3/255 apart otherwise).
         (QWEN, t.Task.TEXT2IMAGE, {"prompt": LONG_PROMPT}, 0, 0.0),
+        # Image-to-image and inpaint: the image's latents sampled with the request's generator, as
+        # the pipelines do (`sample_qwen_image_latents`; the blocks' mean made up to 96/255).
+        (QWEN, t.Task.IMAGE2IMAGE, {}, 0, 0.0),
+        (QWEN, t.Task.IMAGE2IMAGE, {"strength": 0.8, "negative_prompt": "blurry"}, 0, 0.0),
+        (QWEN, t.Task.INPAINT, {}, 0, 0.0),
+        (QWEN, t.Task.INPAINT, {"strength": 0.6}, 0, 0.0),
     ],
 )
 def test_the_same_request_gives_the_image_legacy_call_gives(
@@ -148,7 +174,14 @@ def test_guidance_and_the_negative_prompt_reach_qwen_image_blocks(made: Run) -> 
 
 
 @pytest.mark.parametrize(
-    ("family", "task"), [(FLUX2, t.Task.TEXT2IMAGE), (FLUX2, t.Task.IMAGE2IMAGE), (QWEN, t.Task.TEXT2IMAGE)]
+    ("family", "task"),
+    [
+        (FLUX2, t.Task.TEXT2IMAGE),
+        (FLUX2, t.Task.IMAGE2IMAGE),
+        (QWEN, t.Task.TEXT2IMAGE),
+        (QWEN, t.Task.IMAGE2IMAGE),
+        (QWEN, t.Task.INPAINT),
+    ],
 )
 def test_same_seed_same_bytes_other_seed_other_bytes(made: Run, family: Family, task: t.Task) -> None:
     first = made("modular", family, task, seed=11).artifacts[0]
@@ -193,6 +226,7 @@ def _assignment(family: Family, task: t.Task) -> Assignment:
         (FLUX2, t.Task.TEXT2IMAGE, "Flux2ModularPipeline"),
         (FLUX2, t.Task.IMAGE2IMAGE, "Flux2ModularPipeline"),
         (QWEN, t.Task.TEXT2IMAGE, "QwenImageModularPipeline"),
+        (QWEN, t.Task.INPAINT, "QwenImageModularPipeline"),
     ],
 )
 def test_each_stage_is_an_event_pair_and_a_timing_with_one_progress_per_step(
@@ -240,12 +274,6 @@ def _refused(modular: ModularExecutor, family: Family, task: t.Task, **fields: o
 
 
 def test_what_the_blocks_cannot_do_is_refused_naming_the_field(modular: ModularExecutor) -> None:
-    # Qwen-Image's image2image and inpainting blocks take the image latents' mean where the
-    # pipelines sample them (another image at the same seed): FAILED_PRECONDITION naming the task.
-    for task in (t.Task.IMAGE2IMAGE, t.Task.INPAINT):
-        outcome = _refused(modular, QWEN_ALL, task, strength=0.5)
-        assert refusal(outcome) == ("FAILED_PRECONDITION", "task")
-        assert outcome.error is not None and "text2image" in outcome.error.message
     # FLUX.2's guidance is an embedding (no negative prompt) and its image a reference (no strength).
     flux2 = _refused(modular, FLUX2, t.Task.TEXT2IMAGE, negative_prompt="blurry")
     assert refusal(flux2) == ("INVALID_ARGUMENT", "negative_prompt")

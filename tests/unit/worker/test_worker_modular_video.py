@@ -1,10 +1,11 @@
 """The `modular` mode on diffusers' video blocks: Wan 2.1 image-to-video, Wan 2.2 A14B (two
-experts, picked by the checkpoint's `boundary_ratio`) and HunyuanVideo 1.5 text-to-video.
+experts, picked by the checkpoint's `boundary_ratio`) and HunyuanVideo 1.5 text- and
+image-to-video (the latter with OmniRT's `keep_hunyuan_video15_image_embeds` block fix).
 
 Each family and task makes the frames `legacy_call` makes of the same request and seed (measured:
 identical, 0/255), the same bytes again for the same seed, and what the mode leaves off (Wan 2.2
-TI2V-5B, HunyuanVideo 1.5 image-to-video, a Wan image-to-video checkpoint without its CLIP image
-encoder) is refused naming the model before a frame is made.
+TI2V-5B, a Wan image-to-video checkpoint without its CLIP image encoder) is refused naming the
+model before a frame is made.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ WAN21 = Family("tiny-wan", "WanPipeline", (t.Task.TEXT2VIDEO,), WAN)
 WAN22 = Family("tiny-wan22", "WanPipeline", (t.Task.TEXT2VIDEO,), WAN)
 WAN22_I2V = Family("tiny-wan22-i2v", "WanImageToVideoPipeline", (t.Task.IMAGE2VIDEO,), WAN)
 HUNYUAN15 = Family("tiny-hunyuan-video15", "HunyuanVideo15Pipeline", (t.Task.TEXT2VIDEO,), VIDEO)
-# Left off: TI2V-5B (`expand_timesteps`), HunyuanVideo 1.5 image-to-video, Wan I2V without CLIP.
-WAN22_TI2V = Family("tiny-wan22-ti2v", "WanPipeline", (t.Task.TEXT2VIDEO,), WAN)
 HUNYUAN15_I2V = Family(
     "tiny-hunyuan-video15-i2v", "HunyuanVideo15ImageToVideoPipeline", (t.Task.IMAGE2VIDEO,), VIDEO
 )
+# Left off: TI2V-5B (`expand_timesteps`), Wan I2V without CLIP.
+WAN22_TI2V = Family("tiny-wan22-ti2v", "WanPipeline", (t.Task.TEXT2VIDEO,), WAN)
 WAN_I2V_NO_CLIP = Family("tiny-wan-i2v", "WanImageToVideoPipeline", (t.Task.IMAGE2VIDEO,), WAN)
 
 PICTURE = ((IMAGE, png_bytes(noise_image(5, (32, 32)))),)
@@ -157,6 +158,8 @@ CASES = [
     (WAN22, "Wan22Blocks", "all"),
     (WAN22_I2V, "Wan22Image2VideoBlocks", "all"),
     (HUNYUAN15, "HunyuanVideo15AutoBlocks", "text2video"),
+    # The SigLIP image embeddings reach the denoiser (diffusers' blocks alone: zeros, 35/255 off).
+    (HUNYUAN15_I2V, "HunyuanVideo15AutoBlocks", "image2video"),
 ]
 
 
@@ -195,7 +198,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(
     assert first.data != other.data
 
 
-@pytest.mark.parametrize("family", [WAN21_I2V, WAN22_I2V], ids=lambda f: f.model)
+@pytest.mark.parametrize("family", [WAN21_I2V, WAN22_I2V, HUNYUAN15_I2V], ids=lambda f: f.model)
 def test_image2video_depends_on_its_image(modular: ModularExecutor, wan21_i2v: Path, family: Family) -> None:
     source = wan21_i2v if family is WAN21_I2V else None
     one, two = (only_result(run(modular, family, source=source, inputs=x)) for x in (PICTURE, OTHER_PICTURE))
@@ -278,7 +281,6 @@ def test_hunyuan_video15_guidance_is_its_guiders_and_a_request_scale_is_refused(
     ("family", "words"),
     [
         (WAN22_TI2V, "expand_timesteps"),
-        (HUNYUAN15_I2V, "HunyuanVideo15ImageToVideoPipeline"),
         (WAN_I2V_NO_CLIP, "image_encoder"),
     ],
     ids=lambda x: getattr(x, "model", None),
@@ -304,5 +306,6 @@ def test_the_checkpoint_config_picks_the_wan_blocks() -> None:
     ti2v = modular_family("WanPipeline", {"expand_timesteps": True})
     assert ti2v is not None and ti2v.refused({"expand_timesteps": True}) == ["expand_timesteps"]
     assert supports_modular("HunyuanVideo15Pipeline", t.Task.TEXT2VIDEO)
+    # Image-to-video is its own checkpoint (a SigLIP image encoder): not the text-to-video one's.
     assert not supports_modular("HunyuanVideo15Pipeline", t.Task.IMAGE2VIDEO)
-    assert not supports_modular("HunyuanVideo15ImageToVideoPipeline")
+    assert supports_modular("HunyuanVideo15ImageToVideoPipeline", t.Task.IMAGE2VIDEO)

@@ -6,11 +6,12 @@ loaded once per worker by the model cache (keyed by source, so every catalog ent
 (`families.py` says which pipeline class is which; any other is refused with
 FAILED_PRECONDITION naming the model, before it loads):
 
-- Families with Modular Diffusers blocks (SDXL, Flux, SD3, Wan 2.1 and 2.2, HunyuanVideo 1.5,
-  LTX-Video): each task runs
+- Families with Modular Diffusers blocks (SDXL, Flux, FLUX.2, SD3, Qwen-Image, Wan 2.1 and 2.2,
+  HunyuanVideo 1.5, LTX-Video): each task runs
   diffusers' own `ModularPipeline` of the family's blocks (the task's workflow), whose
   components are the model cache's modules, registered in the worker's one `ComponentsManager`
-  (`pipelines.py`); the blocks run sub-block by sub-block (`block_run.py`).
+  (`pipelines.py`, with the per-family `block_fixes.py` where diffusers' blocks differ from its
+  pipelines); the blocks run sub-block by sub-block (`block_run.py`).
 - Stable Diffusion 1.x/2.x (diffusers 0.42 has no blocks for it): image2image and inpaint
   pipelines are `from_pipe` views of the loaded one, and the stages are composed in `stages.py`.
 

@@ -9,11 +9,14 @@ composed stages (`blocks == ""`, see `stages.py`).
 
 Only families verified on a tiny model against `legacy_call` are listed (SDXL and Flux with
 tests; SD3, Wan 2.1 text-to-video and LTX-Video text-to-video checked by hand; Wan 2.1
-image-to-video, Wan 2.2 A14B text- and image-to-video and HunyuanVideo 1.5 text-to-video in
-tests/unit/worker/test_worker_modular_video.py; FLUX.2 text- and image-conditioned and Qwen-Image
-text-to-image in tests/unit/worker/test_worker_modular_images.py). diffusers
-0.42.1 ships blocks for more (Flux Kontext, Flux.2 Klein, QwenImage Layered, Z-Image, Wan VACE,
-HunyuanVideo 1.5 image-to-video, ...): they stay off until someone checks them the same way.
+image-to-video, Wan 2.2 A14B text- and image-to-video and HunyuanVideo 1.5 text- and
+image-to-video in tests/unit/worker/test_worker_modular_video.py; FLUX.2 text- and
+image-conditioned and Qwen-Image text-to-image, image-to-image and inpaint in
+tests/unit/worker/test_worker_modular_images.py). Where the blocks compute other than the
+pipeline, `block_fixes.py` adapts the pipeline's own blocks instance (FLUX.2, Qwen-Image
+image-to-image and inpaint, HunyuanVideo 1.5 image-to-video). diffusers 0.42.1 ships blocks for
+more (Flux Kontext, Flux.2 Klein, QwenImage Layered, Z-Image, Wan VACE, ...): they stay off until
+someone checks them the same way.
 """
 
 from __future__ import annotations
@@ -90,19 +93,20 @@ _SD3 = ModularFamily(
 )
 # FLUX.2: its guidance is an embedding (a block input, no guider); image2image is the
 # `image_conditioned` workflow (the input image a reference the transformer attends to, no strength).
-# Not the same bits as `legacy_call`: the blocks' text encoder step writes the system message
-# with a space where the pipeline's (BFL's) has a line break, so the prompt embeddings differ
-# (on tiny-flux2, 1/255 on ~1% of the pixels; the same bits once the message is the pipeline's).
+# The text encoder step reads the pipeline's system message (OmniRT's `flux2_system_message` fix:
+# the blocks' has a space where the pipeline's, BFL's, has a line break; see block_fixes.py).
 _FLUX2 = ModularFamily(
     "flux2", "Flux2AutoBlocks", {t.Task.TEXT2IMAGE: "text2image", t.Task.IMAGE2IMAGE: "image_conditioned"}
 )
 # Qwen-Image: the guider is its true CFG (the request's guidance_scale, against "" when the request
-# has no negative prompt, as `legacy_call` gives it `true_cfg_scale`). Text-to-image only: the
-# blocks' image2image and inpainting VAE encoder step takes the latent distribution's mean where
-# the pipelines sample it with the request's generator (which then draws other noise too): up to
-# 96/255 from `legacy_call` on tiny-qwen-image, the same bits once the step samples.
+# has no negative prompt, as `legacy_call` gives it `true_cfg_scale`). One checkpoint runs all
+# three tasks; image2image and inpainting with OmniRT's `sample_qwen_image_latents` fix (the blocks'
+# VAE encoder step takes the latents' mean where the pipelines sample them, see block_fixes.py).
 _QWEN_IMAGE = ModularFamily(
-    "qwen-image", "QwenImageAutoBlocks", {t.Task.TEXT2IMAGE: "text2image"}, empty_negative_prompt=""
+    "qwen-image",
+    "QwenImageAutoBlocks",
+    {t.Task.TEXT2IMAGE: "text2image", t.Task.IMAGE2IMAGE: "image2image", t.Task.INPAINT: "inpainting"},
+    empty_negative_prompt="",
 )
 # Wan 2.2 A14B: two experts (`transformer` above `boundary_ratio`, `transformer_2` below it),
 # each with a guider of its own (`guider_2` takes the request's `extra.guidance_scale_2`).
@@ -136,14 +140,21 @@ _WAN_I2V = ModularFamily(
     refused_configs=("expand_timesteps",),
     by_config=(("boundary_ratio", _WAN22_I2V),),
 )
-# Text-to-video only: in diffusers 0.42.1 the blocks' image2video denoise step runs the
-# text-to-video `prepare_latents` step, whose zero `image_embeds` replace the SigLIP image
-# encoder's, so the video ignores the image embedding the pipeline conditions on (frames up to
-# 35/255 from `legacy_call`'s on tiny-hunyuan-video15-i2v).
 _HUNYUAN_VIDEO15 = ModularFamily(
     "hunyuan-video-1.5",
     "HunyuanVideo15AutoBlocks",
     {t.Task.TEXT2VIDEO: "text2video"},
+    output="videos",
+    takes_guidance_scale=False,
+)
+# Image-to-video is a checkpoint of its own (a SigLIP image encoder, a transformer that takes its
+# embeddings), with OmniRT's `keep_hunyuan_video15_image_embeds` fix: in diffusers 0.42.1 the
+# blocks' image2video denoise step runs the text-to-video `prepare_latents` step, whose zero
+# `image_embeds` would replace the image encoder's (see block_fixes.py).
+_HUNYUAN_VIDEO15_I2V = ModularFamily(
+    "hunyuan-video-1.5-i2v",
+    "HunyuanVideo15AutoBlocks",
+    {t.Task.IMAGE2VIDEO: "image2video"},
     output="videos",
     takes_guidance_scale=False,
 )
@@ -168,9 +179,12 @@ _FAMILIES: Mapping[str, ModularFamily] = MappingProxyType(
         "StableDiffusion3Img2ImgPipeline": _SD3,
         "Flux2Pipeline": _FLUX2,
         "QwenImagePipeline": _QWEN_IMAGE,
+        "QwenImageImg2ImgPipeline": _QWEN_IMAGE,
+        "QwenImageInpaintPipeline": _QWEN_IMAGE,
         "WanPipeline": _WAN,
         "WanImageToVideoPipeline": _WAN_I2V,
         "HunyuanVideo15Pipeline": _HUNYUAN_VIDEO15,
+        "HunyuanVideo15ImageToVideoPipeline": _HUNYUAN_VIDEO15_I2V,
         "LTXPipeline": _LTX,
         "LTXImageToVideoPipeline": _LTX,
     }

@@ -10,6 +10,10 @@ model cache keys loads by source). The manager holds no second copy: the same mo
 When the model cache drops a model, its collection leaves the manager with it (a finalizer on
 the loaded pipeline), so the budget's evictions still free the memory.
 
+Where a family's blocks compute other than its pipeline (diffusers 0.42.1: FLUX.2's system
+message, Qwen-Image's image latents, HunyuanVideo 1.5 image-to-video's image embeddings), the
+blocks instance built here gets OmniRT's fix for it (`block_fixes.py`), on that instance only.
+
 Each denoising loop block (`LoopSequentialPipelineBlocks`) of a pipeline gets one more sub-block
 at the end of its step, `StepHook`: it calls the step callback of the call that runs it (an
 attribute of the per-call pipeline copy) for a PROGRESS event and a stop check per step.
@@ -34,6 +38,7 @@ from diffusers.modular_pipelines import (
 
 from omnirt import types as t
 from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.modes.modular.block_fixes import apply_block_fixes
 from omnirt.worker.modes.modular.families import ModularFamily
 from omnirt.worker.pipelines.model_cache import CachedPipeline
 
@@ -42,6 +47,8 @@ STEP_CALLBACK = "_omnirt_on_step"
 HOOK_NAME = "omnirt_step"
 GUIDERS = ("guider", "guider_2")
 """Components made from a config that a loaded pipeline may carry (and then the blocks use it)."""
+
+log = logging.getLogger(__name__)
 
 StepCallback = Callable[[Any], None]
 """Called with the loop's block state after each step; raises StopRun to end the loop."""
@@ -146,6 +153,10 @@ class ModularPipelines:
         workflow = family.workflows[task]
         if workflow:
             blocks = blocks.get_workflow(workflow)
+        # Where these blocks compute other than the family's pipeline, this instance's own fix.
+        fixed = apply_block_fixes(family.blocks, blocks)
+        if fixed:
+            log.debug("%s (%s): OmniRT block fixes %s", family.blocks, workflow or "all", ", ".join(fixed))
         if not add_step_hooks(blocks):
             raise JobFailure("INTERNAL", f"{family.blocks} ({workflow or 'all'}) has no denoising loop")
         pipeline = blocks.init_pipeline(None, components_manager=self.manager, collection=collection)
