@@ -33,6 +33,7 @@ from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.modular.block_fixes import apply_block_fixes
 from omnirt.worker.modes.modular.executor import ModularExecutor
 from omnirt.worker.modes.modular.families import modular_family, supports_modular
 
@@ -122,19 +123,27 @@ def _assignment(family: Family, prompt: str, **fields: object):  # type: ignore[
 
 
 @pytest.mark.parametrize(
-    ("family", "task", "tolerance"),
+    ("family", "task", "fields", "tolerance"),
     [
-        (SDXL, t.Task.TEXT2IMAGE, 1),
-        (SDXL, t.Task.IMAGE2IMAGE, 1),
-        (FLUX, t.Task.TEXT2IMAGE, 0),
-        (FLUX, t.Task.IMAGE2IMAGE, 0),
+        (SDXL, t.Task.TEXT2IMAGE, {}, 1),
+        (SDXL, t.Task.IMAGE2IMAGE, {}, 1),
+        # The block fix `sdxl_inpaint_generator_order`: the pipeline's draws, in its order.
+        (SDXL, t.Task.INPAINT, {}, 1),
+        (SDXL, t.Task.INPAINT, {"strength": 0.6}, 1),
+        (FLUX, t.Task.TEXT2IMAGE, {}, 0),
+        (FLUX, t.Task.IMAGE2IMAGE, {}, 0),
     ],
 )
 def test_the_same_request_gives_the_image_legacy_call_gives(
-    modular: ModularExecutor, executor: LegacyCallExecutor, family: Family, task: t.Task, tolerance: int
+    modular: ModularExecutor,
+    executor: LegacyCallExecutor,
+    family: Family,
+    task: t.Task,
+    fields: dict[str, float],
+    tolerance: int,
 ) -> None:
-    ours = only_result(run_family(modular, family, task, inputs=INPUTS[task], seed=11))
-    theirs = only_result(run_family(executor, family, task, inputs=INPUTS[task], seed=11))
+    ours = only_result(run_family(modular, family, task, inputs=INPUTS[task], seed=11, **fields))
+    theirs = only_result(run_family(executor, family, task, inputs=INPUTS[task], seed=11, **fields))
     assert ours.report is not None and theirs.report is not None
     assert (
         ours.report.config_resolved["num_inference_steps"]
@@ -146,6 +155,20 @@ def test_the_same_request_gives_the_image_legacy_call_gives(
     # order): at most 1/255 on a handful of pixels.
     assert difference.max() <= tolerance
     assert (difference > 0).mean() < 0.01
+
+
+def test_the_sdxl_inpaint_fix_changes_that_instance_only() -> None:
+    import diffusers
+
+    encoder, latents = "vae_encoder", "denoise.before_denoise.prepare_latents"
+    fixed = diffusers.StableDiffusionXLAutoBlocks().get_workflow("inpainting")
+    assert apply_block_fixes("StableDiffusionXLAutoBlocks", fixed) == ["sdxl_inpaint_generator_order"]
+    fresh = diffusers.StableDiffusionXLAutoBlocks().get_workflow("inpainting")
+    for name in (encoder, latents):
+        assert type(fresh.sub_blocks[name]).__module__.startswith("diffusers.")
+        assert type(fixed.sub_blocks[name]).__module__.startswith("omnirt.")
+    other = diffusers.StableDiffusionXLAutoBlocks().get_workflow("image2image")
+    assert apply_block_fixes("StableDiffusionXLAutoBlocks", other) == []
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,14 @@
 
 The `modular` mode must make the image `legacy_call` (the diffusers pipeline) makes of the same
 request and seed. Where a family's blocks differ from its pipeline, one function here makes this
-pipeline's blocks do what the pipeline does: it replaces one sub-block of the workflow instance
-`pipelines.py` built for one (model, task) with an OmniRT subclass. Nothing diffusers owns changes
-in place (not a class, nor a step: diffusers' blocks share their step instances across the
-process), so any other blocks (another pipeline's, a user's) stay as diffusers ships them. Each
-fix is a no-op when its sub-block is not there (another workflow of the family); the parity tests
-in tests/unit/worker/test_worker_modular_images.py and test_worker_modular_video.py say whether a
-diffusers upgrade still needs it.
+pipeline's blocks do what the pipeline does: it replaces one sub-block (SDXL inpaint: two) of the
+workflow instance `pipelines.py` built for one (model, task) with an OmniRT subclass. Nothing
+diffusers owns changes in place (not a class, nor a step: diffusers' blocks share their step
+instances across the process), so any other blocks (another pipeline's, a user's) stay as
+diffusers ships them. Each fix is a no-op when its sub-block is not there (another workflow of
+the family); the parity tests in tests/unit/worker/test_worker_modular_images.py,
+test_worker_modular_video.py and test_worker_modular_diffusers.py say whether a diffusers upgrade
+still needs it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from typing import Any
 import torch
 from diffusers.modular_pipelines.flux2.encoders import Flux2TextEncoderStep
 from diffusers.modular_pipelines.hunyuan_video1_5.before_denoise import HunyuanVideo15PrepareLatentsStep
-from diffusers.modular_pipelines.modular_pipeline_utils import OutputParam
+from diffusers.modular_pipelines.modular_pipeline_utils import InputParam, OutputParam
 from diffusers.modular_pipelines.qwenimage.encoders import QwenImageVaeEncoderStep, encode_vae_image
+from diffusers.modular_pipelines.stable_diffusion_xl.before_denoise import (
+    StableDiffusionXLInpaintPrepareLatentsStep,
+)
+from diffusers.modular_pipelines.stable_diffusion_xl.encoders import StableDiffusionXLInpaintVaeEncoderStep
 from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE as FLUX2_SYSTEM_MESSAGE
 
 
@@ -120,10 +125,79 @@ def keep_hunyuan_video15_image_embeds(blocks: Any) -> bool:
     return True
 
 
+class StableDiffusionXLInpaintImageEncoderStep(StableDiffusionXLInpaintVaeEncoderStep):
+    """OmniRT: SDXL's inpaint VAE encoder step that samples the image's latents only and hands the
+    masked image on to the latents step (see `sdxl_inpaint_generator_order`)."""
+
+    @property
+    def intermediate_outputs(self) -> list[OutputParam]:
+        return [*super().intermediate_outputs, OutputParam("masked_image", type_hint=torch.Tensor)]
+
+    def prepare_mask_latents(self, components: Any, mask: Any, masked_image: Any, *args: Any) -> Any:
+        return super().prepare_mask_latents(components, mask, None, *args)  # the mask only: no draw
+
+
+class StableDiffusionXLInpaintNoiseFirstLatentsStep(StableDiffusionXLInpaintPrepareLatentsStep):
+    """OmniRT: SDXL's inpaint latents step that samples the masked image's latents after the noise
+    (see `sdxl_inpaint_generator_order`)."""
+
+    @property
+    def inputs(self) -> list[Any]:  # diffusers annotates this one list[tuple[str, Any]]
+        return [*super().inputs, InputParam("masked_image", type_hint=torch.Tensor)]
+
+    @torch.no_grad()
+    def __call__(self, components: Any, state: Any) -> tuple[Any, Any]:  # type: ignore[override]
+        components, state = super().__call__(components, state)  # the noise
+        block_state: Any = self.get_block_state(state)
+        latents = block_state.image_latents
+        _mask, masked_image_latents = self.prepare_mask_latents(
+            components,
+            block_state.mask,
+            block_state.masked_image,
+            block_state.batch_size * block_state.num_images_per_prompt,
+            latents.shape[-2] * components.vae_scale_factor,
+            latents.shape[-1] * components.vae_scale_factor,
+            block_state.dtype if block_state.dtype is not None else components.vae.dtype,
+            components._execution_device,
+            block_state.generator,
+        )
+        # As the pipeline: sampled for every UNet, taken only by a 9-channel (inpainting) one.
+        unet = getattr(components, "unet", None)
+        if unet is None or unet.config.in_channels != 4:
+            state.set("masked_image_latents", masked_image_latents)
+        return components, state
+
+
+def sdxl_inpaint_generator_order(blocks: Any) -> bool:
+    """SDXL inpainting: the request's generator samples the image, the noise, then the masked image.
+
+    diffusers 0.42.1: `StableDiffusionXLInpaintVaeEncoderStep` samples the image's and the masked
+    image's latents (two draws) before `StableDiffusionXLInpaintPrepareLatentsStep` draws the
+    noise, where `StableDiffusionXLInpaintPipeline` samples the image (in `prepare_latents`), draws
+    the noise, then samples the masked image (`prepare_mask_latents`): the same seed gave another
+    noise (up to 243/255 on half the pixels from `legacy_call`'s on tiny-sdxl). Two steps are
+    replaced: the encoder step hands the masked image on unencoded, the latents step samples it
+    after the noise, for a 4-channel UNet too (which never reads it, but an ancestral scheduler's
+    step noise comes after that draw). Left as the blocks do: a 9-channel UNet at strength 1,
+    where the pipeline does not sample the image at all.
+    """
+    encoder, latents = "vae_encoder", "denoise.before_denoise.prepare_latents"
+    steps = blocks.sub_blocks
+    if (
+        type(steps.get(encoder)) is not StableDiffusionXLInpaintVaeEncoderStep
+        or type(steps.get(latents)) is not StableDiffusionXLInpaintPrepareLatentsStep
+    ):
+        return False
+    steps[encoder] = StableDiffusionXLInpaintImageEncoderStep()
+    steps[latents] = StableDiffusionXLInpaintNoiseFirstLatentsStep()
+    return True
+
+
 BlockFix = Callable[[Any], bool]
 """Adapts one workflow's blocks instance in place; True when it changed something."""
 
 FIXES: dict[str, tuple[BlockFix, ...]] = {
+    "StableDiffusionXLAutoBlocks": (sdxl_inpaint_generator_order,),
     "QwenImageAutoBlocks": (sample_qwen_image_latents,),
     "Flux2AutoBlocks": (flux2_system_message,),
     "HunyuanVideo15AutoBlocks": (keep_hunyuan_video15_image_embeds,),
