@@ -20,6 +20,16 @@ while in use. After the load the real size is checked again. A model bigger than
 budget is refused (`ModelTooLargeError`); when only in-use entries block the room, the load
 goes ahead over budget and says so in `CachedPipeline.warnings`.
 
+Components shared between models (`shared_components`: a module with byte-identical files,
+class and load context is reused by a later load of another source) count once: the budget
+holds the bytes of the *distinct* tensors of all held pipelines (each entry keeps its tensors'
+ids and sizes from its last measurement). A model's own size (`nbytes`, what the "bigger than
+the whole budget" refusal and its adapters' room use) still counts all its modules. Evicting a
+model whose modules another held model still uses frees only what no one else holds, and the
+count says so: those bytes stay counted, now by the other model. The pre-load room is made for
+the model's full size (an earlier measurement or its files) less the bytes of the loaded modules
+it will reuse, so a model that fits only by sharing does not evict its partner first.
+
 LoRA adapters loaded later on a pipeline are part of its size: `memory(cached)` gives the
 adapters code an `EntryMemory` that measures the entry again and evicts idle entries for them.
 """
@@ -34,9 +44,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from omnirt import types as t
+from omnirt.worker.pipelines.shared_components import SharedComponents, SharePlan
 from omnirt.worker.redact import redact_paths
 from omnirt.worker.runtime import backends, quantization
 from omnirt.worker.runtime import options as runtime_options
@@ -101,6 +113,8 @@ class _Entry:
     nbytes: int = 0
     in_use: int = 0
     base_nbytes: int = 0
+    # id -> bytes of every tensor of the pipeline: tensors shared with another entry count once.
+    tensors: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,8 @@ class CachedPipeline:
     # Catalog ids of the models this load evicted to fit the budget.
     evicted: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    # Components this load took from other loaded models (`shared_components`).
+    shared: tuple[str, ...] = ()
 
 
 def cache_key(spec: t.ModelSpec, placement: Placement) -> CacheKey:
@@ -158,19 +174,21 @@ def pipeline_bytes(pipeline: Any) -> int:
 
     Loaded LoRA adapters are parameters of those modules, so they are counted too.
     """
+    return sum(pipeline_tensors(pipeline).values())
+
+
+def pipeline_tensors(pipeline: Any) -> dict[int, int]:
+    """id -> bytes of each parameter and buffer of `pipeline`'s torch modules (meta ones left out)."""
     import torch
 
-    seen: set[int] = set()
-    total = 0
+    tensors: dict[int, int] = {}
     for component in getattr(pipeline, "components", {}).values():
         if not isinstance(component, torch.nn.Module):
             continue
         for tensor in (*component.parameters(), *component.buffers()):
-            if tensor.device.type == "meta" or id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            total += tensor_bytes(tensor)
-    return total
+            if tensor.device.type != "meta" and id(tensor) not in tensors:
+                tensors[id(tensor)] = tensor_bytes(tensor)
+    return tensors
 
 
 def weight_file_bytes(location: str) -> int:
@@ -225,6 +243,7 @@ class ModelCache:
         self._load_locks: dict[CacheKey, threading.Lock] = {}
         # Real sizes of models loaded before (evicted ones too): better than a disk estimate.
         self._known_bytes: dict[CacheKey, int] = {}
+        self._shared = SharedComponents()
 
     def get(
         self, spec: t.ModelSpec, placement: Placement, on_load_start: Callable[[], None] | None = None
@@ -248,22 +267,36 @@ class ModelCache:
                 on_load_start()
             started = time.perf_counter()
             estimate, exact = self._estimate(key)
-            evicted = self._make_room(spec, key, estimate, refuse=exact)
-            pipeline = self._load(spec, key, placement)
+            reused = self._reusable_bytes(spec, key)
+            evicted = self._make_room(spec, key, estimate, refuse=exact, reused=reused)
+            pipeline, plan = self._load(spec, key, placement)
             load_ms = (time.perf_counter() - started) * 1000.0
-            nbytes = pipeline_bytes(pipeline)
+            tensors = pipeline_tensors(pipeline)
+            nbytes = sum(tensors.values())
             self._known_bytes[key] = nbytes
-            evicted += self._make_room(spec, key, nbytes, refuse=True)
-            warnings = self._over_budget_warning(spec, nbytes)
+            evicted += self._make_room(spec, key, nbytes, refuse=True, pending=tensors)
+            warnings = self._over_budget_warning(spec, tensors)
             with self._lock:
                 self._entries[key] = _Entry(
-                    pipeline, load_ms, {spec.id}, time.monotonic(), nbytes, in_use=1, base_nbytes=nbytes
+                    pipeline, load_ms, {spec.id}, time.monotonic(), nbytes, 1, nbytes, tensors
                 )
+            shared = f"; shared {plan.summary()}" if plan.modules else ""
             log.info(
-                "loaded model %s from %s in %.0f ms (%s)", spec.id, key.source, load_ms, format_bytes(nbytes)
+                "loaded model %s from %s in %.0f ms (%s%s)",
+                spec.id,
+                key.source,
+                load_ms,
+                format_bytes(nbytes),
+                shared,
             )
             return CachedPipeline(
-                pipeline, key, cold=True, load_ms=load_ms, evicted=tuple(evicted), warnings=warnings
+                pipeline,
+                key,
+                cold=True,
+                load_ms=load_ms,
+                evicted=tuple(evicted),
+                warnings=warnings,
+                shared=tuple(sorted(plan.modules)),
             )
 
     def release(self, cached: CachedPipeline) -> None:
@@ -286,10 +319,21 @@ class ModelCache:
         # Files may hold another dtype than the one loaded: an estimate only, capped at the budget.
         return min(weight_file_bytes(location), self.budget_bytes), False
 
-    def _make_room(self, spec: t.ModelSpec, key: CacheKey, nbytes: int, *, refuse: bool) -> list[str]:
+    def _make_room(
+        self,
+        spec: t.ModelSpec,
+        key: CacheKey,
+        nbytes: int,
+        *,
+        refuse: bool,
+        pending: dict[int, int] | None = None,
+        reused: int = 0,
+    ) -> list[str]:
         """Evict idle entries, least recently used first, until `nbytes` more fit the budget.
 
-        With `refuse`, `nbytes` is exact and a model bigger than the budget is an error.
+        With `refuse`, `nbytes` is exact and a model bigger than the budget is an error. With
+        `pending` (the loaded model's tensors) room is made for those not held already instead;
+        `reused`: bytes of `nbytes` that are loaded modules the load will reuse (no room needed).
         """
         if not self.budget_bytes:
             return []
@@ -299,15 +343,35 @@ class ModelCache:
                 f"{format_bytes(self.budget_bytes)} (--model-cache-bytes / OMNIRT_MODEL_CACHE_BYTES)"
             )
             raise ModelTooLargeError(spec.id, key.source, reason)
-        return self._evict_for(key, nbytes)
+        if pending is not None:
+            return self._evict_for(key, 0, pending)
+        return self._evict_for(key, max(0, nbytes - reused))
 
-    def _evict_for(self, key: CacheKey, nbytes: int) -> list[str]:
-        """Evict idle entries other than `key`, LRU first, until they hold at most budget - `nbytes`."""
+    def _reusable_bytes(self, spec: t.ModelSpec, key: CacheKey) -> int:
+        """Bytes of the loaded modules a load of `key` would reuse (0 without a budget)."""
+        if not self.budget_bytes:
+            return 0
+        try:
+            import diffusers
+
+            cls = getattr(diffusers, key.pipeline_class)
+            name = tiny_models.builtin_name(key.source)
+            location = str(self.model_dir / name) if name else os.path.expanduser(key.source)
+            plan = self._share_plan(location, cls, key, runtime_options.load_options(spec.runtime))
+        except Exception:  # an estimate only: the load reports what is wrong
+            return 0
+        return pipeline_bytes(SimpleNamespace(components=plan.modules))
+
+    def _evict_for(self, key: CacheKey, nbytes: int, pending: dict[int, int] | None = None) -> list[str]:
+        """Evict idle entries other than `key`, LRU first, until `nbytes` more fit the budget.
+
+        `pending`: tensors about to be held as well (a tensor an entry holds too counts once).
+        """
         evicted: list[str] = []
         with self._lock:
             idle = sorted((e.last_used, k) for k, e in self._entries.items() if k != key and e.in_use == 0)
             for _, victim in idle:
-                if self._held_bytes(exclude=key) + nbytes <= self.budget_bytes:
+                if self._held_bytes(extra=pending) + nbytes <= self.budget_bytes:
                     break
                 entry = self._entries.pop(victim)
                 evicted.extend(sorted(entry.model_ids))
@@ -324,15 +388,21 @@ class ModelCache:
         """The budget as seen by `cached` (in use) when it grows: loaded adapters."""
         return EntryMemory(self, cached.key)
 
-    def _held_bytes(self, exclude: CacheKey | None = None) -> int:
-        return sum(e.nbytes for k, e in self._entries.items() if k != exclude)
+    def _held_bytes(self, extra: dict[int, int] | None = None) -> int:
+        """Bytes of the distinct tensors of all entries (and of `extra`): shared modules once."""
+        tensors = dict(extra or {})
+        for entry in self._entries.values():
+            tensors.update(entry.tensors)
+        return sum(tensors.values())
 
-    def _over_budget_warning(self, spec: t.ModelSpec, nbytes: int) -> tuple[str, ...]:
+    def _over_budget_warning(self, spec: t.ModelSpec, tensors: dict[int, int]) -> tuple[str, ...]:
         if not self.budget_bytes:
             return ()
         with self._lock:
             held = self._held_bytes()
-        if held + nbytes <= self.budget_bytes:
+            total = self._held_bytes(extra=tensors)
+        nbytes = total - held  # what this load adds: its components shared with others are held
+        if total <= self.budget_bytes:
             return ()
         text = (
             f"model cache over budget: {spec.id} ({format_bytes(nbytes)}) loaded beside "
@@ -351,7 +421,7 @@ class ModelCache:
             entry.in_use += 1
             return CachedPipeline(entry.pipeline, key, cold=False, load_ms=0.0)
 
-    def _load(self, spec: t.ModelSpec, key: CacheKey, placement: Placement) -> Any:
+    def _load(self, spec: t.ModelSpec, key: CacheKey, placement: Placement) -> tuple[Any, SharePlan]:
         location = key.source
         try:
             import diffusers
@@ -364,7 +434,7 @@ class ModelCache:
                 with LOAD_LOCK:
                     location = self._resolve_source(key.source)
                     options = runtime_options.load_options(spec.runtime)
-                    return speech.load(location, key.pipeline_class, placement, options)
+                    return speech.load(location, key.pipeline_class, placement, options), SharePlan()
             cls = getattr(diffusers, key.pipeline_class, None)
             if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
                 raise ModelLoadError(spec.id, key.source, f"unknown pipeline class {key.pipeline_class!r}")
@@ -384,7 +454,9 @@ class ModelCache:
                 location = self._resolve_source(key.source)
                 kwargs.update(runtime_options.load_kwargs(options, location))
                 kwargs.update(qwen_vl_processor.processor_kwargs(cls, location))  # without torchvision
-                pipeline = cls.from_pretrained(location, **kwargs)
+                plan = self._share_plan(location, cls, key, options)
+                reused = {name: module for name, module in plan.modules.items() if name not in kwargs}
+                pipeline = cls.from_pretrained(location, **kwargs, **reused)
             # Before `apply`: sequential CPU offload moves weights to the meta device on purpose.
             on_meta = meta_components(pipeline)
             if on_meta:
@@ -392,7 +464,9 @@ class ModelCache:
                 raise ModelLoadError(spec.id, key.source, f"component(s) {names} came out on the meta device")
             runtime_options.apply(pipeline, options, placement)  # places it too
             pipeline.set_progress_bar_config(disable=True)
-            return pipeline
+            with LOAD_LOCK:
+                self._shared.register(plan, pipeline, spec.id)
+            return pipeline, plan
         except ModelLoadError:
             raise
         except Exception as exc:
@@ -401,6 +475,18 @@ class ModelCache:
             known = {location: key.source, str(self.model_dir): "MODEL_DIR"}
             reason = redact_paths(_short_reason(exc), known, keep=[key.source])
             raise ModelLoadError(spec.id, key.source, reason) from exc
+
+    def _share_plan(
+        self, location: str, cls: type, key: CacheKey, options: runtime_options.LoadOptions
+    ) -> SharePlan:
+        """What this load can take from loaded models; nothing with offload or a device map."""
+        if key.device_map or options.cpu_offload:
+            return SharePlan()  # accelerate's hooks and the placement belong to one pipeline
+        root = location if os.path.isdir(location) else _cached_snapshot(location)
+        if root is None:
+            return SharePlan()
+        context = f"{key.device}|{key.dtype}|{key.options}"
+        return self._shared.plan(root, cls, context)
 
     def _resolve_source(self, source: str) -> str:
         name = tiny_models.builtin_name(source)
@@ -471,10 +557,7 @@ class EntryMemory:
         """Evict idle other entries (LRU) until `nbytes` more fit, saying so in `warnings`."""
         if self.over_by(nbytes) <= 0:
             return
-        with self._cache._lock:
-            entry = self._entry()
-            own = entry.nbytes if entry else 0
-        evicted = self._cache._evict_for(self._key, own + nbytes)
+        evicted = self._cache._evict_for(self._key, nbytes)  # the held bytes include this entry
         if evicted:
             names = ", ".join(evicted)
             self.warnings.append(f"evicted model(s) {names} from the model cache to fit {what}")
@@ -485,10 +568,22 @@ class EntryMemory:
             entry = self._entry()
         if entry is None:
             return 0
-        nbytes = pipeline_bytes(entry.pipeline)
+        tensors = pipeline_tensors(entry.pipeline)
+        nbytes = sum(tensors.values())
         with self._cache._lock:
             entry.nbytes = nbytes
+            entry.tensors = tensors
         return nbytes
+
+
+def _cached_snapshot(repo_id: str) -> str | None:
+    """The local Hugging Face cache snapshot of hub id `repo_id`, when it is fully there already."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not a hub id, not cached, no huggingface_hub: nothing to share then
+        return None
 
 
 def _free_memory() -> None:
