@@ -82,7 +82,9 @@ def row(method: str, path: str, status: int, field: str | None, **request: Any) 
 
 
 GEN, IMG, EDIT, VID = "/v1/generate", "/v1/images/generations", "/v1/images/edits", "/v1/videos"
+SPEECH = "/v1/audio/speech"
 OK = {"model": "null", "prompt": "x"}
+OK_SPEECH = {"model": "null", "voice": "alloy", "input": "x"}
 OK_VIDEO = {"model": "null-video", "prompt": "x"}
 ROWS = [
     # ---- JSON bodies: malformed, too deep, not finite, out of range ----
@@ -215,6 +217,18 @@ ROWS = [
     row("GET", VID + "/\u00e9", 404, "job_id"),
     row("DELETE", VID + "/\u00e9", 404, "job_id"),
     row("GET", VID + "/job-x/content", 400, "variant", params={"variant": "thumbnail"}),
+    # ---- OpenAI speech ----
+    row("POST", SPEECH, 400, "input", json={"model": "null", "voice": "alloy"}),
+    row("POST", SPEECH, 400, "input", json={**OK_SPEECH, "input": "x" * 4097}),
+    row("POST", SPEECH, 400, "voice", json={"model": "null", "input": "x"}),
+    row("POST", SPEECH, 400, "voice", json={**OK_SPEECH, "voice": ["alloy"]}),
+    row("POST", SPEECH, 400, "voice", json={**OK_SPEECH, "voice": "v" * 65}),
+    row("POST", SPEECH, 400, "speed", json={**OK_SPEECH, "speed": 0.1}),
+    row("POST", SPEECH, 400, "speed", **raw(b'"voice": "a", "input": "x", "speed": NaN')),
+    row("POST", SPEECH, 400, "instructions", json={**OK_SPEECH, "instructions": "whisper"}),
+    row("POST", SPEECH, 400, "stream_format", json={**OK_SPEECH, "stream_format": "chunks"}),
+    row("POST", SPEECH, 400, "extra", json={**OK_SPEECH, "extra": [1]}),
+    row("POST", SPEECH, 400, "model", json={"voice": "alloy", "input": "x"}),
 ]
 
 
@@ -227,7 +241,7 @@ def test_bad_input_is_a_4xx_json_error_naming_the_field(
     assert r.headers["content-type"].startswith("application/json"), r.text
     assert "Traceback" not in r.text and "File " not in r.text
     error = r.json()["error"]
-    if path.startswith(("/v1/images", "/v1/videos")):  # OpenAI's shape
+    if path.startswith(("/v1/images", "/v1/videos", "/v1/audio")):  # OpenAI's shape
         assert set(error) == {"message", "type", "param", "code"}, error
         assert error["type"] == "invalid_request_error" and error["param"] == field, error
     else:

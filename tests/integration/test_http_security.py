@@ -168,7 +168,7 @@ def test_every_route_without_a_valid_key_is_401(
     assert r.status_code == 401, (method, template, r.text)
     assert r.headers["www-authenticate"].startswith("Bearer")
     error = r.json()["error"]
-    if template.startswith(("/v1/images", "/v1/videos", "/v1/models")):  # OpenAI's shape
+    if template.startswith(("/v1/images", "/v1/videos", "/v1/models", "/v1/audio")):  # OpenAI's shape
         assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"
     else:
         assert error["code"] == "UNAUTHENTICATED"
