@@ -29,6 +29,7 @@ from omnirt._internal.modes import ExecutionMode
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes import null as null_model
+from omnirt.worker.modes import step_hook
 from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopRun, stop_error
 from omnirt.worker.modes.events import StepMonitor
@@ -240,10 +241,7 @@ class LegacyCallRun(AssignmentRun):
         monitor = StepMonitor(
             self.recorder, self.stop, job_ids, int(first.common.get("num_inference_steps", 0))
         )
-        if "callback_on_step_end" in accepted:
-            kwargs["callback_on_step_end"] = monitor
-        elif "callback" in accepted:  # the older per-step hook (Stable Audio): the same monitor
-            kwargs["callback"] = lambda step, timestep, _latents: monitor(view, step, timestep, {})
+        step_hook.attach(view, accepted, kwargs, monitor)
 
         # Reported when it is not the default: set by the catalog or request, or off for this pipeline.
         setting = options.values.get(inference_mode.NAME)

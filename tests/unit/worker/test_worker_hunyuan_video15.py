@@ -19,15 +19,18 @@ from worker_testing import (
     check_seeded,
     check_video,
     decoded_frames,
+    family_assignment,
     noise_image,
     only_result,
     pixel_difference,
     png_bytes,
     refusal,
+    run_assignment,
     run_family,
 )
 
 from omnirt import types as t
+from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.protocol import ItemOutcome
 
@@ -174,3 +177,29 @@ def test_two_image2video_outputs_with_the_vae_decoding_one_at_a_time(
     ):
         difference = np.abs(decoded_frames(made.data).astype(np.int16) - decoded_frames(single.data))
         assert difference.max() <= 8 and (difference > 0).mean() < 0.05
+
+
+# ---- steps: the pipelines take no step callback; their progress bar's update ends a step -------
+
+
+def test_every_step_is_reported_as_progress(live_executor: LegacyCallExecutor) -> None:
+    outcomes, events = run_assignment(live_executor, family_assignment(T2V, num_inference_steps=3))
+    only_result(outcomes)
+    steps = [(e.progress.step, e.progress.total_steps) for e in events if e.kind is t.EventKind.PROGRESS]
+    assert steps == [(1, 3), (2, 3), (3, 3)]
+    stages = [timing.name for timing in only_result(outcomes).report.timings]
+    assert "denoise" in stages and "decode" in stages
+
+
+def test_a_cancel_stops_the_call_at_the_next_step(live_executor: LegacyCallExecutor) -> None:
+    def cancel_at_step_1(event: t.JobEvent, flags: CancelFlags) -> None:
+        if event.kind is t.EventKind.PROGRESS and event.progress.step == 1:
+            flags.request(event.job_id, "CANCELLED")
+
+    work = family_assignment(
+        I2V, inputs=((IMAGE, png_bytes(noise_image(1, (32, 32)))),), num_inference_steps=30
+    )
+    [outcome], events = run_assignment(live_executor, work, on_event=cancel_at_step_1)
+    assert outcome.error is not None and outcome.error.code == "CANCELLED"
+    steps = [e.progress.step for e in events if e.kind is t.EventKind.PROGRESS]
+    assert 1 <= len(steps) <= 3, steps  # the flag lands on the loop while the call runs on

@@ -232,6 +232,30 @@ def test_ulysses_splits_the_sequence_on_gloo_and_equals_legacy_call(
     assert diff <= MAX_DIFF, f"differs from legacy_call by {diff}/255"
 
 
+HV15 = Family(
+    "tiny-hunyuan-video15",
+    "HunyuanVideo15Pipeline",
+    (t.Task.TEXT2VIDEO,),
+    {"width": 32, "height": 32, "num_frames": 5, "fps": 8.0, "num_inference_steps": 3, "seed": 7},
+)
+
+
+def test_a_pipeline_without_a_step_callback_splits_guidance_and_reports_its_steps(
+    pw: PersistentWorkerExecutor, executor: LegacyCallExecutor
+) -> None:
+    # HunyuanVideo 1.5 takes no callback_on_step_end: its progress bar's update ends a step, so
+    # the guider's two calls per step (cond, uncond) are split from step 2 and steps are reported.
+    [outcome], events = run(pw, assignment(HV15, CFG2))
+    ours = only_result(outcome)
+    assert [e.progress.step for e in events if e.progress] == [1, 2, 3]
+    steps = HV15.defaults["num_inference_steps"]
+    for rank in split_stats(ours):
+        assert rank["pattern"] == "sequential", rank
+        assert rank["computed_calls"] == 2 + (steps - 1), rank
+    diff = np.abs(frames(ours) - frames(legacy(executor, HV15))).max()
+    assert diff <= MAX_DIFF, f"differs from legacy_call by {diff}/255"
+
+
 def test_settings_refuse_what_the_group_cannot_run(pw: PersistentWorkerExecutor) -> None:
     spec = assignment(WAN, {**CFG2, "parallel": "ring"}).model
     with pytest.raises(GroupError) as ring:

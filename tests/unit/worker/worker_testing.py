@@ -132,7 +132,14 @@ class Family:
 
 
 def run_family(
-    executor: LegacyCallExecutor,
+    executor: LegacyCallExecutor, family: Family, task: t.Task | None = None, **fields: Any
+) -> ItemOutcome:
+    """One job of `task` (the family's first by default) on builtin `family.model`."""
+    [outcome], _ = run_assignment(executor, family_assignment(family, task, **fields))
+    return outcome
+
+
+def family_assignment(
     family: Family,
     task: t.Task | None = None,
     *,
@@ -140,8 +147,8 @@ def run_family(
     inputs: tuple[tuple[int, bytes], ...] = (),
     extra: dict[str, Any] | None = None,
     **fields: object,
-) -> ItemOutcome:
-    """One job of `task` (the family's first by default) on builtin `family.model`."""
+) -> Assignment:
+    """The Assignment of one job `job-1` of `task` on builtin `family.model`."""
     task = task or family.tasks[0]
     msg = gateway_pb2.Assignment(
         assignment_id=f"as-{family.model}",
@@ -161,8 +168,7 @@ def run_family(
     if extra:
         request.extra.update(extra)
     msg.items.add(job_id="job-1", attempt=1, request=request)
-    [outcome], _ = run_assignment(executor, assignment_from_proto(msg))
-    return outcome
+    return assignment_from_proto(msg)
 
 
 def only_result(outcome: ItemOutcome | list[ItemOutcome]) -> t.GenerateResult:

@@ -26,7 +26,8 @@ pattern (three calls a step, a batch of neither N nor 2N, an argument with the b
 second dimension) runs unsplit on every rank; so does a later call whose input shape is not
 step 1's. A sequential step that ends after one call (the second never came to fill the
 placeholder) raises `SplitBroken`: the ranks' latents would no longer agree. A pipeline
-without a step callback (HunyuanVideo 1.5) never ends step 1 here: it runs unsplit.
+without a step callback (HunyuanVideo 1.5) ends its steps at its progress bar's `update()`
+(`step_hook`).
 
 With more than 2 ranks, ranks 2 and up compute nothing and receive both halves.
 """

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
 from omnirt import types as t
+from omnirt.worker.modes import step_hook
 from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.modes.legacy_call import prompt_kwargs
 from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
@@ -56,8 +56,7 @@ Output = tuple[int, int]
 # Kinds where every rank makes every output (the ranks share the work inside the call).
 EVERY_RANK = frozenset({"cfg", "ulysses", "ring"})
 
-StepEnd = Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]
-"""A diffusers `callback_on_step_end`: (pipeline, step index, timestep, tensors) -> tensors."""
+StepEnd = step_hook.StepHook
 
 
 def check_plans(pipe: Any, plans: list[ItemPlan], spec: t.ModelSpec) -> dict[int, t.JobError]:
@@ -138,10 +137,7 @@ def run_share(
     seeds = [seed for p in group for seed in p.seeds]
     kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for seed in seeds]
     seed_noise_sampler(view.scheduler, seeds)
-    if "callback_on_step_end" in accepted:
-        kwargs["callback_on_step_end"] = step_end
-    elif "callback" in accepted:  # the older per-step hook (Stable Audio)
-        kwargs["callback"] = lambda step, timestep, _latents: step_end(view, step, timestep, {})
+    step_hook.attach(view, accepted, kwargs, step_end)
     if not decode and "output_type" in accepted:
         kwargs["output_type"] = "latent"
     hooked = split.installed(view) if split is not None else nullcontext()
