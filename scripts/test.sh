@@ -18,4 +18,10 @@ scripts/check_proto.sh
 .venv/bin/ruff format --check .
 # By import name through the editable link tree (build/): every module is checked once, as omnirt.*.
 .venv/bin/mypy -p omnirt
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# Two test processes (OMNIRT_TEST_PROCESSES; 0 = one, without xdist), each taking whole files, so
+# a module's daemons and warm models stay in one process; most tests wait on daemons and torch
+# runs one thread per process, so 2 cores keep both busy.
+processes=${OMNIRT_TEST_PROCESSES:-2}
+parallel=()
+if [ "$processes" != 0 ]; then parallel=(-n "$processes" --dist loadfile); fi
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "${parallel[@]}" "$@"
