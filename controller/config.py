@@ -46,6 +46,9 @@ class ControllerConfig:
     )
     max_message_bytes: int = field(default=MAX_MESSAGE_BYTES, metadata={"help": "gRPC message size limit"})
     max_finished_jobs: int = field(default=10000, metadata={"help": "finished jobs kept in memory"})
+    session_max_duration_s: float = field(
+        default=3600.0, metadata={"help": "a realtime session ends after this long (0 = never)"}
+    )
     job_ttl_s: float = field(default=3600.0, metadata={"help": "seconds a finished job stays readable"})
     store: str = field(
         default="memory",

@@ -31,7 +31,10 @@ from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
 from omnirt.controller.engines.memory.client import MemoryEngineClient
 from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.observability.metrics import SessionMetrics
 from omnirt.controller.observability.tracing import TraceInterceptor
+from omnirt.controller.realtime.manager import SessionManager
+from omnirt.controller.realtime.servicer import RealtimeServicer
 from omnirt.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
@@ -39,6 +42,8 @@ from omnirt.v1 import (
     generation_pb2_grpc,
     models_pb2,
     models_pb2_grpc,
+    realtime_pb2,
+    realtime_pb2_grpc,
 )
 from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -51,6 +56,7 @@ SERVICE_NAMES = (
     generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
     models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
     cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name,
+    realtime_pb2.DESCRIPTOR.services_by_name["RealtimeService"].full_name,
     gateway_pb2.DESCRIPTOR.services_by_name["WorkerGatewayService"].full_name,
 )
 
@@ -154,16 +160,20 @@ class ControllerServer:
         )
         self.engine, encoded = make_engine(config, catalog or Catalog.load(config.catalog))
         self._health_task: asyncio.Task[None] | None = None
+        self.sessions = SessionManager(self.engine.catalog, config.session_max_duration_s)
+        self.sessions.metrics = SessionMetrics(self.sessions, self.engine.metrics.registry)
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
             SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
             SERVICE_NAMES[2]: ClusterServicer(self.engine),
+            SERVICE_NAMES[3]: RealtimeServicer(self.sessions),
         }
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(public[SERVICE_NAMES[0]], self.server)
         models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(public[SERVICE_NAMES[2]], self.server)
-        gateway = WorkerGateway(self.engine, self.admission)
+        realtime_pb2_grpc.add_RealtimeServiceServicer_to_server(public[SERVICE_NAMES[3]], self.server)
+        gateway = WorkerGateway(self.engine, self.admission, self.sessions)
         # One health servicer on both ports: a probe of either sees the same status.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.worker_server: grpc.aio.Server | None = None
@@ -176,7 +186,7 @@ class ControllerServer:
         else:
             gateway_pb2_grpc.add_WorkerGatewayServiceServicer_to_server(gateway, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        served = SERVICE_NAMES if not config.worker_listen else SERVICE_NAMES[:3]
+        served = SERVICE_NAMES if not config.worker_listen else SERVICE_NAMES[:4]
         names = (*served, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
         reflector = reflection.aio.ReflectionServicer(names)  # type: ignore[attr-defined]
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, self.server)

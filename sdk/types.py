@@ -361,6 +361,8 @@ class ModelSpec:
     description: str = ""
     runtime: dict[str, Any] = field(default_factory=dict)
     serving_workers: int = 0
+    # Serves RealtimeService sessions (a resident streaming model), not whole jobs.
+    streaming: bool = False
 
 
 class WorkerState(enum.StrEnum):

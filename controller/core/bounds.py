@@ -108,6 +108,11 @@ def check_request(req: GenerateRequest, limits: ModelLimits) -> None:
     check_extra(req.extra)
 
 
+def check_labels(labels: dict[str, str]) -> None:
+    """At most MAX_LABELS labels, keys and values bounded (a request's, a session's)."""
+    _check_labels(labels)
+
+
 def _check_labels(labels: dict[str, str]) -> None:
     if len(labels) > MAX_LABELS:
         raise bad("labels", f"at most {MAX_LABELS} labels (got {len(labels)})")

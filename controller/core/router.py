@@ -6,7 +6,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from omnirt.controller.core.catalog import Catalog
 from omnirt.errors import AlreadyExists, OmniRTError, WorkerNotFound
@@ -54,7 +54,16 @@ class Drain:
     reason: str = ""
 
 
-Outbound = Assignment | CancelAssignment | Drain
+@dataclass
+class SessionOffer:
+    """Host a realtime session: `message` is the offer as it goes on the wire (built at the
+    edge, `controller/realtime`; the router only carries it)."""
+
+    session_id: str
+    message: Any
+
+
+Outbound = Assignment | CancelAssignment | Drain | SessionOffer
 
 
 class WorkerLink(Protocol):

@@ -215,6 +215,12 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     req = dataclasses.replace(request)
     spec = catalog.resolve(req.model)
     req.model = spec.id
+    if spec.streaming:
+        raise FailedPrecondition(
+            f"{spec.id} is a streaming model: it runs realtime sessions (RealtimeService.Session, "
+            "WS /v1/avatar/realtime), not jobs",
+            field="model",
+        )
     # Sizes first: nothing below walks or quotes an unbounded value.
     bounds.check_request(req, spec.limits)
     _check_times(req, int(time.time() * 1000) if now_ms is None else now_ms)

@@ -1,10 +1,11 @@
 """The gRPC side of auth: every method of the public services runs as an authenticated caller.
 
 Which methods need what is decided by service, from the descriptors, so a new RPC cannot be
-left open by mistake: every method of `GenerationService` and `ModelService` needs a key, every
-method of `ClusterService` (and any later management service named in `ADMIN_SERVICES`) an
-admin key. Health and reflection stay open (probes, grpcurl: they show nothing of anyone's
-jobs), and the worker stream is admitted by its own token (`worker_auth.py`).
+left open by mistake: every method of `GenerationService`, `ModelService` and
+`RealtimeService` needs a key, every method of `ClusterService` (and any later management
+service named in `ADMIN_SERVICES`) an admin key. Health and reflection stay open (probes,
+grpcurl: they show nothing of anyone's jobs), and the worker stream is admitted by its own
+token (`worker_auth.py`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import grpc
 
 from omnirt.controller.edges.auth import CURRENT, Authenticator, Principal
 from omnirt.controller.edges.interceptors import WrappingInterceptor
-from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2
+from omnirt.v1 import cluster_pb2, generation_pb2, models_pb2, realtime_pb2
 
 USER_SERVICES = frozenset(
     {
         generation_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
         models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+        realtime_pb2.DESCRIPTOR.services_by_name["RealtimeService"].full_name,
     }
 )
 ADMIN_SERVICES = frozenset({cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from omnirt._internal import convert as c
 from omnirt.controller.core.encoded import EncodedJob
-from omnirt.controller.core.router import Assignment, CancelAssignment, Drain, Outbound
+from omnirt.controller.core.router import Assignment, CancelAssignment, Drain, Outbound, SessionOffer
 from omnirt.types import GenerateResult, Job, ModelSpec, WorkerInfo, WorkerState
 from omnirt.v1 import generation_pb2, models_pb2, types_pb2
 from omnirt.worker.v1 import gateway_pb2 as pb
@@ -75,6 +75,9 @@ def outbound_to_proto(message: Outbound) -> pb.ConnectResponse:
         )
     if isinstance(message, Drain):
         return pb.ConnectResponse(drain=pb.Drain(reason=message.reason))
+    if isinstance(message, SessionOffer):
+        offer: pb.ConnectResponse = message.message
+        return offer
     raise TypeError(f"not a worker message: {message!r}")
 
 

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -17,6 +18,9 @@ from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
 from omnirt.controller.edges.convert import WireResult, outbound_to_proto, worker_from_hello
 from omnirt.controller.edges.worker_auth import WorkerAdmission
+from omnirt.controller.realtime.manager import SessionManager
+from omnirt.controller.realtime.servicer import worker_session
+from omnirt.errors import Unavailable
 from omnirt.types import JobError
 from omnirt.worker.v1 import gateway_pb2 as pb
 from omnirt.worker.v1 import gateway_pb2_grpc
@@ -109,10 +113,33 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
     certificate): a refused one is answered UNAUTHENTICATED before the engine hears of it, so
     it never gets a job and cannot take or evict a live worker's id."""
 
-    def __init__(self, engine: EngineClient, admission: WorkerAdmission | None = None) -> None:
+    def __init__(
+        self,
+        engine: EngineClient,
+        admission: WorkerAdmission | None = None,
+        sessions: SessionManager | None = None,
+    ) -> None:
         self.engine = engine
         self.admission = admission
+        self.sessions = sessions
         self._closing: set[asyncio.Future[None]] = set()
+
+    async def WorkerSession(
+        self,
+        request_iterator: AsyncIterator[pb.WorkerSessionRequest],
+        context: grpc.aio.ServicerContext[pb.WorkerSessionRequest, pb.WorkerSessionResponse],
+    ) -> AsyncIterator[pb.WorkerSessionResponse]:
+        """One realtime session's stream from the worker it was offered to (`controller/realtime`)."""
+        if self.sessions is None:
+            raise Unavailable("this controller hosts no realtime sessions")
+        admission = self.admission
+
+        def admit(ctx: grpc.aio.ServicerContext[Any, Any], worker_id: str) -> None:
+            if admission is not None:
+                admission.admit(ctx.invocation_metadata() or (), ctx.auth_context(), ctx.peer(), worker_id)
+
+        async for message in worker_session(self.sessions, request_iterator, context, admit):
+            yield message
 
     async def Connect(
         self,
@@ -135,6 +162,11 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             )
         link = StreamLink()
         handle = await self.engine.worker_connected(worker_from_hello(hello), link)  # AlreadyExists
+        hosting = (
+            self.sessions.worker_joined(handle.info, hello.session_slots, link.send)
+            if self.sessions
+            else None
+        )
         reader = asyncio.create_task(self._read(request_iterator, handle, link, hello.reports_running))
         config = self.engine.config
         try:
@@ -162,6 +194,8 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                 await reader
             # Shielded: the stream's task may be cancelled again while the engine requeues the
             # worker's jobs (a Redis round trip), and a half-done requeue would leave them stuck.
+            if self.sessions is not None and hosting is not None:
+                self.sessions.worker_left(hosting)
             lost = asyncio.ensure_future(self.engine.worker_lost(handle, "stream closed"))
             self._closing.add(lost)
             lost.add_done_callback(self._closing.discard)
@@ -204,6 +238,8 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             # None from a worker that does not list its jobs (older): nothing is reconciled.
             running = {(r.job_id, r.assignment_id) for r in hb.running} if reports_running else None
             await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining, running)
+            if self.sessions is not None:
+                self.sessions.worker_beat(handle.id, list(hb.loaded_models), hb.draining)
         elif kind == "event":
             try:
                 event = c.event_from_proto(message.event.event)

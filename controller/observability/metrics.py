@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -291,3 +292,30 @@ class EngineMetrics:
         self._series(self.latency, model, task, state).observe(time.monotonic() - record.first_enqueued_at)
         self._dispatched.pop(job.id, None)
         self._progressed.discard(job.id)
+
+
+class SessionMetrics:
+    """Realtime sessions: open now, ended by reason, chunks relayed (controller/realtime)."""
+
+    def __init__(self, manager: Any, registry: CollectorRegistry) -> None:
+        self.manager = manager
+        self.sessions = Counter(
+            "omnirt_sessions",
+            "Realtime sessions by outcome (opened, then one end reason each: ended, refused, "
+            "client_gone, idle_timeout, max_duration, invalid_input)",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self.active = Gauge(
+            "omnirt_sessions_active", "Realtime sessions open now", ["model"], registry=registry
+        )
+        self.chunks = Counter(
+            "omnirt_session_chunks", "Output chunks relayed to session clients", ["model"], registry=registry
+        )
+
+    def session(self, outcome: str, model: str, active: int) -> None:
+        self.sessions.labels(model, outcome).inc()
+        self.active.labels(model).set(active)
+
+    def chunk(self, model: str) -> None:
+        self.chunks.labels(model).inc()

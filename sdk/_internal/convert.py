@@ -530,6 +530,7 @@ def model_to_proto(s: t.ModelSpec) -> models_pb2.ModelSpec:
         description=s.description,
         runtime=struct_from_dict(s.runtime),
         serving_workers=s.serving_workers,
+        streaming=s.streaming,
     )
 
 
@@ -570,6 +571,7 @@ def model_from_proto(m: models_pb2.ModelSpec) -> t.ModelSpec:
         description=m.description,
         runtime=dict_from_struct(m.runtime),
         serving_workers=m.serving_workers,
+        streaming=m.streaming,
     )
 
 

@@ -63,7 +63,7 @@ class Preset(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., overrides: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("id", "aliases", "family", "tasks", "execution_mode", "source", "pipeline_class", "defaults", "limits", "supports_batching", "presets", "description", "runtime", "serving_workers")
+    __slots__ = ("id", "aliases", "family", "tasks", "execution_mode", "source", "pipeline_class", "defaults", "limits", "supports_batching", "presets", "description", "runtime", "serving_workers", "streaming")
     ID_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class ModelSpec(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SERVING_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
     id: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     family: str
@@ -92,7 +93,8 @@ class ModelSpec(_message.Message):
     description: str
     runtime: _struct_pb2.Struct
     serving_workers: int
-    def __init__(self, id: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., family: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[_types_pb2.Task, str]]] = ..., execution_mode: _Optional[str] = ..., source: _Optional[str] = ..., pipeline_class: _Optional[str] = ..., defaults: _Optional[_Union[ModelDefaults, _Mapping]] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., supports_batching: _Optional[bool] = ..., presets: _Optional[_Iterable[_Union[Preset, _Mapping]]] = ..., description: _Optional[str] = ..., runtime: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., serving_workers: _Optional[int] = ...) -> None: ...
+    streaming: bool
+    def __init__(self, id: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., family: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[_types_pb2.Task, str]]] = ..., execution_mode: _Optional[str] = ..., source: _Optional[str] = ..., pipeline_class: _Optional[str] = ..., defaults: _Optional[_Union[ModelDefaults, _Mapping]] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., supports_batching: _Optional[bool] = ..., presets: _Optional[_Iterable[_Union[Preset, _Mapping]]] = ..., description: _Optional[str] = ..., runtime: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., serving_workers: _Optional[int] = ..., streaming: _Optional[bool] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ("task",)

@@ -19,7 +19,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from omnirt.controller.edges.auth import key_digest
-from omnirt.v1 import cluster_pb2, generation_pb2, generation_pb2_grpc, models_pb2, types_pb2
+from omnirt.v1 import cluster_pb2, generation_pb2, generation_pb2_grpc, models_pb2, realtime_pb2, types_pb2
 from tests.daemons import Controller, Worker, job_store, wait_for
 
 KEYS = {"alice": "alice-key-1", "bob": "bob-key-1", "ops": "ops-admin-key"}
@@ -29,7 +29,7 @@ OPEN_PREFIXES = ("grpc.health.", "grpc.reflection.", "omnirt.worker.")
 ADMIN_SERVICES = {"omnirt.v1.ClusterService"}
 MISSING_JOB = "job-that-does-not-exist"
 # The services the pool must know (a KeyError below means: import the new one here).
-KNOWN_FILES = (cluster_pb2, generation_pb2, models_pb2)
+KNOWN_FILES = (cluster_pb2, generation_pb2, models_pb2, realtime_pb2)
 
 
 def key_file(tmp_path: Path) -> Path:
@@ -95,12 +95,15 @@ def call(channel: grpc.Channel, method: MethodDescriptor, key: str | None, **fie
     reply_type = message_factory.GetMessageClass(method.output_type)
     path = f"/{method.containing_service.full_name}/{method.name}"
     request = request_type(**{k: v for k, v in fields.items() if k in request_type.DESCRIPTOR.fields_by_name})
-    if method.client_streaming:
-        raise AssertionError(f"{path}: a client-streaming public RPC needs a row in this test")
     kwargs = {
         "request_serializer": request_type.SerializeToString,
         "response_deserializer": reply_type.FromString,
     }
+    if method.client_streaming:  # a bidirectional stream (RealtimeService.Session): one message
+        if not method.server_streaming:
+            raise AssertionError(f"{path}: a client-streaming public RPC needs a row in this test")
+        stream = channel.stream_stream(path, **kwargs)(iter([request]), metadata=auth(key), timeout=10)
+        return [next(iter(stream))]
     if method.server_streaming:
         stream = channel.unary_stream(path, **kwargs)(request, metadata=auth(key), timeout=10)
         return [next(iter(stream))]  # the first message is enough: authorised or not
@@ -119,7 +122,12 @@ def code_of(
 
 def test_the_matrix_covers_the_public_services(cluster: tuple[Controller, grpc.Channel, str]) -> None:
     services = {m.containing_service.full_name for m in served_methods(cluster[1])}
-    assert {"omnirt.v1.GenerationService", "omnirt.v1.ModelService", "omnirt.v1.ClusterService"} <= services
+    assert {
+        "omnirt.v1.GenerationService",
+        "omnirt.v1.ModelService",
+        "omnirt.v1.ClusterService",
+        "omnirt.v1.RealtimeService",
+    } <= services
 
 
 def test_every_rpc_without_a_key_or_with_a_wrong_key_is_unauthenticated(

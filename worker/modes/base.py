@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from omnirt import types as t
 from omnirt._internal.modes import EXECUTION_MODES, ExecutionMode
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
+from omnirt.worker.sessions.api import OpenRequest, SessionRefused, StreamingSession
 
 if TYPE_CHECKING:
     from omnirt.worker.config import WorkerConfig
@@ -138,6 +139,15 @@ class Executor(ABC):
     async def preload(self, spec: t.ModelSpec) -> None:
         """Make `spec` warm before its first job (`--preload`); NotImplementedError in modes without it."""
         raise NotImplementedError(f"the {self.mode} mode does not preload; models load on their first job")
+
+    def open_session(self, request: OpenRequest) -> StreamingSession:
+        """Open a realtime session of `request.model`, or raise SessionRefused.
+
+        Called in a thread (it may load the model). Modes without streaming models refuse.
+        """
+        raise SessionRefused(
+            "FAILED_PRECONDITION", f"the {self.mode} mode hosts no realtime sessions", "model"
+        )
 
     async def close(self) -> None:
         """Release what the executor holds."""

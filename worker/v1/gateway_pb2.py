@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from omnirt.v1 import models_pb2 as omnirt_dot_v1_dot_models__pb2
+from omnirt.v1 import realtime_pb2 as omnirt_dot_v1_dot_realtime__pb2
 from omnirt.v1 import types_pb2 as omnirt_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eomnirt/worker/v1/gateway.proto\x12\x10omnirt.worker.v1\x1a\x16omnirt/v1/models.proto\x1a\x15omnirt/v1/types.proto\"\xe3\x02\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xecution_mode\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\r\n\x05slots\x18\x05 \x01(\r\x12\x15\n\rloaded_models\x18\x06 \x03(\t\x12\x10\n\x08hostname\x18\x07 \x01(\t\x12\x0b\n\x03pid\x18\x08 \x01(\r\x12\x0f\n\x07version\x18\t \x01(\t\x12\x33\n\x06labels\x18\n \x03(\x0b\x32#.omnirt.worker.v1.Hello.LabelsEntry\x12\r\n\x05token\x18\x0b \x01(\t\x12\x17\n\x0f\x61\x63\x63\x65pts_batches\x18\x0c \x01(\x08\x12\x13\n\x0binstance_id\x18\r \x01(\t\x12\x17\n\x0freports_running\x18\x0e \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\nRunningJob\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\x8d\x01\n\tHeartbeat\x12\x12\n\nbusy_slots\x18\x01 \x01(\r\x12\x15\n\rloaded_models\x18\x02 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12-\n\x07running\x18\x05 \x03(\x0b\x32\x1c.omnirt.worker.v1.RunningJob\"u\n\x0e\x41ssignmentItem\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.omnirt.v1.GenerateRequest\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x15\n\rqueue_wait_ms\x18\x04 \x01(\x01\"\xa2\x02\n\nAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12/\n\x05items\x18\x02 \x03(\x0b\x32 .omnirt.worker.v1.AssignmentItem\x12#\n\x05model\x18\x03 \x01(\x0b\x32\x14.omnirt.v1.ModelSpec\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\x03\x12\x45\n\rtrace_context\x18\x05 \x03(\x0b\x32..omnirt.worker.v1.Assignment.TraceContextEntry\x12\x16\n\x0e\x62\x61tch_group_id\x18\x06 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x0f\x41ssignmentEvent\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\"\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.omnirt.v1.JobEvent\"\x97\x01\n\x10\x41ssignmentResult\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12+\n\x06result\x18\x03 \x01(\x0b\x32\x19.omnirt.v1.GenerateResultH\x00\x12$\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x13.omnirt.v1.JobErrorH\x00\x42\t\n\x07outcome\"\x80\x01\n\x07Welcome\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x18\n\x10lease_timeout_ms\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pts_batches\x18\x04 \x01(\x08\x12\x10\n\x08warnings\x18\x05 \x03(\t\"I\n\x10\x43\x61ncelAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x17\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\"I\n\x13\x43onnectRequestBatch\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .omnirt.worker.v1.ConnectRequest\"K\n\x14\x43onnectResponseBatch\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.omnirt.worker.v1.ConnectResponse\"\x99\x02\n\x0e\x43onnectRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.omnirt.worker.v1.HelloH\x00\x12\x30\n\theartbeat\x18\x02 \x01(\x0b\x32\x1b.omnirt.worker.v1.HeartbeatH\x00\x12\x32\n\x05\x65vent\x18\x03 \x01(\x0b\x32!.omnirt.worker.v1.AssignmentEventH\x00\x12\x34\n\x06result\x18\x04 \x01(\x0b\x32\".omnirt.worker.v1.AssignmentResultH\x00\x12\x36\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32%.omnirt.worker.v1.ConnectRequestBatchH\x00\x42\t\n\x07message\"\x97\x02\n\x0f\x43onnectResponse\x12,\n\x07welcome\x18\x01 \x01(\x0b\x32\x19.omnirt.worker.v1.WelcomeH\x00\x12\x32\n\nassignment\x18\x02 \x01(\x0b\x32\x1c.omnirt.worker.v1.AssignmentH\x00\x12\x34\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\".omnirt.worker.v1.CancelAssignmentH\x00\x12(\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x17.omnirt.worker.v1.DrainH\x00\x12\x37\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32&.omnirt.worker.v1.ConnectResponseBatchH\x00\x42\t\n\x07message2j\n\x14WorkerGatewayService\x12R\n\x07\x43onnect\x12 .omnirt.worker.v1.ConnectRequest\x1a!.omnirt.worker.v1.ConnectResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eomnirt/worker/v1/gateway.proto\x12\x10omnirt.worker.v1\x1a\x16omnirt/v1/models.proto\x1a\x18omnirt/v1/realtime.proto\x1a\x15omnirt/v1/types.proto\"\xfa\x02\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65xecution_mode\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x0e\n\x06models\x18\x04 \x03(\t\x12\r\n\x05slots\x18\x05 \x01(\r\x12\x15\n\rloaded_models\x18\x06 \x03(\t\x12\x10\n\x08hostname\x18\x07 \x01(\t\x12\x0b\n\x03pid\x18\x08 \x01(\r\x12\x0f\n\x07version\x18\t \x01(\t\x12\x33\n\x06labels\x18\n \x03(\x0b\x32#.omnirt.worker.v1.Hello.LabelsEntry\x12\r\n\x05token\x18\x0b \x01(\t\x12\x17\n\x0f\x61\x63\x63\x65pts_batches\x18\x0c \x01(\x08\x12\x13\n\x0binstance_id\x18\r \x01(\t\x12\x17\n\x0freports_running\x18\x0e \x01(\x08\x12\x15\n\rsession_slots\x18\x0f \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\nRunningJob\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\x9f\x01\n\tHeartbeat\x12\x12\n\nbusy_slots\x18\x01 \x01(\r\x12\x15\n\rloaded_models\x18\x02 \x03(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12-\n\x07running\x18\x05 \x03(\x0b\x32\x1c.omnirt.worker.v1.RunningJob\x12\x10\n\x08sessions\x18\x06 \x03(\t\"u\n\x0e\x41ssignmentItem\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.omnirt.v1.GenerateRequest\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x15\n\rqueue_wait_ms\x18\x04 \x01(\x01\"\xa2\x02\n\nAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12/\n\x05items\x18\x02 \x03(\x0b\x32 .omnirt.worker.v1.AssignmentItem\x12#\n\x05model\x18\x03 \x01(\x0b\x32\x14.omnirt.v1.ModelSpec\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x04 \x01(\x03\x12\x45\n\rtrace_context\x18\x05 \x03(\x0b\x32..omnirt.worker.v1.Assignment.TraceContextEntry\x12\x16\n\x0e\x62\x61tch_group_id\x18\x06 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x0f\x41ssignmentEvent\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\"\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x13.omnirt.v1.JobEvent\"\x97\x01\n\x10\x41ssignmentResult\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12+\n\x06result\x18\x03 \x01(\x0b\x32\x19.omnirt.v1.GenerateResultH\x00\x12$\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x13.omnirt.v1.JobErrorH\x00\x42\t\n\x07outcome\"\x80\x01\n\x07Welcome\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x18\n\x10lease_timeout_ms\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pts_batches\x18\x04 \x01(\x08\x12\x10\n\x08warnings\x18\x05 \x03(\t\"I\n\x10\x43\x61ncelAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x17\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\"I\n\x13\x43onnectRequestBatch\x12\x32\n\x08messages\x18\x01 \x03(\x0b\x32 .omnirt.worker.v1.ConnectRequest\"K\n\x14\x43onnectResponseBatch\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.omnirt.worker.v1.ConnectResponse\"\x80\x02\n\x0cSessionOffer\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x05model\x18\x02 \x01(\x0b\x32\x14.omnirt.v1.ModelSpec\x12$\n\x04open\x18\x03 \x01(\x0b\x32\x16.omnirt.v1.SessionOpen\x12G\n\rtrace_context\x18\x04 \x03(\x0b\x32\x30.omnirt.worker.v1.SessionOffer.TraceContextEntry\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\rSessionAttach\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\"\xa9\x02\n\x14WorkerSessionRequest\x12\x31\n\x06\x61ttach\x18\x01 \x01(\x0b\x32\x1f.omnirt.worker.v1.SessionAttachH\x00\x12(\n\x05ready\x18\x02 \x01(\x0b\x32\x17.omnirt.v1.SessionReadyH\x00\x12\'\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x16.omnirt.v1.OutputChunkH\x00\x12.\n\x08progress\x18\x04 \x01(\x0b\x32\x1a.omnirt.v1.SessionProgressH\x00\x12*\n\x06\x63losed\x18\x05 \x01(\x0b\x32\x18.omnirt.v1.SessionClosedH\x00\x12$\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x13.omnirt.v1.JobErrorH\x00\x42\t\n\x07message\"^\n\x15WorkerSessionResponse\x12*\n\x05input\x18\x01 \x01(\x0b\x32\x19.omnirt.v1.SessionRequestH\x00\x12\x0e\n\x04stop\x18\x02 \x01(\tH\x00\x42\t\n\x07message\"\x99\x02\n\x0e\x43onnectRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.omnirt.worker.v1.HelloH\x00\x12\x30\n\theartbeat\x18\x02 \x01(\x0b\x32\x1b.omnirt.worker.v1.HeartbeatH\x00\x12\x32\n\x05\x65vent\x18\x03 \x01(\x0b\x32!.omnirt.worker.v1.AssignmentEventH\x00\x12\x34\n\x06result\x18\x04 \x01(\x0b\x32\".omnirt.worker.v1.AssignmentResultH\x00\x12\x36\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32%.omnirt.worker.v1.ConnectRequestBatchH\x00\x42\t\n\x07message\"\xd0\x02\n\x0f\x43onnectResponse\x12,\n\x07welcome\x18\x01 \x01(\x0b\x32\x19.omnirt.worker.v1.WelcomeH\x00\x12\x32\n\nassignment\x18\x02 \x01(\x0b\x32\x1c.omnirt.worker.v1.AssignmentH\x00\x12\x34\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\".omnirt.worker.v1.CancelAssignmentH\x00\x12(\n\x05\x64rain\x18\x04 \x01(\x0b\x32\x17.omnirt.worker.v1.DrainH\x00\x12\x37\n\x05\x62\x61tch\x18\x05 \x01(\x0b\x32&.omnirt.worker.v1.ConnectResponseBatchH\x00\x12\x37\n\rsession_offer\x18\x06 \x01(\x0b\x32\x1e.omnirt.worker.v1.SessionOfferH\x00\x42\t\n\x07message2\xd0\x01\n\x14WorkerGatewayService\x12R\n\x07\x43onnect\x12 .omnirt.worker.v1.ConnectRequest\x1a!.omnirt.worker.v1.ConnectResponse(\x01\x30\x01\x12\x64\n\rWorkerSession\x12&.omnirt.worker.v1.WorkerSessionRequest\x1a\'.omnirt.worker.v1.WorkerSessionResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,38 +38,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_ASSIGNMENT_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_ASSIGNMENT_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_HELLO']._serialized_start=100
-  _globals['_HELLO']._serialized_end=455
-  _globals['_HELLO_LABELSENTRY']._serialized_start=410
-  _globals['_HELLO_LABELSENTRY']._serialized_end=455
-  _globals['_RUNNINGJOB']._serialized_start=457
-  _globals['_RUNNINGJOB']._serialized_end=508
-  _globals['_HEARTBEAT']._serialized_start=511
-  _globals['_HEARTBEAT']._serialized_end=652
-  _globals['_ASSIGNMENTITEM']._serialized_start=654
-  _globals['_ASSIGNMENTITEM']._serialized_end=771
-  _globals['_ASSIGNMENT']._serialized_start=774
-  _globals['_ASSIGNMENT']._serialized_end=1064
-  _globals['_ASSIGNMENT_TRACECONTEXTENTRY']._serialized_start=1013
-  _globals['_ASSIGNMENT_TRACECONTEXTENTRY']._serialized_end=1064
-  _globals['_ASSIGNMENTEVENT']._serialized_start=1066
-  _globals['_ASSIGNMENTEVENT']._serialized_end=1142
-  _globals['_ASSIGNMENTRESULT']._serialized_start=1145
-  _globals['_ASSIGNMENTRESULT']._serialized_end=1296
-  _globals['_WELCOME']._serialized_start=1299
-  _globals['_WELCOME']._serialized_end=1427
-  _globals['_CANCELASSIGNMENT']._serialized_start=1429
-  _globals['_CANCELASSIGNMENT']._serialized_end=1502
-  _globals['_DRAIN']._serialized_start=1504
-  _globals['_DRAIN']._serialized_end=1527
-  _globals['_CONNECTREQUESTBATCH']._serialized_start=1529
-  _globals['_CONNECTREQUESTBATCH']._serialized_end=1602
-  _globals['_CONNECTRESPONSEBATCH']._serialized_start=1604
-  _globals['_CONNECTRESPONSEBATCH']._serialized_end=1679
-  _globals['_CONNECTREQUEST']._serialized_start=1682
-  _globals['_CONNECTREQUEST']._serialized_end=1963
-  _globals['_CONNECTRESPONSE']._serialized_start=1966
-  _globals['_CONNECTRESPONSE']._serialized_end=2245
-  _globals['_WORKERGATEWAYSERVICE']._serialized_start=2247
-  _globals['_WORKERGATEWAYSERVICE']._serialized_end=2353
+  _globals['_SESSIONOFFER_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_SESSIONOFFER_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_HELLO']._serialized_start=126
+  _globals['_HELLO']._serialized_end=504
+  _globals['_HELLO_LABELSENTRY']._serialized_start=459
+  _globals['_HELLO_LABELSENTRY']._serialized_end=504
+  _globals['_RUNNINGJOB']._serialized_start=506
+  _globals['_RUNNINGJOB']._serialized_end=557
+  _globals['_HEARTBEAT']._serialized_start=560
+  _globals['_HEARTBEAT']._serialized_end=719
+  _globals['_ASSIGNMENTITEM']._serialized_start=721
+  _globals['_ASSIGNMENTITEM']._serialized_end=838
+  _globals['_ASSIGNMENT']._serialized_start=841
+  _globals['_ASSIGNMENT']._serialized_end=1131
+  _globals['_ASSIGNMENT_TRACECONTEXTENTRY']._serialized_start=1080
+  _globals['_ASSIGNMENT_TRACECONTEXTENTRY']._serialized_end=1131
+  _globals['_ASSIGNMENTEVENT']._serialized_start=1133
+  _globals['_ASSIGNMENTEVENT']._serialized_end=1209
+  _globals['_ASSIGNMENTRESULT']._serialized_start=1212
+  _globals['_ASSIGNMENTRESULT']._serialized_end=1363
+  _globals['_WELCOME']._serialized_start=1366
+  _globals['_WELCOME']._serialized_end=1494
+  _globals['_CANCELASSIGNMENT']._serialized_start=1496
+  _globals['_CANCELASSIGNMENT']._serialized_end=1569
+  _globals['_DRAIN']._serialized_start=1571
+  _globals['_DRAIN']._serialized_end=1594
+  _globals['_CONNECTREQUESTBATCH']._serialized_start=1596
+  _globals['_CONNECTREQUESTBATCH']._serialized_end=1669
+  _globals['_CONNECTRESPONSEBATCH']._serialized_start=1671
+  _globals['_CONNECTRESPONSEBATCH']._serialized_end=1746
+  _globals['_SESSIONOFFER']._serialized_start=1749
+  _globals['_SESSIONOFFER']._serialized_end=2005
+  _globals['_SESSIONOFFER_TRACECONTEXTENTRY']._serialized_start=1080
+  _globals['_SESSIONOFFER_TRACECONTEXTENTRY']._serialized_end=1131
+  _globals['_SESSIONATTACH']._serialized_start=2007
+  _globals['_SESSIONATTACH']._serialized_end=2097
+  _globals['_WORKERSESSIONREQUEST']._serialized_start=2100
+  _globals['_WORKERSESSIONREQUEST']._serialized_end=2397
+  _globals['_WORKERSESSIONRESPONSE']._serialized_start=2399
+  _globals['_WORKERSESSIONRESPONSE']._serialized_end=2493
+  _globals['_CONNECTREQUEST']._serialized_start=2496
+  _globals['_CONNECTREQUEST']._serialized_end=2777
+  _globals['_CONNECTRESPONSE']._serialized_start=2780
+  _globals['_CONNECTRESPONSE']._serialized_end=3116
+  _globals['_WORKERGATEWAYSERVICE']._serialized_start=3119
+  _globals['_WORKERGATEWAYSERVICE']._serialized_end=3327
 # @@protoc_insertion_point(module_scope)

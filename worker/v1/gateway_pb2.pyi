@@ -1,4 +1,5 @@
 from omnirt.v1 import models_pb2 as _models_pb2
+from omnirt.v1 import realtime_pb2 as _realtime_pb2
 from omnirt.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -9,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running")
+    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running", "session_slots")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +32,7 @@ class Hello(_message.Message):
     ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SLOTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     execution_mode: str
     backend: str
@@ -45,7 +47,8 @@ class Hello(_message.Message):
     accepts_batches: bool
     instance_id: str
     reports_running: bool
-    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ...) -> None: ...
+    session_slots: int
+    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ..., session_slots: _Optional[int] = ...) -> None: ...
 
 class RunningJob(_message.Message):
     __slots__ = ("assignment_id", "job_id")
@@ -56,18 +59,20 @@ class RunningJob(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining", "running")
+    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining", "running", "sessions")
     BUSY_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LOADED_MODELS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
     busy_slots: int
     loaded_models: _containers.RepeatedScalarFieldContainer[str]
     memory_bytes: int
     draining: bool
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
-    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ...) -> None: ...
+    sessions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., sessions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssignmentItem(_message.Message):
     __slots__ = ("job_id", "request", "attempt", "queue_wait_ms")
@@ -166,6 +171,63 @@ class ConnectResponseBatch(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ConnectResponse]
     def __init__(self, messages: _Optional[_Iterable[_Union[ConnectResponse, _Mapping]]] = ...) -> None: ...
 
+class SessionOffer(_message.Message):
+    __slots__ = ("session_id", "model", "open", "trace_context", "deadline_ms")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    model: _models_pb2.ModelSpec
+    open: _realtime_pb2.SessionOpen
+    trace_context: _containers.ScalarMap[str, str]
+    deadline_ms: int
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[_Union[_models_pb2.ModelSpec, _Mapping]] = ..., open: _Optional[_Union[_realtime_pb2.SessionOpen, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+
+class SessionAttach(_message.Message):
+    __slots__ = ("session_id", "worker_id", "instance_id", "token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    worker_id: str
+    instance_id: str
+    token: str
+    def __init__(self, session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
+
+class WorkerSessionRequest(_message.Message):
+    __slots__ = ("attach", "ready", "chunk", "progress", "closed", "error")
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    attach: SessionAttach
+    ready: _realtime_pb2.SessionReady
+    chunk: _realtime_pb2.OutputChunk
+    progress: _realtime_pb2.SessionProgress
+    closed: _realtime_pb2.SessionClosed
+    error: _types_pb2.JobError
+    def __init__(self, attach: _Optional[_Union[SessionAttach, _Mapping]] = ..., ready: _Optional[_Union[_realtime_pb2.SessionReady, _Mapping]] = ..., chunk: _Optional[_Union[_realtime_pb2.OutputChunk, _Mapping]] = ..., progress: _Optional[_Union[_realtime_pb2.SessionProgress, _Mapping]] = ..., closed: _Optional[_Union[_realtime_pb2.SessionClosed, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.JobError, _Mapping]] = ...) -> None: ...
+
+class WorkerSessionResponse(_message.Message):
+    __slots__ = ("input", "stop")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    input: _realtime_pb2.SessionRequest
+    stop: str
+    def __init__(self, input: _Optional[_Union[_realtime_pb2.SessionRequest, _Mapping]] = ..., stop: _Optional[str] = ...) -> None: ...
+
 class ConnectRequest(_message.Message):
     __slots__ = ("hello", "heartbeat", "event", "result", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -181,15 +243,17 @@ class ConnectRequest(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., event: _Optional[_Union[AssignmentEvent, _Mapping]] = ..., result: _Optional[_Union[AssignmentResult, _Mapping]] = ..., batch: _Optional[_Union[ConnectRequestBatch, _Mapping]] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("welcome", "assignment", "cancel", "drain", "batch")
+    __slots__ = ("welcome", "assignment", "cancel", "drain", "batch", "session_offer")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    SESSION_OFFER_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignment: Assignment
     cancel: CancelAssignment
     drain: Drain
     batch: ConnectResponseBatch
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[CancelAssignment, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., batch: _Optional[_Union[ConnectResponseBatch, _Mapping]] = ...) -> None: ...
+    session_offer: SessionOffer
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[CancelAssignment, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., batch: _Optional[_Union[ConnectResponseBatch, _Mapping]] = ..., session_offer: _Optional[_Union[SessionOffer, _Mapping]] = ...) -> None: ...

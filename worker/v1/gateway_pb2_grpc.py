@@ -40,6 +40,11 @@ class WorkerGatewayServiceStub:
                 request_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectRequest.SerializeToString,
                 response_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectResponse.FromString,
                 _registered_method=True)
+        self.WorkerSession = channel.stream_stream(
+                '/omnirt.worker.v1.WorkerGatewayService/WorkerSession',
+                request_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionRequest.SerializeToString,
+                response_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerGatewayServiceServicer:
@@ -54,6 +59,15 @@ class WorkerGatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WorkerSession(self, request_iterator, context):
+        """WorkerSession: one realtime session's stream, dialled by the worker the controller offered it
+        to (SessionOffer on Connect); the worker sends SessionAttach first. Each session has its
+        own stream, so HTTP/2 flow control paces every session on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerGatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +75,11 @@ def add_WorkerGatewayServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectRequest.FromString,
                     response_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectResponse.SerializeToString,
+            ),
+            'WorkerSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.WorkerSession,
+                    request_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionRequest.FromString,
+                    response_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,6 +110,33 @@ class WorkerGatewayService:
             '/omnirt.worker.v1.WorkerGatewayService/Connect',
             omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectRequest.SerializeToString,
             omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WorkerSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/omnirt.worker.v1.WorkerGatewayService/WorkerSession',
+            omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionRequest.SerializeToString,
+            omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1 @@
+"""Realtime sessions on the worker: the streaming-model interface and the session relay."""
