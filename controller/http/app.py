@@ -53,6 +53,7 @@ from omnirt.controller.http.transcode import (
 )
 from omnirt.controller.observability import tracing
 from omnirt.controller.observability.metrics import CONTENT_TYPE
+from omnirt.controller.realtime import websocket as realtime_websocket
 from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class HttpGateway:
         openai_images.register(self.app, self)
         openai_videos.register(self.app, self)
         openai_audio.register(self.app, self)
+        realtime_websocket.register(self.app, self)  # WS /v1/avatar/realtime
         self.app.on_response_prepare.append(self._on_prepare)
         self._runner: web.AppRunner | None = None
 

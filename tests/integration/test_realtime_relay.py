@@ -173,7 +173,7 @@ def field_of(error: grpc.aio.AioRpcError) -> str:
 
 @pytest.fixture(scope="module")
 def controller(log_dir: Path) -> Any:
-    daemon = Controller(log_dir).start()
+    daemon = Controller(log_dir, http=True).start()
     yield daemon
     daemon.stop()
 
@@ -326,3 +326,93 @@ def test_a_streaming_model_refuses_jobs_naming_the_model(controller: Controller)
     with controller.client() as client, pytest.raises(FailedPrecondition) as refused:
         client.submit(t.GenerateRequest(task=t.Task.AUDIO2VIDEO, model=MODEL))
     assert refused.value.field == "model" and "realtime sessions" in refused.value.message
+
+
+# ---- WS /v1/avatar/realtime: the original OmniRT's protocol, with a plain WebSocket client ----
+
+
+def ws_run(controller: Controller, scenario: Callable[[Any], Awaitable[None]]) -> None:
+    import aiohttp
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as http:
+            await scenario(http)
+
+    asyncio.run(go())
+
+
+CREATE = {"type": "session.create", "model": MODEL, "inputs": {"image_b64": "cG5n"}, "config": {"seed": 9}}
+
+
+def test_the_websocket_speaks_the_original_protocol(controller: Controller) -> None:
+    import struct
+
+    async def scenario(http: Any) -> None:
+        async with ScriptedWorker(controller.address, "w-ws", slots=1) as worker:
+            ws = await http.ws_connect(f"{controller.http}/v1/avatar/realtime")
+            await ws.send_json(CREATE)
+            created = await ws.receive_json(timeout=20)
+            assert created["type"] == "session.created" and created["session_id"].startswith("sess-")
+            assert created["audio"] == {
+                "format": "pcm_s16le", "sample_rate": 16000, "channels": 1, "chunk_samples": CHUNK,
+            }  # fmt: skip
+            assert created["video"]["encoding"] == "jpeg-seq" and created["video"]["wire_magic"] == "VIDX"
+            assert (created["video"]["fps"], created["video"]["width"]) == (25, 64)
+            await ws.send_json({"type": "ping"})
+            assert (await ws.receive_json(timeout=20)) == {"type": "pong"}
+            await ws.send_bytes(b"AUDI" + b"\x07" * (2 * CHUNK))
+            metrics = await ws.receive_json(timeout=20)
+            assert metrics["type"] == "metrics" and metrics["chunk_index"] == 1
+            video = await ws.receive_bytes(timeout=20)
+            assert video[:4] == b"VIDX" and struct.unpack("<I", video[4:8]) == (28,)
+            assert struct.unpack("<I", video[8:12]) == (4,) and video[12:16] == b"jpeg"
+            await ws.send_json({"type": "session.cancel"})
+            await ws.send_json({"type": "session.close"})
+            closed = await ws.receive_json(timeout=20)
+            assert closed["type"] == "session.closed" and closed["reason"] == "ended"
+            assert (await ws.receive(timeout=20)).type.name == "CLOSE" and ws.close_code == 1000
+            assert worker.inputs == ["audio", "interrupt", "end"]
+
+    ws_run(controller, scenario)
+
+
+@pytest.mark.parametrize(
+    ("first", "code", "field", "close"),
+    [
+        ({**CREATE, "model": "no-such-model"}, "NOT_FOUND", "model", 1008),
+        ({**CREATE, "type": "init"}, "INVALID_ARGUMENT", "type", 1008),
+        ({**CREATE, "inputs": {"image_b64": "%%%"}}, "INVALID_ARGUMENT", "inputs.image_b64", 1008),
+        ({**CREATE, "config": {"fps": "fast"}}, "INVALID_ARGUMENT", "config.fps", 1008),
+        (CREATE, "UNAVAILABLE", "", 1013),  # no worker hosts sessions now
+    ],
+)
+def test_a_bad_websocket_session_gets_a_json_error_and_a_close_code(
+    controller: Controller, first: dict[str, Any], code: str, field: str, close: int
+) -> None:
+    async def scenario(http: Any) -> None:
+        ws = await http.ws_connect(f"{controller.http}/v1/avatar/realtime")
+        await ws.send_json(first)
+        error = await ws.receive_json(timeout=20)
+        assert (error["type"], error["code"], error["field"]) == ("error", code, field), error
+        assert (await ws.receive(timeout=20)).type.name == "CLOSE" and ws.close_code == close
+
+    ws_run(controller, scenario)
+
+
+def test_a_binary_message_without_the_audio_magic_ends_the_session_1008(controller: Controller) -> None:
+    async def scenario(http: Any) -> None:
+        async with ScriptedWorker(controller.address, "w-ws-bad", slots=1) as worker:
+            ws = await http.ws_connect(f"{controller.http}/v1/avatar/realtime")
+            await ws.send_json(CREATE)
+            assert (await ws.receive_json(timeout=20))["type"] == "session.created"
+            await ws.send_bytes(b"RIFF....")
+            error = await ws.receive_json(timeout=20)
+            assert (error["code"], error["field"]) == ("INVALID_ARGUMENT", "audio")
+            assert (await ws.receive(timeout=20)).type.name == "CLOSE" and ws.close_code == 1008
+            for _ in range(100):
+                if worker.stops:
+                    break
+                await asyncio.sleep(0.05)
+            assert worker.stops == ["invalid_input"]
+
+    ws_run(controller, scenario)

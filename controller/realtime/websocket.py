@@ -1,0 +1,241 @@
+"""`WS /v1/avatar/realtime`: realtime sessions over the original OmniRT's WebSocket protocol.
+
+Its clients switch by changing the address. Client -> server:
+
+- text `{"type": "session.create", "model": ..., "inputs": {"image_b64": ...}, "config": {...}}`
+  first (OmniRT also reads `config.fps|width|height|video_encoding|idle_timeout_ms` into the
+  SessionOpen fields and passes the rest as the session's config);
+- binary `b"AUDI" + pcm_s16le` audio;
+- text `{"type": "session.cancel"}` (drop the audio not yet animated: an interrupt),
+  `{"type": "session.close"}` (finish what was sent, then close), `{"type": "ping"}`, and
+  OmniRT's `{"type": "text", "text": ...}` (a session driven by text).
+
+Server -> client: `{"type": "session.created", "session_id", "trace_id", "audio": {format,
+sample_rate, channels, chunk_samples}, "video": {encoding "jpeg-seq", wire_magic "VIDX", fps,
+width, height}}`; per chunk `{"type": "metrics", "chunk_index", "infer_ms", "encode_ms", ...}`
+then binary `b"VIDX" + uint32 frame_count + (uint32 jpeg_len + jpeg)*` (little-endian, as the
+original); `{"type": "session.progress", ...}`; `{"type": "pong"}`; last `{"type":
+"session.closed", "reason", "report"}` and close 1000. An error is `{"type": "error", "code",
+"message", "field"}` then a close: 1008 for bad input, 1013 (try again later) for
+RESOURCE_EXHAUSTED / UNAVAILABLE, 1011 for anything else.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import struct
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import WSMsgType, web
+from google.protobuf import json_format
+
+from omnirt._internal import convert as c
+from omnirt.controller.edges.auth import caller
+from omnirt.controller.realtime.manager import SessionManager
+from omnirt.controller.realtime.servicer import relay
+from omnirt.errors import InvalidRequest, OmniRTError
+from omnirt.v1 import realtime_pb2 as rt
+from omnirt.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from omnirt.controller.http.app import HttpGateway
+
+log = logging.getLogger("omnirt.controller.realtime.websocket")
+
+PATH = "/v1/avatar/realtime"
+AUDIO_MAGIC, VIDEO_MAGIC = b"AUDI", b"VIDX"
+MAX_FRAME_BYTES = 48 << 20  # a session.create with a 32 MiB image in base64
+OPEN_FIELDS = ("fps", "width", "height", "video_encoding", "idle_timeout_ms", "sample_rate")
+CLOSE_BAD_INPUT, CLOSE_TRY_LATER, CLOSE_ERROR = 1008, 1013, 1011
+
+
+def register(app: web.Application, gateway: HttpGateway) -> None:
+    """Add the route; sessions go through the gateway's RealtimeService servicer's manager."""
+    servicer = gateway.servicers.get(rt.DESCRIPTOR.services_by_name["RealtimeService"].full_name)
+    if servicer is None:
+        return
+    manager: SessionManager = servicer.manager
+
+    async def handle(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_FRAME_BYTES)
+        await ws.prepare(request)
+        try:
+            await serve(ws, manager, caller().tenant)
+        except OmniRTError as exc:
+            await fail(ws, exc)
+        except ConnectionResetError:
+            pass
+        return ws
+
+    app.router.add_get(PATH, handle)
+
+
+async def fail(ws: web.WebSocketResponse, exc: OmniRTError) -> None:
+    code = exc.code.name
+    body = {"type": "error", "code": code, "message": exc.message, "field": exc.field}
+    close = (
+        CLOSE_BAD_INPUT if code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND") else CLOSE_ERROR
+    )
+    if code in ("RESOURCE_EXHAUSTED", "UNAVAILABLE"):
+        close = CLOSE_TRY_LATER
+    if not ws.closed:
+        await ws.send_json(body)
+        await ws.close(code=close, message=code.encode())
+
+
+async def serve(ws: web.WebSocketResponse, manager: SessionManager, tenant: str) -> None:
+    first = await ws.receive()
+    if first.type is not WSMsgType.TEXT:
+        raise InvalidRequest("type: the first message must be a session.create JSON text", field="type")
+    opened = session_open(parse(first.data))
+    session, ready = await manager.open(opened, tenant=tenant)
+    await ws.send_json(created(ready))
+    # The socket closing without session.close is the client gone, not the end of its input.
+    async for response in relay(manager, session, opened, inputs(ws), gone=lambda: True):
+        kind = response.WhichOneof("message")
+        if kind == "chunk":
+            chunk = response.chunk
+            await ws.send_json(
+                {
+                    "type": "metrics",
+                    "chunk_index": chunk.sequence,
+                    "infer_ms": 0,
+                    "encode_ms": 0,
+                    "pts_ms": chunk.pts_ms,
+                    "latency_ms": round(chunk.latency_ms, 3),
+                    "frame_count": len(chunk.frames),
+                }
+            )
+            await ws.send_bytes(video_message(list(chunk.frames)))
+        elif kind == "progress":
+            await ws.send_json({"type": "session.progress", **json_of(response.progress)})
+        elif kind == "closed":
+            closed = response.closed
+            await ws.send_json(
+                {"type": "session.closed", "reason": closed.reason, "report": json_of(closed.report)}
+            )
+            await ws.close(code=1000, message=b"session closed")
+            return
+
+
+async def inputs(ws: web.WebSocketResponse) -> AsyncIterator[rt.SessionRequest]:
+    """The client's frames as SessionRequests; pings are answered here."""
+    async for frame in ws:
+        if frame.type is WSMsgType.BINARY:
+            data: bytes = frame.data
+            if data[:4] != AUDIO_MAGIC:
+                raise InvalidRequest("audio: a binary message is b'AUDI' + pcm_s16le", field="audio")
+            yield rt.SessionRequest(audio=rt.AudioChunk(data=data[4:]))
+        elif frame.type is WSMsgType.TEXT:
+            message = parse(frame.data)
+            kind = message.get("type")
+            if kind == "ping":
+                await ws.send_json({"type": "pong"})
+            elif kind == "session.cancel":
+                yield rt.SessionRequest(interrupt=rt.Interrupt())
+            elif kind == "session.close":
+                yield rt.SessionRequest(end=rt.EndInput())
+                return
+            elif kind == "text":
+                text, voice = message.get("text"), message.get("voice", "")
+                if not isinstance(text, str) or not isinstance(voice, str):
+                    raise InvalidRequest("text: `text` (and `voice`) must be strings", field="text")
+                yield rt.SessionRequest(text=rt.TextInput(text=text, voice=voice))
+            else:
+                raise InvalidRequest(
+                    f"type: unknown message type {str(kind)[:40]!r} (session.cancel, session.close, "
+                    "ping, text)",
+                    field="type",
+                )
+        elif frame.type is WSMsgType.ERROR:
+            return
+
+
+def parse(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidRequest("type: not a JSON object", field="type") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("type: not a JSON object", field="type")
+    return data
+
+
+def session_open(message: dict[str, Any]) -> rt.SessionOpen:
+    """A session.create message as a SessionOpen."""
+    if message.get("type") != "session.create":
+        raise InvalidRequest("type: the first message must be session.create", field="type")
+    model, inputs, config = message.get("model"), message.get("inputs", {}), message.get("config", {})
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: required (a string)", field="model")
+    if not isinstance(inputs, dict) or not isinstance(config, dict):
+        raise InvalidRequest("inputs: `inputs` and `config` must be objects", field="inputs")
+    opened = rt.SessionOpen(model=model)
+    image = inputs.get("image_b64")
+    if image is not None:
+        if not isinstance(image, str):
+            raise InvalidRequest("inputs.image_b64: a base64 string", field="inputs.image_b64")
+        try:
+            data = base64.b64decode(image, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest("inputs.image_b64: not base64", field="inputs.image_b64") from None
+        opened.inputs.append(types_pb2.MediaInput(role=types_pb2.MEDIA_ROLE_IMAGE, data=data))
+    rest = dict(config)
+    for name in OPEN_FIELDS:
+        if name in rest:
+            value = rest.pop(name)
+            try:
+                setattr(opened, name, value)
+            except (TypeError, ValueError):
+                raise InvalidRequest(
+                    f"config.{name}: {value!r} is not valid here", field=f"config.{name}"
+                ) from None
+    labels = rest.pop("labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidRequest("config.labels: an object of strings", field="config.labels")
+    opened.labels.update(labels)
+    try:
+        opened.config.CopyFrom(c.struct_from_dict(rest))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"config: {exc}", field="config") from None
+    return opened
+
+
+def created(ready: rt.SessionReady) -> dict[str, Any]:
+    encoding = "jpeg-seq" if ready.video_encoding in ("", "jpeg") else ready.video_encoding
+    return {
+        "type": "session.created",
+        "session_id": ready.session_id,
+        "trace_id": ready.trace_id,
+        "model": ready.model,
+        "audio": {
+            "format": ready.audio_format or "pcm_s16le",
+            "sample_rate": ready.sample_rate,
+            "channels": ready.channels or 1,
+            "chunk_samples": ready.chunk_samples,
+        },
+        "video": {
+            "encoding": encoding,
+            "wire_magic": VIDEO_MAGIC.decode(),
+            "fps": ready.fps,
+            "width": ready.width,
+            "height": ready.height,
+            "frames_per_chunk": ready.frames_per_chunk,
+        },
+    }
+
+
+def video_message(frames: list[bytes]) -> bytes:
+    """b"VIDX" + uint32 frame count + (uint32 length + JPEG) per frame, little-endian."""
+    parts = [VIDEO_MAGIC, struct.pack("<I", len(frames))]
+    for frame in frames:
+        parts += [struct.pack("<I", len(frame)), frame]
+    return b"".join(parts)
+
+
+def json_of(message: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
