@@ -23,6 +23,7 @@ import grpc
 from omnirt import errors
 from omnirt._internal import convert as conv
 from omnirt._internal.limits import MAX_MESSAGE_BYTES
+from omnirt.session import RealtimeSession
 from omnirt.types import (
     Adapter,
     Artifact,
@@ -47,6 +48,9 @@ from omnirt.v1 import (
     generation_pb2_grpc,
     models_pb2,
     models_pb2_grpc,
+    realtime_pb2,
+    realtime_pb2_grpc,
+    types_pb2,
 )
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -448,6 +452,7 @@ class Client:
         self.generation = generation_pb2_grpc.GenerationServiceStub(self.channel)
         self.models = models_pb2_grpc.ModelServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+        self.realtime = realtime_pb2_grpc.RealtimeServiceStub(self.channel)
 
     def __enter__(self) -> Client:
         return self
@@ -476,6 +481,41 @@ class Client:
             raise map_rpc_error(exc, self.address) from None
         finally:
             call.cancel()  # a no-op once the stream ended; stops it when the caller breaks off
+
+    # ---- realtime sessions ---------------------------------------------------------------
+
+    def open_session(
+        self,
+        model: str,
+        *,
+        image: Media | None = None,
+        video_encoding: str = "",
+        fps: float = 0.0,
+        width: int = 0,
+        height: int = 0,
+        sample_rate: int = 0,
+        idle_timeout_ms: int = 0,
+        labels: Mapping[str, str] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> RealtimeSession:
+        """Open a realtime session of streaming `model`; returns once it is ready.
+
+        `image` is its reference portrait (bytes or a path); see `omnirt.session`.
+        """
+        opened = realtime_pb2.SessionOpen(
+            model=model, video_encoding=video_encoding, fps=fps, width=width, height=height,
+            sample_rate=sample_rate, idle_timeout_ms=idle_timeout_ms, labels=dict(labels or {}),
+        )  # fmt: skip
+        if image is not None:
+            media = media_input(MediaRole.IMAGE, image)
+            if media.uri:
+                raise errors.InvalidRequest(
+                    "image: a session's portrait is bytes or a file, not a URI", field="image"
+                )
+            opened.inputs.append(types_pb2.MediaInput(role=types_pb2.MEDIA_ROLE_IMAGE, data=media.data))
+        if config:
+            opened.config.CopyFrom(conv.struct_from_dict(dict(config)))
+        return RealtimeSession(self.realtime, opened, self.metadata, self.address)
 
     # ---- generation ----------------------------------------------------------------------
 

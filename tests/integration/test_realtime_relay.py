@@ -416,3 +416,31 @@ def test_a_binary_message_without_the_audio_magic_ends_the_session_1008(controll
             assert worker.stops == ["invalid_input"]
 
     ws_run(controller, scenario)
+
+
+def test_the_python_sdk_opens_a_session_streams_and_reads_the_close(controller: Controller) -> None:
+    def client_side() -> tuple[list[int], str, str]:
+        with controller.client() as client:
+            session = client.open_session(MODEL, image=b"png", config={"seed": 3})
+            with session:
+                session.send_audio(bytes([9]) * (2 * CHUNK))
+                session.send_audio(bytes([8]) * (2 * CHUNK))
+                session.end()
+                sequences = [chunk.sequence for chunk in session]
+                assert session.closed is not None
+                return sequences, session.closed.reason, session.session_id
+
+    async def scenario(_: Any) -> None:
+        async with ScriptedWorker(controller.address, "w-sdk", slots=1):
+            sequences, reason, session_id = await asyncio.to_thread(client_side)
+            assert sequences == [1, 2] and reason == "ended" and session_id.startswith("sess-")
+
+    run(controller, scenario)
+
+
+def test_the_python_sdk_raises_the_typed_error_of_a_refused_session(controller: Controller) -> None:
+    from omnirt.errors import FailedPrecondition
+
+    with controller.client() as client, pytest.raises(FailedPrecondition) as refused:
+        client.open_session("tiny-sd", image=b"png")
+    assert refused.value.field == "model"
