@@ -40,6 +40,10 @@ class WorkerConfig:
         metadata={"help": "catalog model ids this worker serves; empty = every model of its mode"},
     )
     slots: int = field(default=1, metadata={"help": "assignments run at the same time"})
+    session_slots: int = field(
+        default=1,
+        metadata={"help": "realtime sessions hosted at the same time (0 = none; docs/worker.md)"},
+    )
     preload: bool | None = field(
         default=None,
         metadata={
@@ -135,6 +139,8 @@ class WorkerConfig:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if self.slots < 1:
             raise ValueError(f"slots must be at least 1, not {self.slots}")
+        if self.session_slots < 0:
+            raise ValueError(f"session_slots must be >= 0, not {self.session_slots}")
         if self.drain_timeout_s < 0 or self.reconnect_max_s <= 0:
             raise ValueError("drain_timeout_s must be >= 0 and reconnect_max_s > 0")
         if self.torch_threads < 0:

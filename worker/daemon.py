@@ -14,6 +14,13 @@ entry of each of its `--models` and has the executor make it warm, in the backgr
 are taken meanwhile (a job for a model still loading waits for it and is reported cold), and
 `loaded_models` names a model only once it is warm.
 
+Realtime sessions (`--session-slots`, docs/worker.md): a SessionOffer on Connect starts a
+`SessionHost` task, which dials its own WorkerSession stream on the same channel. An offer the
+worker cannot take (every session slot busy, draining, a model it does not serve) is still
+attached and answered with `error` at once, so the controller does not wait for a timeout.
+Sessions count as running for a drain: they go on until `drain_timeout_s`, then are closed
+with `closed` reason "worker_draining".
+
 Admission (`worker/credentials.py`): the stream carries the worker's token (`--token-file`),
 over TLS when asked (`--tls-ca`, `--tls`, a client certificate with `--tls-cert`). A
 controller that refuses the worker (UNAUTHENTICATED, PERMISSION_DENIED) is not retried: a
@@ -51,8 +58,16 @@ from omnirt.worker.log import job_context
 from omnirt.worker.modes.base import CancelFlags, Executor, create_executor
 from omnirt.worker.modes.report import trace_id
 from omnirt.worker.outbox import Outbox
-from omnirt.worker.protocol import Assignment, CancelRequest, DrainRequest, ItemOutcome, Welcome
+from omnirt.worker.protocol import (
+    Assignment,
+    CancelRequest,
+    DrainRequest,
+    ItemOutcome,
+    SessionOffer,
+    Welcome,
+)
 from omnirt.worker.runtime.memory import current_rss_bytes
+from omnirt.worker.sessions.host import SessionHost
 from omnirt.worker.telemetry import WorkerTelemetry
 from omnirt.worker.v1 import gateway_pb2
 
@@ -74,6 +89,8 @@ STABLE_SESSION_S = 10.0
 DRAIN_GRACE_S = 10.0
 # The JobError code of jobs stopped because the drain timed out: retryable elsewhere.
 DRAIN_STOP_CODE = "UNAVAILABLE"
+# The `closed` reason of sessions still open when the drain timed out.
+DRAIN_SESSION_REASON = "worker_draining"
 DESCRIBE_TIMEOUT_S = 10.0
 # The controller's answers that reconnecting does not change: the worker exits with EXIT_REFUSED.
 REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
@@ -125,7 +142,10 @@ class WorkerDaemon:
         self._flags = CancelFlags()
         self._outbox = Outbox()
         self._slots = asyncio.Semaphore(config.slots)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # assignments and sessions
+        # session id -> its relay, while it runs
+        self._sessions: dict[str, SessionHost] = {}
+        self._channel: grpc.aio.Channel | None = None  # the Connect stream's, while welcomed
         # job id -> the assignment its result goes out under (the latest that offered it)
         self._active: dict[str, str] = {}
         # job id -> its result while not yet written to a stream (kept across reconnects)
@@ -183,7 +203,9 @@ class WorkerDaemon:
         """Serve until drained; returns the exit code: 0, or EXIT_REFUSED when the controller
         refused this worker. Raises when the executor cannot start."""
         # Executors run pipeline calls with asyncio.to_thread: one thread per busy slot, plus loads.
-        asyncio.get_running_loop().set_default_executor(thread_pool(self.config.slots))
+        # A session pushes in a thread too.
+        threads = thread_pool(self.config.slots + self.config.session_slots)
+        asyncio.get_running_loop().set_default_executor(threads)
         await self.executor.start()
         # What startup made (torch, diffusers and the rest of the imports) lives as long as the
         # process: kept out of the collector's full passes, which otherwise walk all of it again
@@ -191,11 +213,12 @@ class WorkerDaemon:
         gc.collect()
         gc.freeze()
         log.info(
-            "worker %s ready: mode=%s backend=%s slots=%d controller=%s",
+            "worker %s ready: mode=%s backend=%s slots=%d session_slots=%d controller=%s",
             self.worker_id,
             self.config.mode,
             self.executor.backend,
             self.config.slots,
+            self.config.session_slots,
             self.config.controller,
         )
         connection = asyncio.create_task(self._connection_loop(), name="omnirt-worker-connection")
@@ -222,7 +245,7 @@ class WorkerDaemon:
             return
         self._draining = True
         self._drain_reason = reason
-        log.info("draining (%s): %d assignment(s) in progress", reason, len(self._tasks))
+        log.info("draining (%s): %d assignment(s) or session(s) in progress", reason, len(self._tasks))
         self._queue_heartbeat()
         self._drain_requested.set()
 
@@ -247,9 +270,15 @@ class WorkerDaemon:
         await self._wait_tasks(self.config.drain_timeout_s)
         if not self._tasks:
             return
-        log.warning("drain: stopping %d job(s) still running", len(self._active))
+        log.warning(
+            "drain: stopping %d job(s) and %d session(s) still running",
+            len(self._active),
+            len(self._sessions),
+        )
         for job_id in list(self._active):
             self._flags.request(job_id, DRAIN_STOP_CODE)
+        for host in list(self._sessions.values()):
+            host.stop(DRAIN_SESSION_REASON)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=DRAIN_GRACE_S)
         if self._tasks:
@@ -350,10 +379,12 @@ class WorkerDaemon:
                     raise ConnectionError(f"expected Welcome, got {type(welcome).__name__}")
                 self._on_welcome(welcome)
                 self._call = call
+                self._channel = channel
                 describing = self._start_preloads(channel)
                 await self._serve_stream(call)
             finally:
                 self._call = None
+                self._channel = None  # sessions on it end with it (the controller loses them too)
                 if describing is not None:
                     describing.cancel()  # its channel closes with this session; the next one retries
                 dropped = self._outbox.drop_live()
@@ -461,6 +492,7 @@ class WorkerDaemon:
             pid=os.getpid(),
             version=omnirt.__version__,
             instance_id=self._instance_id,
+            session_slots=self.config.session_slots,
         )
 
     def _queue_heartbeat(self) -> None:
@@ -472,6 +504,7 @@ class WorkerDaemon:
             memory_bytes=current_rss_bytes(),
             draining=self._draining,
             running=self._active,
+            sessions=list(self._sessions),
         )
         self._outbox.put(beat)
 
@@ -556,6 +589,8 @@ class WorkerDaemon:
                 log.debug("cancel for job %s, which is not running here", msg.job_id)
         elif isinstance(msg, DrainRequest):
             self.request_drain(f"controller: {msg.reason}" if msg.reason else "controller")
+        elif isinstance(msg, SessionOffer):
+            self._offer_session(msg)
         elif isinstance(msg, Welcome):
             self._on_welcome(msg)
         else:
@@ -564,7 +599,10 @@ class WorkerDaemon:
     def _refusal(self, assignment: Assignment) -> t.JobError | None:
         if self._draining:
             return t.JobError("UNAVAILABLE", f"worker {self.worker_id} is draining")
-        spec = assignment.model
+        return self._model_refusal(assignment.model)
+
+    def _model_refusal(self, spec: t.ModelSpec) -> t.JobError | None:
+        """Why this worker does not run `spec` (its execution mode, `--models`), or None."""
         if spec.execution_mode and spec.execution_mode != self.config.mode:
             return t.JobError(
                 "FAILED_PRECONDITION",
@@ -610,6 +648,66 @@ class WorkerDaemon:
         task = asyncio.create_task(self._run_assignment(assignment))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _offer_session(self, offer: SessionOffer) -> None:
+        """Host `offer`, or attach and refuse it at once (slots busy, draining, another model)."""
+        if offer.session_id in self._sessions:
+            log.info("session %s: offered again while hosted here; ignored", offer.session_id)
+            return
+        refusal = self._session_refusal(offer)
+        if refusal is not None:
+            log.warning("refusing session %s: %s", offer.session_id, refusal.message)
+        host = SessionHost(
+            offer,
+            self.executor,
+            self._channel,
+            worker_id=self.worker_id,
+            instance_id=self._instance_id,
+            token=self._credentials.token,
+            metadata=self._credentials.metadata(),
+            refusal=refusal,
+            model_dir=self.config.model_dir,
+            on_release=None if refusal else lambda: self._release_session(host),
+        )
+        if refusal is None:
+            self._sessions[offer.session_id] = host
+        task = asyncio.create_task(self._host_session(host), name=f"omnirt-session-{offer.session_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if refusal is None:
+            self._queue_heartbeat()  # the controller sees the session here at once
+
+    def _session_refusal(self, offer: SessionOffer) -> t.JobError | None:
+        if self._draining:
+            return t.JobError("UNAVAILABLE", f"worker {self.worker_id} is draining")
+        if self.config.session_slots == 0:
+            return t.JobError(
+                "FAILED_PRECONDITION",
+                f"worker {self.worker_id} hosts no realtime sessions (--session-slots 0)",
+            )
+        if len(self._sessions) >= self.config.session_slots:
+            return t.JobError(
+                "RESOURCE_EXHAUSTED",
+                f"worker {self.worker_id}: all {self.config.session_slots} session slot(s) are busy",
+            )
+        refusal = self._model_refusal(offer.model)
+        if refusal is not None:
+            return t.JobError(refusal.code, refusal.message, "model")
+        return None
+
+    async def _host_session(self, host: SessionHost) -> None:
+        try:
+            await host.run()
+        except Exception:  # run() answers its own failures; a bug here costs the session alone
+            log.exception("session %s failed", host.session_id)
+        finally:
+            self._release_session(host)
+
+    def _release_session(self, host: SessionHost) -> None:
+        """`host`'s slot is free (its model session is closed); idempotent."""
+        if self._sessions.get(host.session_id) is host:
+            del self._sessions[host.session_id]
+            self._queue_heartbeat()
 
     def _refuse_raw(self, assignment_id: str, job_ids: list[str], reason: str) -> None:
         for job_id in job_ids:

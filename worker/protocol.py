@@ -1,20 +1,23 @@
 """The worker side of `omnirt.worker.v1`: gateway messages <-> plain dataclasses.
 
-The one module of the worker that reads or builds gateway protobuf messages; the daemon and
+The one module of the worker that reads or builds Connect stream messages; the daemon and
 the executors work on the dataclasses below and on `omnirt.types`. Public contract messages
 inside them (GenerateRequest, ModelSpec, JobEvent, GenerateResult, JobError) go through
-`omnirt._internal.convert`.
+`omnirt._internal.convert`. A realtime session's own stream (WorkerSession) is converted by
+`omnirt.worker.sessions.wire`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt.v1 import types_pb2
 from omnirt.worker.v1 import gateway_pb2
 
 # The Connect stream's path, for a call that reads raw bytes (see controller_messages).
@@ -89,7 +92,38 @@ class DrainRequest:
     reason: str
 
 
-ControllerMessage = Welcome | Assignment | CancelRequest | DrainRequest
+@dataclass
+class SessionSettings:
+    """A session's SessionOpen as plain values (0 / "" = the model's or the default)."""
+
+    reference_image: bytes | None = None  # the first MEDIA_ROLE_IMAGE input's inline bytes
+    reference_uri: str = ""  # that input's URI, when it came by reference
+    video_encoding: str = ""
+    audio_format: str = ""
+    sample_rate: int = 0
+    fps: float = 0.0
+    width: int = 0
+    height: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    idle_timeout_ms: int = 0
+
+
+@dataclass
+class SessionOffer:
+    """Host a realtime session: dial WorkerSession and attach. `error` is set when the offer
+    itself cannot be read (the worker attaches and answers it)."""
+
+    session_id: str
+    model: t.ModelSpec
+    settings: SessionSettings = field(default_factory=SessionSettings)
+    trace_context: dict[str, str] = field(default_factory=dict)
+    # Absolute end in Unix epoch milliseconds; 0 = none.
+    deadline_ms: int = 0
+    error: t.JobError | None = None
+
+
+ControllerMessage = Welcome | Assignment | CancelRequest | DrainRequest | SessionOffer
 
 
 def hello_message(
@@ -107,6 +141,7 @@ def hello_message(
     token: str = "",
     accepts_batches: bool = True,
     instance_id: str = "",
+    session_slots: int = 0,
 ) -> gateway_pb2.ConnectRequest:
     """The first message of every stream (this worker reads batches unless told otherwise, and
     its heartbeats list the jobs it holds)."""
@@ -125,6 +160,7 @@ def hello_message(
         accepts_batches=accepts_batches,
         instance_id=instance_id,
         reports_running=True,
+        session_slots=session_slots,
     )
     return gateway_pb2.ConnectRequest(hello=hello)
 
@@ -136,8 +172,10 @@ def heartbeat_message(
     memory_bytes: int,
     draining: bool,
     running: dict[str, str] | None = None,
+    sessions: list[str] | None = None,
 ) -> gateway_pb2.ConnectRequest:
-    """A lease-keeping heartbeat; `running` maps each job the worker holds to its assignment."""
+    """A lease-keeping heartbeat; `running` maps each job the worker holds to its assignment,
+    `sessions` are the realtime sessions it hosts."""
     beat = gateway_pb2.Heartbeat(
         busy_slots=busy_slots,
         loaded_models=loaded_models,
@@ -147,6 +185,7 @@ def heartbeat_message(
             gateway_pb2.RunningJob(assignment_id=assignment_id, job_id=job_id)
             for job_id, assignment_id in (running or {}).items()
         ],
+        sessions=sessions or [],
     )
     return gateway_pb2.ConnectRequest(heartbeat=beat)
 
@@ -201,6 +240,39 @@ def assignment_from_proto(msg: gateway_pb2.Assignment) -> Assignment:
     )
 
 
+def session_offer_from_proto(msg: gateway_pb2.SessionOffer) -> SessionOffer:
+    """An `omnirt.worker.v1.SessionOffer` as plain data; a part it cannot read sets `error`."""
+    offer = SessionOffer(
+        session_id=msg.session_id,
+        model=t.ModelSpec(id=msg.model.id),
+        trace_context=dict(msg.trace_context),
+        deadline_ms=msg.deadline_ms,
+    )
+    try:
+        offer.model = _convert.model_from_proto(msg.model)
+        opened = msg.open
+        settings = SessionSettings(
+            video_encoding=opened.video_encoding,
+            audio_format=opened.audio_format,
+            sample_rate=opened.sample_rate,
+            fps=opened.fps,
+            width=opened.width,
+            height=opened.height,
+            labels=dict(opened.labels),
+            config=_convert.dict_from_struct(opened.config),
+            idle_timeout_ms=opened.idle_timeout_ms,
+        )
+    except Exception as exc:  # a NaN in config, say: this session fails, not the stream
+        offer.error = t.JobError("INVALID_ARGUMENT", f"the worker cannot read the session offer: {exc}")
+        return offer
+    images = [media for media in opened.inputs if media.role == types_pb2.MEDIA_ROLE_IMAGE]
+    if images:
+        settings.reference_image = images[0].data if images[0].WhichOneof("source") == "data" else None
+        settings.reference_uri = images[0].uri
+    offer.settings = settings
+    return offer
+
+
 def controller_message(msg: gateway_pb2.ConnectResponse) -> ControllerMessage | None:
     """What the controller sent, or None for a message this worker does not know."""
     kind = msg.WhichOneof("message")
@@ -216,6 +288,8 @@ def controller_message(msg: gateway_pb2.ConnectResponse) -> ControllerMessage | 
         return CancelRequest(c.assignment_id, c.job_id, c.reason)
     if kind == "drain":
         return DrainRequest(msg.drain.reason)
+    if kind == "session_offer":
+        return session_offer_from_proto(msg.session_offer)
     return None
 
 

@@ -42,6 +42,8 @@ from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, backends, inference_mode, quantization, step_cache
 from omnirt.worker.runtime import options as runtime_options
+from omnirt.worker.sessions import talking_head_session
+from omnirt.worker.sessions.api import OpenRequest, SessionRefused, StreamingSession
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,9 @@ class LegacyCallExecutor(Executor):
         self.inputs = media_inputs.InputPolicy.of(config)
         self._backend = ""
         self._start_lock = threading.Lock()
+        self.talking_heads = talking_head_session.ResidentTalkingHeads(
+            config.model_dir
+        )  # realtime sessions' models
 
     @property
     def backend(self) -> str:
@@ -112,7 +117,15 @@ class LegacyCallExecutor(Executor):
         await asyncio.to_thread(self.start_sync)
 
     def loaded_models(self) -> list[str]:
-        return self.cache.loaded_models()
+        return sorted({*self.cache.loaded_models(), *self.talking_heads.loaded_models()})
+
+    def open_session(self, request: OpenRequest) -> StreamingSession:
+        """A realtime session of a talking head, in this process (its pipeline stays resident)."""
+        try:
+            placement = backends.placement_for(self.start_sync(), request.model.runtime)
+        except backends.BackendError as exc:
+            raise SessionRefused("FAILED_PRECONDITION", str(exc), "model") from exc
+        return self.talking_heads.open(request, placement)
 
     async def preload(self, spec: t.ModelSpec) -> None:
         """Load `spec` into the model cache now (`--preload`), so its first job finds it warm."""
@@ -121,6 +134,9 @@ class LegacyCallExecutor(Executor):
 
         def load() -> None:
             placement = backends.placement_for(self.start_sync(), spec.runtime)
+            if talking_head_session.is_streaming_class(spec.pipeline_class):
+                self.talking_heads.pipeline(spec, placement)  # SessionRefused: logged by the daemon
+                return
             self.cache.release(self.cache.get(spec, placement))
 
         await asyncio.to_thread(load)

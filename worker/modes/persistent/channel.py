@@ -18,6 +18,16 @@ then waits for the answer and broadcasts it to the other ranks), and one of
 the pipeline program `outputs` holds one list per plan, None for a plan refused in `errors`),
 `{"type": "stopped"}`,
 `{"type": "error", "message": ..., "field": ...}`.
+
+Session ops (the streaming program, `streaming`; `SESSION_OPS`), each answered by one message:
+`{"op": "session_open", "session_id", "reference_image": bytes, "seed": int}` ->
+`{"type": "session_opened", "geometry": {fps, sample_rate, chunk_samples, frames_per_chunk,
+motion_frames, steps, height, width}}`; `{"op": "session_push", "session_id", "pcm": int16
+array}` -> `{"type": "chunk", "frames": uint8 [n, H, W, 3], "audio": int16, "index", "pts_ms",
+"frames_per_rank": [...], "push_ms"}`; `{"op": "session_close", "session_id"}` ->
+`{"type": "session_closed", "known": bool}`. A refused op answers `{"type": "error", "code",
+"message", "field"}` (a push's also says `"closed"`: whether the ranks dropped the session).
+Several sessions may be open on one group; their ops go one at a time, like jobs.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import struct
 from typing import Any
 
 _HEADER = struct.Struct("!Q")
+SESSION_OPS = ("session_open", "session_push", "session_close")
 
 
 class ChannelClosed(Exception):

@@ -20,7 +20,8 @@ of it the job waited for; its offset is negative when the group started before t
 arrived); `denoise` start, one `progress` per step, `denoise` end, `decode` start/end, `export`
 start/end. Cancel and deadline are checked at every step (rank 0 waits for the daemon's answer
 and broadcasts it). A group that dies fails its job with UNAVAILABLE (the controller retries
-it) and is restarted with backoff.
+it) and is restarted with backoff. A `TalkingHeadPipeline` model runs no jobs: its group
+serves realtime sessions (`open_session`; `session` on this side, `streaming` on the ranks).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopCheck, stop_error
 from omnirt.worker.modes.events import RunRecorder
 from omnirt.worker.modes.persistent import inputs as media
+from omnirt.worker.modes.persistent import session
 from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
 from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec
 from omnirt.worker.modes.persistent.settings import GroupSettings, SettingsError
@@ -49,6 +51,7 @@ from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import backends
+from omnirt.worker.sessions.api import OpenRequest, StreamingSession
 from omnirt.worker.tiny import registry as tiny_models
 
 log = logging.getLogger(__name__)
@@ -95,7 +98,7 @@ def launch_spec(
     """How to start `spec`'s group on `backend`; GroupError(FAILED_PRECONDITION) when it cannot be."""
     try:
         placement = backends.placement_for(backend, spec.runtime)
-        settings = GroupSettings.from_runtime(spec.runtime, placement.backend)
+        settings = GroupSettings.from_runtime(spec.runtime, placement.backend, spec.pipeline_class)
     except (backends.BackendError, SettingsError) as exc:
         raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
     source = spec.source or spec.id
@@ -170,6 +173,10 @@ class PersistentWorkerExecutor(Executor):
     async def preload(self, spec: t.ModelSpec) -> None:
         await asyncio.to_thread(self.preload_sync, spec)
 
+    def open_session(self, request: OpenRequest) -> StreamingSession:
+        """A realtime session on the resident group of `request.model` (`session`, `streaming`)."""
+        return session.open_session(self, request)
+
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         events = ThreadEvents(asyncio.get_running_loop(), emit, self.config.progress_interval_ms / 1000)
         return await events.run(self.run_sync, assignment, events, flags)
@@ -234,6 +241,13 @@ class _PersistentRun:
         if resolved is None:
             return
         spec, placement = resolved
+        if spec.settings.streaming:
+            for job_id in self.assignment.job_ids:
+                message = (
+                    f"model {self.spec.id!r} is a streaming model: it serves realtime sessions, not jobs"
+                )
+                self.fail(job_id, t.JobError("FAILED_PRECONDITION", message, "model"))
+            return
         generic = spec.settings.program == "pipeline"
         policy = self.executor.inputs.for_model(self.spec)
         plans = []

@@ -10,7 +10,8 @@ it, and the parent-death signal of the torchrun agent is tied to it):
   rest down) or a request finds rank 0 gone or silent; the group is started again after
   `restart_backoff_s`, doubling per consecutive failure up to `restart_backoff_max_s`. A
   request served to the end resets the backoff.
-- READY -> STOPPED after `idle_unload_s` without requests (0 = never), and on `close()`.
+- READY -> STOPPED after `idle_unload_s` without requests (0 = never; never while a realtime
+  session holds the group, `hold`), and on `close()`.
 
 Requests are served one at a time (rank 0 runs one job at a time). The first request after
 each (re)start is cold: it gets the start record (spawn + dist init + model load timing); so is
@@ -87,6 +88,7 @@ class ResidentGroup:
         self._unclaimed_start = False
         self._wanted = False
         self._busy = False
+        self._holds = 0  # open realtime sessions: their state lives on the ranks
         self._last_used = time.monotonic()
         self._not_before = 0.0
         self._failures = 0  # consecutive, for the backoff
@@ -124,6 +126,18 @@ class ResidentGroup:
             return []
         return [launch.agent.pid, *launch.rank_pids]
 
+    def hold(self) -> None:
+        """Keep the group from idling out (an open session); undone by `release`."""
+        with self._cond:
+            self._holds += 1
+
+    def release(self) -> None:
+        """Undo one `hold`; the idle time counts from now."""
+        with self._cond:
+            self._holds = max(0, self._holds - 1)
+            self._last_used = time.monotonic()
+            self._cond.notify_all()
+
     # ---- requests ------------------------------------------------------------------------
 
     def run(
@@ -134,8 +148,8 @@ class ResidentGroup:
         should_abort: Callable[[], str | None],
         on_dispatch: Callable[[Lease], None] | None = None,
     ) -> tuple[Lease, dict[str, Any]]:
-        """Run `work` (`{"job": ...}` or `{"jobs": [...]}`) on the group, through rank 0
-        (waiting for the group to be ready first).
+        """Run `work` (`{"job": ...}` or `{"jobs": [...]}`, or a session op with its own
+        `"op"`) on the group, through rank 0 (waiting for the group to be ready first).
 
         `on_wait` is called once if the request has to wait for a start; `should_abort`
         (polled while waiting) returns a reason to give up; `on_dispatch(lease)` is called
@@ -283,7 +297,7 @@ class ResidentGroup:
                     if launch is not None and not launch.alive():
                         return "dead"
                     idle = self.settings.idle_unload_s
-                    if idle > 0 and not self._busy and now - self._last_used >= idle:
+                    if idle > 0 and not self._busy and not self._holds and now - self._last_used >= idle:
                         return "unload"
                 elif now >= self._not_before and (
                     self._state is State.RESTARTING or (self._state is State.STOPPED and self._wanted)

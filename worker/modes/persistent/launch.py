@@ -244,8 +244,8 @@ class Launch:
         return self.agent is not None and self.agent.poll() is None
 
     def request(self, work: dict[str, Any], on_progress: Any) -> dict[str, Any]:
-        """Run `work` (`{"job": ...}` or `{"jobs": [...]}`) on the ranks; `on_progress(step, total)`
-        returns True to stop it.
+        """Run `work` (`{"job": ...}` or `{"jobs": [...]}`; a session op names its own `"op"`) on
+        the ranks; `on_progress(step, total)` returns True to stop it.
 
         Raises ChannelClosed / TimeoutError / OSError when the group dies or hangs.
         """

@@ -8,7 +8,9 @@ pipeline once; rank 0 then connects to the worker daemon's socket (see `channel`
 ranks), `data_parallel` (a batch, split across ranks) or `pipeline_call` (any family through
 its own `__call__`, shared by `runtime.parallel`), and after each step rank 0 reports
 progress, waits for the daemon's continue/stop answer and broadcasts it, so all ranks stop at
-the same step. Rank 0 decodes (or gathers) and returns the images.
+the same step. Rank 0 decodes (or gathers) and returns the images. A streaming model (a
+`TalkingHeadPipeline`) takes the session ops instead (`streaming`: every rank denoises each
+chunk, the decode of its frames is split and gathered on rank 0).
 
 The pipeline program's step agreement is one int broadcast from rank 0 per step (CONTINUE or
 STOP) and one after rank 0's call (DONE, or FAILED when its call raised); a rank without a
@@ -37,6 +39,7 @@ import traceback
 from typing import Any
 
 from omnirt.worker.modes.persistent import channel
+from omnirt.worker.modes.persistent.settings import STREAMING_CLASSES
 
 # No collective may time out while the group waits for the next request (a rank blocks in
 # the request broadcast while idle); hung peers are the daemon's concern (step timeout).
@@ -94,6 +97,10 @@ def _load(args: argparse.Namespace, device: str) -> Any:
 
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
+    if args.pipeline_class in STREAMING_CLASSES:
+        from omnirt.worker.modes.persistent import streaming
+
+        return streaming.load(args.source, device, args.dtype)
     cls = getattr(diffusers, args.pipeline_class)
     pipe = cls.from_pretrained(args.source, **{_dtype_argument(): getattr(torch, args.dtype)})
     if device != "cpu":
@@ -141,6 +148,7 @@ class Rank:
         self.sock: socket.socket | None = None
         self.pipe: Any = None
         self.device = "cpu"
+        self.streaming: Any = None  # the streaming program's sessions, made on the first session op
 
     # ---- start ---------------------------------------------------------------------------
 
@@ -445,15 +453,26 @@ class Rank:
             "cfg_parallel": prep.uncond is not None and self.world_size > 1,
         }
 
+    def streaming_program(self) -> Any:
+        """This rank's `streaming.StreamingProgram` (its open sessions)."""
+        if self.streaming is None:
+            from omnirt.worker.modes.persistent.streaming import StreamingProgram
+
+            self.streaming = StreamingProgram(self.pipe, self.rank, self.world_size, self.device)
+        return self.streaming
+
     def serve(self) -> None:
         """Requests until shutdown."""
         while True:
             message = self._next_request()
-            if message.get("op") != "run":
+            op = message.get("op")
+            if op in channel.SESSION_OPS:  # the streaming program (a talking head)
+                reply = self.streaming_program().handle(message)
+            elif op != "run":
                 return
             # "call": the pipeline program; "jobs": a batch for the SD data-parallel loop; "job":
             # one job of the SD loop with guidance split.
-            if "call" in message:
+            elif "call" in message:
                 reply = self.run_call(message["call"])
             elif "jobs" in message:
                 reply = self.run_batch(message["jobs"])

@@ -19,6 +19,10 @@ attention_backend = ""      # a diffusers attention backend for the denoiser (ri
                             # returns the log-sum-exp: flash, sage, _native_cudnn)
 ```
 
+A streaming model's pipeline class picks its program (`STREAMING_CLASSES`: a
+`TalkingHeadPipeline` runs "talking_head", realtime sessions, `streaming`); `program` may then
+only name that program, and `parallel` must be unset.
+
 Values travel through `google.protobuf.Struct`, so integers arrive as floats.
 """
 
@@ -30,6 +34,8 @@ from typing import Any
 
 DIST_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "ascend": "hccl"}
 PROGRAMS = ("cfg_parallel", "data_parallel", "pipeline")
+# Streaming models: pipeline class -> the program that serves its realtime sessions.
+STREAMING_CLASSES = {"TalkingHeadPipeline": "talking_head"}
 # The "pipeline" program's ways of sharing one call (`pipeline_call`).
 PARALLEL_KINDS = ("cfg", "data", "none", "ulysses", "ring")
 # Context parallel (diffusers' `ContextParallelConfig`): set on the denoiser when it is loaded.
@@ -74,8 +80,15 @@ class GroupSettings:
         """Whether the compatible jobs of an assignment go to the group as one request."""
         return self.program == "pipeline" or self.program == "data_parallel"
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the group serves realtime sessions (and no jobs)."""
+        return self.program in STREAMING_CLASSES.values()
+
     @classmethod
-    def from_runtime(cls, runtime: Mapping[str, Any], backend: str) -> GroupSettings:
+    def from_runtime(
+        cls, runtime: Mapping[str, Any], backend: str, pipeline_class: str = ""
+    ) -> GroupSettings:
         """Settings from a model's `runtime` table on the worker's resolved `backend`."""
         nproc = _number(runtime, "nproc_per_node", 1, 1)
         if not nproc.is_integer():
@@ -83,7 +96,7 @@ class GroupSettings:
         dist_backend = str(runtime.get("dist_backend", "") or DIST_BACKENDS.get(backend, "gloo"))
         if dist_backend not in ("gloo", "nccl", "hccl", "mpi"):
             raise SettingsError(f"runtime.dist_backend {dist_backend!r} is not gloo, nccl, hccl or mpi")
-        program, parallel = _program(runtime)
+        program, parallel = _program(runtime, pipeline_class)
         if parallel == "ring" and dist_backend == "gloo":
             # diffusers' ring attention merges partial results by their log-sum-exp, which
             # PyTorch's native attention (the only backend on cpu) does not return.
@@ -108,11 +121,22 @@ class GroupSettings:
         )
 
 
-def _program(runtime: Mapping[str, Any]) -> tuple[str, str]:
+def _program(runtime: Mapping[str, Any], pipeline_class: str = "") -> tuple[str, str]:
     """(program, parallel) from `runtime.program` and `runtime.parallel`: `parallel` implies the
-    "pipeline" program (cfg when only the program is named); the Stable Diffusion loops take none."""
+    "pipeline" program (cfg when only the program is named); the Stable Diffusion loops take none;
+    a streaming pipeline class its own program."""
     program = str(runtime.get("program", "") or "")
     parallel = str(runtime.get("parallel", "") or "")
+    streaming = STREAMING_CLASSES.get(pipeline_class)
+    if streaming is not None:
+        if program not in ("", streaming) or parallel:
+            raise SettingsError(
+                f"runtime.{'parallel' if parallel else 'program'} does not apply to a {pipeline_class}: "
+                f"it runs the {streaming!r} program (leave runtime.program and runtime.parallel unset)"
+            )
+        return streaming, ""
+    if program in STREAMING_CLASSES.values():
+        raise SettingsError(f"runtime.program {program!r} is for {', '.join(STREAMING_CLASSES)} models only")
     if program and program not in PROGRAMS:
         raise SettingsError(f"runtime.program {program!r} is not {', '.join(PROGRAMS)}")
     if parallel and parallel not in PARALLEL_KINDS:

@@ -1,0 +1,470 @@
+"""`SessionHost`: one realtime session the controller offered this worker, relayed to its model.
+
+The daemon runs one `SessionHost.run()` task per SessionOffer. It dials
+`WorkerGatewayService.WorkerSession` on the Connect stream's channel, sends `attach`, opens the
+session on the executor (`Executor.open_session`, in a thread: it may load the model) and answers
+`ready` with the model's geometry, or `error` (a JobError naming the field) and ends.
+
+Then three things run at once until the session ends:
+
+- the reader takes the controller's input: audio is appended to a buffer of int16 samples (the
+  arrival time of the message that completes each `chunk_samples` is kept, for the chunk's
+  latency); `interrupt` drops what is buffered; `end` zero-pads a partial last chunk; `text` is
+  refused (this model is driven by audio). While the buffer holds `max_buffered_samples` or more
+  the reader stops reading, so HTTP/2 flow control slows the controller and, through it, the
+  client: a session's memory stays bounded however fast audio is sent.
+- the pusher turns each full chunk into output, one push at a time in a thread, and sends it
+  (`chunk`, then `progress`); after `end` and the last chunk it sends `closed` "ended".
+- the session's deadline (SessionOffer.deadline_ms) ends it with `closed` "max_duration".
+
+Whoever ends the session settles one outcome: closed (with its reason and the report), an error,
+or a broken stream (nothing more is sent). The stream's reads and writes are never cancelled
+while it lives (grpc.aio cancels the whole call when a pending read or write is): the pusher is
+told to stop and awaited, and the reader ends when the controller closes the stream after the
+last message. The model's session is closed in every case, freeing the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import numpy as np
+
+from omnirt import types as t
+from omnirt.worker.log import job_context
+from omnirt.worker.modes.base import Executor
+from omnirt.worker.modes.report import trace_id
+from omnirt.worker.protocol import SessionOffer, SessionSettings
+from omnirt.worker.redact import public_error
+from omnirt.worker.sessions import media, wire
+from omnirt.worker.sessions.api import ChunkOut, Geometry, OpenRequest, SessionRefused, StreamingSession
+from omnirt.worker.sessions.stats import SessionStats
+from omnirt.worker.v1 import gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# grpc-stubs do not know grpc.aio.EOF, the sentinel read() returns at the end of a stream.
+STREAM_END: Any = grpc.aio.EOF  # type: ignore[attr-defined]
+# The input a session holds, in chunks of the model (max_buffered_samples = this * chunk_samples);
+# one AudioChunk may carry at most as much.
+MAX_BUFFERED_CHUNKS = 4
+# After the end: time for a push in flight and the last writes, then for the controller to close.
+STOP_GRACE_S = 10.0
+CLOSE_WAIT_S = 5.0
+# What a read or write raises once the call is over (failed, cancelled, or ended by the peer).
+STREAM_ERRORS = (asyncio.InvalidStateError, grpc.aio.AioRpcError)
+
+
+def check_settings(settings: SessionSettings) -> t.JobError | None:
+    """What of the SessionOpen this worker cannot serve, before the model is opened."""
+    if settings.audio_format not in ("", wire.AUDIO_FORMAT):
+        return _invalid(
+            "audio_format", f"{settings.audio_format!r} is not served; send {wire.AUDIO_FORMAT!r}"
+        )
+    served = media.video_encodings()
+    if settings.video_encoding not in ("", *served):
+        return _invalid(
+            "video_encoding",
+            f"{settings.video_encoding!r} is not served; this worker serves {', '.join(served)}",
+        )
+    if settings.reference_uri:
+        return _invalid("inputs", "the reference image must come inline (bytes), not by URI")
+    return None
+
+
+def check_geometry(settings: SessionSettings, geometry: Geometry) -> t.JobError | None:
+    """A requested size, rate or sample rate other than the model's (0 = the model's): the
+    models served here cannot resize or resample."""
+    asked = (
+        ("width", settings.width, geometry.width),
+        ("height", settings.height, geometry.height),
+        ("fps", settings.fps, geometry.fps),
+        ("sample_rate", settings.sample_rate, geometry.sample_rate),
+    )
+    for name, value, model in asked:
+        if value and value != model:
+            return _invalid(name, f"{value:g} is not the model's {model:g} (leave it 0 for the model's)")
+    return None
+
+
+def _invalid(field: str, message: str) -> t.JobError:
+    return t.JobError("INVALID_ARGUMENT", f"{field}: {message}", field)
+
+
+class SessionHost:
+    """The relay of one offered session; `run()` is its whole life, `stop()` ends it early."""
+
+    def __init__(
+        self,
+        offer: SessionOffer,
+        executor: Executor,
+        channel: Any,
+        *,
+        worker_id: str,
+        instance_id: str,
+        token: str = "",
+        metadata: tuple[tuple[str, str], ...] = (),
+        refusal: t.JobError | None = None,
+        model_dir: str = "",
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
+        self.offer = offer
+        self.session_id = offer.session_id
+        self._executor = executor
+        self._channel = channel
+        self._worker_id, self._instance_id, self._token = worker_id, instance_id, token
+        self._metadata = metadata
+        self._refusal = refusal or offer.error
+        self._model_dir = model_dir
+        self._on_release = on_release  # the daemon frees the session's slot
+        self._call: Any = None
+        self._stream: StreamingSession | None = None
+        self._model_lock = threading.Lock()  # push and close: one at a time, in any thread
+        self._outcome: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
+        self._buffer = bytearray()  # int16 little-endian samples not yet pushed
+        self._ready_at: deque[float] = deque()  # one arrival time per full chunk in the buffer
+        self._wake = asyncio.Event()  # pusher: a full chunk, the end or the outcome
+        self._room = asyncio.Event()  # reader: the buffer has room again, or the outcome
+        self._ended = False
+        self._geometry: Geometry | None = None
+        self._stats: SessionStats | None = None
+        self._encoding = media.JPEG
+
+    # ---- public --------------------------------------------------------------------------
+
+    def stop(self, reason: str) -> None:
+        """End the session now with `closed` `reason` (the daemon's drain or shutdown)."""
+        self._settle("closed", reason)
+
+    async def run(self) -> None:
+        """Attach, open, relay until the end; never raises (but for cancellation)."""
+        with job_context([self.session_id], "", trace_id(self.offer.trace_context)):
+            stub = gateway_pb2_grpc.WorkerGatewayServiceStub(self._channel)
+            self._call = call = stub.WorkerSession(metadata=self._metadata)
+            try:
+                await call.write(
+                    wire.attach_message(self.session_id, self._worker_id, self._instance_id, self._token)
+                )
+                error = self._refusal or await self._open()
+                if error is not None:
+                    log.info("session refused: %s %s", error.code, error.message)
+                    await self._end_model()
+                    await self._finish(wire.error_message(self._public(error)))
+                    await self._until_closed()
+                    return
+                await self._relay()
+            except STREAM_ERRORS as exc:
+                log.info("session stream ended: %s", _stream_error(exc))
+            except Exception as exc:
+                log.exception("session failed")
+                await self._end_model()
+                with contextlib.suppress(*STREAM_ERRORS):
+                    await self._finish(
+                        wire.error_message(
+                            t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}")
+                        )
+                    )
+            finally:
+                await self._end_model()
+                call.cancel()
+
+    # ---- open ----------------------------------------------------------------------------
+
+    async def _open(self) -> t.JobError | None:
+        settings = self.offer.settings
+        problem = check_settings(settings)
+        if problem is not None:
+            return problem
+        self._encoding = settings.video_encoding or media.JPEG
+        request = OpenRequest(
+            session_id=self.session_id,
+            model=self.offer.model,
+            reference_image=settings.reference_image,
+            config=dict(settings.config),
+            width=settings.width,
+            height=settings.height,
+            fps=settings.fps,
+            sample_rate=settings.sample_rate,
+            deadline_ms=self.offer.deadline_ms,
+        )
+        try:
+            self._stream = await asyncio.to_thread(self._executor.open_session, request)
+        except SessionRefused as exc:
+            return t.JobError(exc.code, exc.message, exc.field)
+        except Exception as exc:  # a bug in a mode costs this session, not the worker
+            log.exception("open_session failed")
+            return t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}")
+        self._geometry = self._stream.geometry
+        return check_geometry(settings, self._geometry)
+
+    # ---- relay ---------------------------------------------------------------------------
+
+    @property
+    def max_buffered_samples(self) -> int:
+        """The most input audio the session holds before it stops reading."""
+        assert self._geometry is not None
+        return MAX_BUFFERED_CHUNKS * self._geometry.chunk_samples
+
+    async def _relay(self) -> None:
+        assert self._geometry is not None
+        geometry = self._geometry
+        self._stats = SessionStats(self._worker_id, geometry.sample_rate)
+        await self._call.write(
+            wire.ready_message(
+                session_id=self.session_id,
+                model=self.offer.model.id,
+                trace_id=trace_id(self.offer.trace_context),
+                geometry=geometry,
+                video_encoding=self._encoding,
+                max_buffered_samples=self.max_buffered_samples,
+            )
+        )
+        log.info("session open: model %s, %d-sample chunks", self.offer.model.id, geometry.chunk_samples)
+        reader = asyncio.create_task(self._read_loop(), name=f"omnirt-session-read-{self.session_id}")
+        pusher = asyncio.create_task(self._push_loop(), name=f"omnirt-session-push-{self.session_id}")
+        timer = asyncio.create_task(self._deadline())
+        try:
+            kind, value = await self._outcome
+            timer.cancel()
+            if kind == "broken":
+                log.info("session stream broke: %s", value)
+                return
+            # The push in flight finishes (its output is dropped) and a write in flight completes.
+            _, late = await asyncio.wait([pusher], timeout=STOP_GRACE_S)
+            if late:
+                log.warning("session: output still blocked after %.0f s; cancelling the stream", STOP_GRACE_S)
+                return  # the finally below cancels the pusher, and with its write the call
+            await self._end_model()
+            if kind == "closed":
+                report = self._stats.report()
+                log.info(
+                    "session closed (%s): %d chunk(s) in, %d out, real-time factor %.2f, %d underrun(s)",
+                    value,
+                    report.chunks_in,
+                    report.chunks_out,
+                    report.real_time_factor,
+                    report.underruns,
+                )
+                await self._finish(wire.closed_message(value, report))
+            else:
+                log.info("session failed: %s %s", value.code, value.message)
+                await self._finish(wire.error_message(self._public(value)))
+            await asyncio.wait([reader], timeout=CLOSE_WAIT_S)  # the controller closes after the last message
+        finally:
+            for task in (timer, pusher, reader):
+                task.cancel()
+            await asyncio.gather(timer, pusher, reader, return_exceptions=True)
+
+    async def _finish(self, message: Any) -> None:
+        """The last message, then half-close."""
+        await self._call.write(message)
+        await self._call.done_writing()
+
+    async def _until_closed(self) -> None:
+        """Read (and drop) until the controller ends the call, for at most CLOSE_WAIT_S: a call
+        cancelled at once could lose the last message before the controller reads it."""
+        with contextlib.suppress(TimeoutError, *STREAM_ERRORS):
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                while await self._call.read() is not STREAM_END:
+                    pass
+
+    def _settle(self, kind: str, value: Any) -> None:
+        """End the session (the first outcome wins): "closed" reason, "error" JobError, "broken"."""
+        if not self._outcome.done():
+            self._outcome.set_result((kind, value))
+        self._wake.set()
+        self._room.set()
+
+    async def _deadline(self) -> None:
+        if self.offer.deadline_ms <= 0:
+            return
+        await asyncio.sleep(max(0.0, self.offer.deadline_ms / 1000.0 - time.time()))
+        self._settle("closed", "max_duration")
+
+    # ---- input ---------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        call = self._call
+        while True:
+            while (
+                len(self._buffer) // 2 >= self.max_buffered_samples
+                and not self._ended
+                and not self._outcome.done()
+            ):
+                self._room.clear()
+                await self._room.wait()  # backpressure: unread input waits in HTTP/2 windows
+            try:
+                msg = await call.read()
+            except STREAM_ERRORS as exc:
+                self._settle("broken", _stream_error(exc))
+                return
+            if msg is STREAM_END:
+                self._settle("closed", "cancelled")  # the controller ended the input without `end`
+                return
+            if self._outcome.done():
+                continue  # the session is ending: read until the controller closes
+            problem = self._take(wire.input_from_proto(msg), time.monotonic())
+            if problem is not None:
+                self._settle("error", problem)
+
+    def _take(self, item: wire.SessionInput | None, at: float) -> t.JobError | None:
+        """Act on one input; the JobError that ends the session, or None."""
+        assert self._geometry is not None and self._stats is not None
+        if isinstance(item, wire.StopIn):
+            self._settle("closed", item.reason or "cancelled")
+        elif isinstance(item, wire.AudioIn):
+            return self._take_audio(item, at)
+        elif isinstance(item, wire.InterruptIn):
+            dropped = len(self._buffer) // 2
+            self._buffer.clear()
+            self._ready_at.clear()
+            self._room.set()
+            log.debug("interrupt: dropped %d buffered sample(s)", dropped)
+        elif isinstance(item, wire.TextIn):
+            return t.JobError(
+                "FAILED_PRECONDITION", f"model {self.offer.model.id!r} is driven by audio, not text", "text"
+            )
+        elif isinstance(item, wire.EndIn):
+            chunk_bytes = 2 * self._geometry.chunk_samples
+            partial = len(self._buffer) % chunk_bytes
+            if partial:  # the last words still get their frames: the chunk is filled with silence
+                self._buffer.extend(bytes(chunk_bytes - partial))
+                self._ready_at.append(at)
+            self._ended = True
+            self._wake.set()
+        return None
+
+    def _take_audio(self, audio: wire.AudioIn, at: float) -> t.JobError | None:
+        assert self._geometry is not None and self._stats is not None
+        if self._ended:
+            return t.JobError("FAILED_PRECONDITION", "audio after end: the input is closed", "audio")
+        expected = self._stats.chunks_in + 1
+        if audio.sequence and audio.sequence != expected:
+            return _invalid("audio.sequence", f"got {audio.sequence}, expected {expected} (or 0)")
+        if len(audio.data) % 2:
+            return _invalid(
+                "audio.data", f"{len(audio.data)} bytes is not whole 16-bit samples ({wire.AUDIO_FORMAT})"
+            )
+        if len(audio.data) > 2 * self.max_buffered_samples:
+            return _invalid(
+                "audio.data",
+                f"{len(audio.data) // 2} samples in one message; at most {self.max_buffered_samples} "
+                f"({MAX_BUFFERED_CHUNKS} chunks of {self._geometry.chunk_samples})",
+            )
+        self._stats.audio_received(len(audio.data) // 2, at)
+        chunk_bytes = 2 * self._geometry.chunk_samples
+        before = len(self._buffer) // chunk_bytes
+        self._buffer.extend(audio.data)
+        completed = len(self._buffer) // chunk_bytes - before
+        self._ready_at.extend([at] * completed)
+        if completed:
+            self._wake.set()
+        return None
+
+    # ---- output --------------------------------------------------------------------------
+
+    async def _push_loop(self) -> None:
+        assert self._geometry is not None and self._stats is not None
+        geometry, stats = self._geometry, self._stats
+        chunk_bytes = 2 * geometry.chunk_samples
+        duration_ms = geometry.chunk_samples * 1000.0 / geometry.sample_rate
+        sequence = 0
+        while not self._outcome.done():
+            if not self._ready_at:
+                if self._ended:
+                    self._settle("closed", "ended")
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            pcm = np.frombuffer(bytes(self._buffer[:chunk_bytes]), dtype="<i2").astype(np.int16)
+            del self._buffer[:chunk_bytes]
+            ready_at = self._ready_at.popleft()
+            self._room.set()
+            try:
+                out, pushed_s, encoded = await asyncio.to_thread(self._push, pcm)
+            except SessionRefused as exc:
+                self._settle("error", t.JobError(exc.code, exc.message, exc.field))
+                return
+            except Exception as exc:
+                log.exception("push failed")
+                self._settle("error", t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}"))
+                return
+            stats.pushed(pushed_s)
+            if self._outcome.done():
+                return  # stopped (or interrupted for good) while this chunk was made
+            sequence += 1
+            latency_ms, lag_ms = stats.chunk_sent(out.pts_ms, duration_ms, ready_at, time.monotonic())
+            frames, segment = (encoded, b"") if self._encoding == media.JPEG else ([], encoded[0])
+            await self._call.write(
+                wire.chunk_message(
+                    sequence=sequence,
+                    pts_ms=out.pts_ms,
+                    duration_ms=duration_ms,
+                    frames=frames,
+                    segment=segment,
+                    audio=out.audio.astype("<i2").tobytes(),
+                    sample_rate=geometry.sample_rate,
+                    latency_ms=latency_ms,
+                )
+            )
+            await self._call.write(
+                wire.progress_message(
+                    chunks_in=stats.chunks_in,
+                    chunks_out=stats.chunks_out,
+                    lag_ms=lag_ms,
+                    buffered_samples=len(self._buffer) // 2,
+                )
+            )
+
+    def _push(self, pcm: np.ndarray) -> tuple[ChunkOut, float, list[bytes]]:
+        """In a thread: one push (timed) and its frames encoded."""
+        assert self._stream is not None and self._geometry is not None
+        with self._model_lock:
+            started = time.perf_counter()
+            out = self._stream.push(pcm)
+            pushed_s = time.perf_counter() - started
+        if self._encoding == media.JPEG:
+            return out, pushed_s, media.jpeg_frames(out.frames)
+        return out, pushed_s, [media.fmp4_segment(out.frames, self._geometry.fps)]
+
+    # ---- end -----------------------------------------------------------------------------
+
+    async def _end_model(self) -> None:
+        """Close the model's session and free the slot (idempotent): before the last message, so
+        a controller that offers the next session as soon as it reads `closed` finds the slot free."""
+        stream, self._stream = self._stream, None
+        release, self._on_release = self._on_release, None
+        if stream is not None:
+            await self._close_model(stream)
+        if release is not None:
+            release()
+
+    async def _close_model(self, stream: StreamingSession) -> None:
+        def close() -> None:
+            with self._model_lock:  # after a push still in flight
+                stream.close()
+
+        try:
+            await asyncio.shield(asyncio.to_thread(close))
+        except Exception:
+            log.exception("closing the session's model state failed")
+
+    def _public(self, error: t.JobError) -> t.JobError:
+        """`error` without this worker's folders."""
+        return public_error(error, {self._model_dir: "MODEL_DIR"}, keep=[self.offer.model.source])
+
+
+def _stream_error(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    if callable(code):
+        return f"{code().name} {exc.details()}"  # type: ignore[attr-defined]
+    return f"{type(exc).__name__}: {exc}"
