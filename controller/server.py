@@ -34,6 +34,7 @@ from omnirt.controller.engines.memory.engine import Engine
 from omnirt.controller.observability.metrics import SessionMetrics
 from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
+from omnirt.controller.realtime.registry import RedisSessions
 from omnirt.controller.realtime.servicer import RealtimeServicer
 from omnirt.v1 import (
     cluster_pb2,
@@ -160,13 +161,19 @@ class ControllerServer:
         )
         self.engine, encoded = make_engine(config, catalog or Catalog.load(config.catalog))
         self._health_task: asyncio.Task[None] | None = None
-        self.sessions = SessionManager(self.engine.catalog, config.session_max_duration_s)
+        store = getattr(self.engine, "store", None)
+        shared = (
+            RedisSessions(store.redis, store.p) if store is not None and hasattr(store, "redis") else None
+        )
+        self.sessions = SessionManager(
+            self.engine.catalog, config.session_max_duration_s, name=config.listen, shared=shared
+        )
         self.sessions.metrics = SessionMetrics(self.sessions, self.engine.metrics.registry)
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
             SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
-            SERVICE_NAMES[2]: ClusterServicer(self.engine),
+            SERVICE_NAMES[2]: ClusterServicer(self.engine, self.sessions),
             SERVICE_NAMES[3]: RealtimeServicer(self.sessions),
         }
         generation_pb2_grpc.add_GenerationServiceServicer_to_server(public[SERVICE_NAMES[0]], self.server)

@@ -15,6 +15,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -37,6 +38,7 @@ from omnirt.types import (
     MediaInput,
     MediaRole,
     ModelSpec,
+    SessionInfo,
     Task,
     ValidationResult,
     WorkerInfo,
@@ -669,6 +671,22 @@ class Client:
         """The workers connected to the controller."""
         resp = self._call(self.cluster.ListWorkers, cluster_pb2.ListWorkersRequest())
         return [conv.worker_from_proto(w) for w in resp.workers]
+
+    def list_sessions(self, model: str = "") -> list[SessionInfo]:
+        """The realtime sessions open now (of `model`); an admin key with auth on."""
+        reply = self._call(self.cluster.ListSessions, cluster_pb2.ListSessionsRequest(model=model))
+        return [
+            SessionInfo(
+                session_id=s.session_id,
+                model=s.model,
+                worker_id=s.worker_id,
+                controller=s.controller,
+                tenant=s.tenant,
+                labels=dict(s.labels),
+                opened_at=s.opened_at.ToDatetime(tzinfo=UTC) if s.HasField("opened_at") else None,
+            )
+            for s in reply.sessions
+        ]
 
     def drain_worker(self, worker_id: str) -> WorkerInfo:
         """Let a worker finish what it runs, give it nothing new, and stop it."""

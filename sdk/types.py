@@ -399,6 +399,19 @@ class WorkerInfo:
 
 
 @dataclass
+class SessionInfo:
+    """An open realtime session (ClusterService.ListSessions)."""
+
+    session_id: str
+    model: str = ""
+    worker_id: str = ""
+    controller: str = ""  # the controller relaying it
+    tenant: str = ""
+    opened_at: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class ValidationResult:
     """What a valid request resolves to."""
 

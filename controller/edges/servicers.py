@@ -15,10 +15,12 @@ from typing import Any
 import grpc
 
 from omnirt._internal import convert as c
+from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.encoded import EncodedJobs
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.edges.auth import caller
 from omnirt.controller.edges.convert import generate_response
+from omnirt.controller.realtime.manager import SessionManager
 from omnirt.errors import InvalidRequest, error_for
 from omnirt.types import GenerateRequest
 from omnirt.v1 import (
@@ -200,8 +202,25 @@ class ModelServicer(models_pb2_grpc.ModelServiceServicer):
 class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
     """ClusterService: the workers of the cluster, and draining one."""
 
-    def __init__(self, engine: EngineClient) -> None:
+    def __init__(self, engine: EngineClient, sessions: SessionManager | None = None) -> None:
         self.engine = engine
+        self.sessions = sessions
+
+    async def ListSessions(
+        self,
+        request: cluster_pb2.ListSessionsRequest,
+        context: grpc.aio.ServicerContext[cluster_pb2.ListSessionsRequest, cluster_pb2.ListSessionsResponse],
+    ) -> cluster_pb2.ListSessionsResponse:
+        check_id("model", request.model)
+        records = await self.sessions.listed(request.model) if self.sessions is not None else []
+        answer = cluster_pb2.ListSessionsResponse()
+        for r in records:
+            info = answer.sessions.add(
+                session_id=r.session_id, model=r.model, worker_id=r.worker_id, controller=r.controller,
+                tenant=r.tenant, labels=r.labels,
+            )  # fmt: skip
+            info.opened_at.FromNanoseconds(int(r.opened_at * 1e9))
+        return answer
 
     async def ListWorkers(
         self,

@@ -31,6 +31,7 @@ from omnirt.controller.core.bounds import bad, check_extra, check_labels, check_
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.router import SessionOffer
 from omnirt.controller.realtime.pipe import Pipe
+from omnirt.controller.realtime.registry import RedisSessions, SessionRecord
 from omnirt.errors import (
     FailedPrecondition,
     OmniRTError,
@@ -82,6 +83,8 @@ class Session:
     tenant: str
     trace_id: str
     opened_at: float = field(default_factory=time.monotonic)
+    opened_wall: float = field(default_factory=time.time)
+    labels: dict[str, str] = field(default_factory=dict)
     # client -> worker: WorkerSessionResponse (input / stop); worker -> client: WorkerSessionRequest
     to_worker: Pipe[gw.WorkerSessionResponse] = field(default_factory=lambda: Pipe(PIPE_MESSAGES))
     from_worker: Pipe[gw.WorkerSessionRequest] = field(default_factory=lambda: Pipe(PIPE_MESSAGES))
@@ -94,12 +97,37 @@ class Session:
 class SessionManager:
     """Admission, placement and the relay of realtime sessions (see the module docstring)."""
 
-    def __init__(self, catalog: Catalog, max_duration_s: float = DEFAULT_MAX_DURATION_S) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        max_duration_s: float = DEFAULT_MAX_DURATION_S,
+        name: str = "",
+        shared: RedisSessions | None = None,
+    ) -> None:
         self.catalog = catalog
         self.max_duration_s = max_duration_s
+        self.name = name  # this controller, as listings name it (its listen address)
+        self.shared = shared  # the listing of every controller's sessions (a Redis store)
         self.workers: dict[str, SessionWorker] = {}
         self.sessions: dict[str, Session] = {}
         self.metrics: Any = None  # SessionMetrics, set by the server
+        self._unlisting: set[asyncio.Task[None]] = set()
+
+    async def listed(self, model: str = "") -> list[SessionRecord]:
+        """The open sessions (of `model`): every controller's with a shared listing, else ours."""
+        ours = {s.id: self.record(s) for s in self.sessions.values() if s.attached.is_set()}
+        shared = await self.shared.listed() if self.shared is not None else None
+        merged = {r.session_id: r for r in shared or ()}
+        merged.update(ours)
+        records = sorted(merged.values(), key=lambda r: (r.opened_at, r.session_id))
+        return [r for r in records if not model or r.model == model]
+
+    def record(self, session: Session) -> SessionRecord:
+        return SessionRecord(
+            session_id=session.id, model=session.model.id, worker_id=session.worker_id,
+            controller=self.name, tenant=session.tenant, opened_at=session.opened_wall,
+            labels=session.labels,
+        )  # fmt: skip
 
     # ---- workers -----------------------------------------------------------------------
 
@@ -153,6 +181,7 @@ class SessionManager:
             instance_id=worker.info.instance_id,
             tenant=tenant,
             trace_id=uuid.uuid4().hex,
+            labels=dict(request.labels),
         )
         self.sessions[session.id] = session
         worker.sessions.add(session.id)
@@ -187,6 +216,8 @@ class SessionManager:
                 ready = rt.SessionReady()
                 ready.CopyFrom(first.ready)
                 ready.session_id, ready.model, ready.trace_id = session.id, spec.id, session.trace_id
+                if self.shared is not None:
+                    await self.shared.put(self.record(session))
                 log.info(
                     "session %s of %s opened on worker %s", session.id, spec.id, worker.info.id,
                     extra={"trace_id": session.trace_id},
@@ -275,6 +306,10 @@ class SessionManager:
         if worker is not None:
             worker.sessions.discard(session.id)
         self._count(reason, session.model.id)
+        if self.shared is not None:
+            task = asyncio.get_running_loop().create_task(self.shared.drop(session.id))
+            self._unlisting.add(task)
+            task.add_done_callback(self._unlisting.discard)
         log.info(
             "session %s ended (%s) after %.1f s, %d chunk(s)", session.id, reason,
             time.monotonic() - session.opened_at, session.chunks_out, extra={"trace_id": session.trace_id},

@@ -45,6 +45,11 @@ class ClusterServiceStub:
                 request_serializer=omnirt_dot_v1_dot_cluster__pb2.DrainWorkerRequest.SerializeToString,
                 response_deserializer=omnirt_dot_v1_dot_cluster__pb2.DrainWorkerResponse.FromString,
                 _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/omnirt.v1.ClusterService/ListSessions',
+                request_serializer=omnirt_dot_v1_dot_cluster__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=omnirt_dot_v1_dot_cluster__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServiceServicer:
@@ -64,6 +69,14 @@ class ClusterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessions(self, request, context):
+        """ListSessions lists the realtime sessions open now: this controller's, and with a Redis
+        store those of every controller on it (each session is relayed by the one it was opened on).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +89,11 @@ def add_ClusterServiceServicer_to_server(servicer, server):
                     servicer.DrainWorker,
                     request_deserializer=omnirt_dot_v1_dot_cluster__pb2.DrainWorkerRequest.FromString,
                     response_serializer=omnirt_dot_v1_dot_cluster__pb2.DrainWorkerResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=omnirt_dot_v1_dot_cluster__pb2.ListSessionsRequest.FromString,
+                    response_serializer=omnirt_dot_v1_dot_cluster__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +151,33 @@ class ClusterService:
             '/omnirt.v1.ClusterService/DrainWorker',
             omnirt_dot_v1_dot_cluster__pb2.DrainWorkerRequest.SerializeToString,
             omnirt_dot_v1_dot_cluster__pb2.DrainWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omnirt.v1.ClusterService/ListSessions',
+            omnirt_dot_v1_dot_cluster__pb2.ListSessionsRequest.SerializeToString,
+            omnirt_dot_v1_dot_cluster__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
