@@ -7,7 +7,7 @@
     python -m bench.suite --only overhead,batching --json out.json
 
 Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, fair_share, export,
-step_cache. Each starts its own daemons on loopback and stops them (export and step_cache need
+step_cache, realtime. Each starts its own daemons on loopback and stops them (export and step_cache need
 none: they run in-process). A scenario that cannot run here (Ray
 Serve not installed for `peers`) is reported as skipped; one that fails is reported as failed
 with its daemons' log tails, the others still run. Exit status: 0 when no scenario failed, 1
@@ -40,6 +40,7 @@ from . import (
     fair_share,
     overhead,
     peers,
+    realtime,
     report,
     step_cache,
 )
@@ -57,6 +58,7 @@ SCENARIOS: dict[str, sc.Scenario] = {
         fair_share.SCENARIO,
         export.SCENARIO,
         step_cache.SCENARIO,
+        realtime.SCENARIO,
     )
 }
 RESULTS = _machine.ROOT / "bench" / "results"
