@@ -31,7 +31,6 @@ from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
 from omnirt.controller.engines.memory.client import MemoryEngineClient
 from omnirt.controller.engines.memory.engine import Engine
-from omnirt.controller.observability.metrics import SessionMetrics
 from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.registry import RedisSessions
@@ -168,7 +167,7 @@ class ControllerServer:
         self.sessions = SessionManager(
             self.engine.catalog, config.session_max_duration_s, name=config.listen, shared=shared
         )
-        self.sessions.metrics = SessionMetrics(self.sessions, self.engine.metrics.registry)
+        self.sessions.metrics = self.engine.metrics.realtime
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
             SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded),

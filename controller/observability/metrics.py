@@ -223,6 +223,7 @@ class EngineMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.realtime = SessionMetrics(r)  # the SessionManager's hooks
         r.register(_StateCollector(engine))
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -297,8 +298,7 @@ class EngineMetrics:
 class SessionMetrics:
     """Realtime sessions: open now, ended by reason, chunks relayed (controller/realtime)."""
 
-    def __init__(self, manager: Any, registry: CollectorRegistry) -> None:
-        self.manager = manager
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.sessions = Counter(
             "omnirt_sessions",
             "Realtime sessions by outcome (opened, then one end reason each: ended, refused, "

@@ -10,6 +10,7 @@ and its talking-head model are tested end to end in test_realtime_sessions.py.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -444,3 +445,20 @@ def test_the_python_sdk_raises_the_typed_error_of_a_refused_session(controller: 
     with controller.client() as client, pytest.raises(FailedPrecondition) as refused:
         client.open_session("tiny-sd", image=b"png")
     assert refused.value.field == "model"
+
+
+def test_sessions_show_in_the_metrics(controller: Controller) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{controller.http}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    opened = re.search(
+        r'^omnirt_sessions_total\{model="tiny-talking-head",outcome="opened"\} (\S+)$', text, re.M
+    )
+    ended = re.search(
+        r'^omnirt_sessions_total\{model="tiny-talking-head",outcome="ended"\} (\S+)$', text, re.M
+    )
+    chunks = re.search(r'^omnirt_session_chunks_total\{model="tiny-talking-head"\} (\S+)$', text, re.M)
+    assert opened and ended and chunks, "the tests above opened, ended and streamed sessions"
+    assert float(opened.group(1)) >= float(ended.group(1)) >= 1 and float(chunks.group(1)) >= 3
+    assert re.search(r'^omnirt_sessions_active\{model="tiny-talking-head"\} 0\.0$', text, re.M)
