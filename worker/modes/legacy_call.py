@@ -42,7 +42,7 @@ from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, backends, inference_mode, quantization, step_cache
 from omnirt.worker.runtime import options as runtime_options
-from omnirt.worker.sessions import talking_head_session
+from omnirt.worker.sessions import speech_session, talking_head_session
 from omnirt.worker.sessions.api import OpenRequest, SessionRefused, StreamingSession
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class LegacyCallExecutor(Executor):
         self.talking_heads = talking_head_session.ResidentTalkingHeads(
             config.model_dir
         )  # realtime sessions' models
+        self.speaking = speech_session.SpeakingSessions(self.cache)  # sessions that take text
 
     @property
     def backend(self) -> str:
@@ -120,12 +121,14 @@ class LegacyCallExecutor(Executor):
         return sorted({*self.cache.loaded_models(), *self.talking_heads.loaded_models()})
 
     def open_session(self, request: OpenRequest) -> StreamingSession:
-        """A realtime session of a talking head, in this process (its pipeline stays resident)."""
+        """A realtime session in this process: a talking head (its pipeline stays resident), a
+        speech model's, or a talking head that also speaks text (`speech_session`)."""
         try:
             placement = backends.placement_for(self.start_sync(), request.model.runtime)
         except backends.BackendError as exc:
             raise SessionRefused("FAILED_PRECONDITION", str(exc), "model") from exc
-        return self.talking_heads.open(request, placement)
+        speaking = self.speaking.open(request, placement, self.talking_heads)
+        return speaking if speaking is not None else self.talking_heads.open(request, placement)
 
     async def preload(self, spec: t.ModelSpec) -> None:
         """Load `spec` into the model cache now (`--preload`), so its first job finds it warm."""
@@ -134,6 +137,9 @@ class LegacyCallExecutor(Executor):
 
         def load() -> None:
             placement = backends.placement_for(self.start_sync(), spec.runtime)
+            speaker = speech_session.speech_spec(spec)
+            if speaker is not None and speaker is not spec:  # a talking head's speech model
+                self.cache.release(self.cache.get(speaker, placement))
             if talking_head_session.is_streaming_class(spec.pipeline_class):
                 self.talking_heads.pipeline(spec, placement)  # SessionRefused: logged by the daemon
                 return

@@ -8,8 +8,9 @@ thread: `push` blocks for the model's compute. `legacy_call` runs the model in t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class Geometry:
     width: int
     height: int
     channels: int = 1
+    takes_audio: bool = True  # False: the session is driven by text only (a speech session)
 
 
 @dataclass
@@ -72,4 +74,16 @@ class StreamingSession(Protocol):
 
     def close(self) -> None:
         """Release the session's state (the model stays resident)."""
+        ...
+
+
+@runtime_checkable
+class SpeaksText(Protocol):
+    """A `StreamingSession` that also takes text: the host feeds what `speak` yields into the
+    session's audio buffer as if it had come as audio. A session without `speak` refuses text."""
+
+    def speak(self, text: str, voice: str) -> Iterator[np.ndarray]:
+        """int16 PCM at `geometry.sample_rate` of `text`, piece by piece (each `next` may compute:
+        the host calls it in a thread); SessionRefused for a text or voice it cannot speak, at
+        the call or at a `next`."""
         ...

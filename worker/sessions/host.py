@@ -10,9 +10,14 @@ Then three things run at once until the session ends:
 - the reader takes the controller's input: audio is appended to a buffer of int16 samples (the
   arrival time of the message that completes each `chunk_samples` is kept, for the chunk's
   latency); `interrupt` drops what is buffered; `end` zero-pads a partial last chunk; `text` is
-  refused (this model is driven by audio). While the buffer holds `max_buffered_samples` or more
-  the reader stops reading, so HTTP/2 flow control slows the controller and, through it, the
-  client: a session's memory stays bounded however fast audio is sent.
+  refused unless the session speaks (`SpeaksText`). While the buffer holds `max_buffered_samples`
+  or more the reader stops reading, so HTTP/2 flow control slows the controller and, through it,
+  the client: a session's memory stays bounded however fast audio is sent.
+- the speaker, for a session that speaks: each `text` is synthesized piece by piece in a thread
+  (`speak`) and each piece appended to the buffer as it comes, waiting for room as the reader
+  does. Input that arrives while a text is spoken (audio, more text, `end`) waits in a short
+  queue behind it, so the buffer takes input in the order sent; `interrupt` drops the queue and
+  the speech not yet in the buffer.
 - the pusher turns each full chunk into output, one push at a time in a thread, and sends it
   (`chunk`, then `progress`); after `end` and the last chunk it sends `closed` "ended".
 - the session's deadline (SessionOffer.deadline_ms) ends it with `closed` "max_duration".
@@ -45,7 +50,14 @@ from omnirt.worker.modes.report import trace_id
 from omnirt.worker.protocol import SessionOffer, SessionSettings
 from omnirt.worker.redact import public_error
 from omnirt.worker.sessions import media, wire
-from omnirt.worker.sessions.api import ChunkOut, Geometry, OpenRequest, SessionRefused, StreamingSession
+from omnirt.worker.sessions.api import (
+    ChunkOut,
+    Geometry,
+    OpenRequest,
+    SessionRefused,
+    SpeaksText,
+    StreamingSession,
+)
 from omnirt.worker.sessions.stats import SessionStats
 from omnirt.worker.v1 import gateway_pb2_grpc
 
@@ -56,6 +68,8 @@ STREAM_END: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 # The input a session holds, in chunks of the model (max_buffered_samples = this * chunk_samples);
 # one AudioChunk may carry at most as much.
 MAX_BUFFERED_CHUNKS = 4
+# Inputs that may wait behind a text being spoken (each text at most 4096 characters).
+MAX_QUEUED_INPUTS = 16
 # After the end: time for a push in flight and the last writes, then for the controller to close.
 STOP_GRACE_S = 10.0
 CLOSE_WAIT_S = 5.0
@@ -133,7 +147,14 @@ class SessionHost:
         self._ready_at: deque[float] = deque()  # one arrival time per full chunk in the buffer
         self._wake = asyncio.Event()  # pusher: a full chunk, the end or the outcome
         self._room = asyncio.Event()  # reader: the buffer has room again, or the outcome
-        self._ended = False
+        self._ended = False  # the end reached the buffer: the pusher finishes what it holds
+        self._input_closed = False  # `end` was read (it may still wait behind speech)
+        # Inputs behind a text being spoken, with their arrival times, and the audio among them.
+        self._queued: deque[tuple[wire.SessionInput, float]] = deque()
+        self._queued_samples = 0
+        self._speaking = False  # the speaker holds an input (a text, or audio queued behind one)
+        self._turn = asyncio.Event()  # speaker: an input queued, or the outcome
+        self._interrupts = 0  # speech begun before the latest interrupt is dropped
         self._geometry: Geometry | None = None
         self._stats: SessionStats | None = None
         self._encoding = media.JPEG
@@ -231,9 +252,11 @@ class SessionHost:
         reader = asyncio.create_task(self._read_loop(), name=f"omnirt-session-read-{self.session_id}")
         pusher = asyncio.create_task(self._push_loop(), name=f"omnirt-session-push-{self.session_id}")
         timer = asyncio.create_task(self._deadline())
+        speaker = asyncio.create_task(self._speak_loop(), name=f"omnirt-session-speak-{self.session_id}")
         try:
             kind, value = await self._outcome
             timer.cancel()
+            speaker.cancel()  # a synthesis in flight finishes in its thread; its audio is dropped
             if kind == "broken":
                 log.info("session stream broke: %s", value)
                 return
@@ -259,9 +282,9 @@ class SessionHost:
                 await self._finish(wire.error_message(self._public(value)))
             await asyncio.wait([reader], timeout=CLOSE_WAIT_S)  # the controller closes after the last message
         finally:
-            for task in (timer, pusher, reader):
+            for task in (timer, speaker, pusher, reader):
                 task.cancel()
-            await asyncio.gather(timer, pusher, reader, return_exceptions=True)
+            await asyncio.gather(timer, speaker, pusher, reader, return_exceptions=True)
 
     async def _finish(self, message: Any) -> None:
         """The last message, then half-close."""
@@ -282,6 +305,7 @@ class SessionHost:
             self._outcome.set_result((kind, value))
         self._wake.set()
         self._room.set()
+        self._turn.set()
 
     async def _deadline(self) -> None:
         if self.offer.deadline_ms <= 0:
@@ -295,8 +319,11 @@ class SessionHost:
         call = self._call
         while True:
             while (
-                len(self._buffer) // 2 >= self.max_buffered_samples
-                and not self._ended
+                (
+                    len(self._buffer) // 2 + self._queued_samples >= self.max_buffered_samples
+                    or len(self._queued) >= MAX_QUEUED_INPUTS
+                )
+                and not self._input_closed
                 and not self._outcome.done()
             ):
                 self._room.clear()
@@ -323,28 +350,64 @@ class SessionHost:
         elif isinstance(item, wire.AudioIn):
             return self._take_audio(item, at)
         elif isinstance(item, wire.InterruptIn):
-            dropped = len(self._buffer) // 2
+            dropped = len(self._buffer) // 2 + self._queued_samples
+            self._interrupts += 1
             self._buffer.clear()
             self._ready_at.clear()
+            self._queued.clear()
+            self._queued_samples = 0
             self._room.set()
-            log.debug("interrupt: dropped %d buffered sample(s)", dropped)
+            if self._input_closed and not self._ended:
+                self._end_input(at)  # the end was queued behind the dropped speech
+            log.debug("interrupt: dropped %d buffered sample(s) and the speech not yet buffered", dropped)
         elif isinstance(item, wire.TextIn):
-            return t.JobError(
-                "FAILED_PRECONDITION", f"model {self.offer.model.id!r} is driven by audio, not text", "text"
-            )
+            if not isinstance(self._stream, SpeaksText):
+                return t.JobError(
+                    "FAILED_PRECONDITION",
+                    f"model {self.offer.model.id!r} is driven by audio, not text",
+                    "text",
+                )
+            if self._input_closed:
+                return t.JobError("FAILED_PRECONDITION", "text after end: the input is closed", "text")
+            self._queue(item, at)
         elif isinstance(item, wire.EndIn):
-            chunk_bytes = 2 * self._geometry.chunk_samples
-            partial = len(self._buffer) % chunk_bytes
-            if partial:  # the last words still get their frames: the chunk is filled with silence
-                self._buffer.extend(bytes(chunk_bytes - partial))
-                self._ready_at.append(at)
-            self._ended = True
-            self._wake.set()
+            self._input_closed = True
+            if self._behind_speech():
+                self._queue(item, at)
+            else:
+                self._end_input(at)
         return None
+
+    def _end_input(self, at: float) -> None:
+        """The end reaches the buffer: a partial last chunk is padded, the pusher finishes."""
+        assert self._geometry is not None
+        chunk_bytes = 2 * self._geometry.chunk_samples
+        partial = len(self._buffer) % chunk_bytes
+        if partial:  # the last words still get their frames: the chunk is filled with silence
+            self._buffer.extend(bytes(chunk_bytes - partial))
+            self._ready_at.append(at)
+        self._ended = True
+        self._wake.set()
+
+    def _behind_speech(self) -> bool:
+        """Whether new input must wait behind a text (being spoken or queued)."""
+        return self._speaking or bool(self._queued)
+
+    def _queue(self, item: wire.SessionInput, at: float) -> None:
+        self._queued.append((item, at))
+        if isinstance(item, wire.AudioIn):
+            self._queued_samples += len(item.data) // 2
+        self._turn.set()
 
     def _take_audio(self, audio: wire.AudioIn, at: float) -> t.JobError | None:
         assert self._geometry is not None and self._stats is not None
-        if self._ended:
+        if not self._geometry.takes_audio:
+            return t.JobError(
+                "FAILED_PRECONDITION",
+                f"audio: model {self.offer.model.id!r} is driven by text (send `text`), not audio",
+                "audio",
+            )
+        if self._input_closed:
             return t.JobError("FAILED_PRECONDITION", "audio after end: the input is closed", "audio")
         expected = self._stats.chunks_in + 1
         if audio.sequence and audio.sequence != expected:
@@ -360,14 +423,92 @@ class SessionHost:
                 f"({MAX_BUFFERED_CHUNKS} chunks of {self._geometry.chunk_samples})",
             )
         self._stats.audio_received(len(audio.data) // 2, at)
+        if self._behind_speech():
+            self._queue(audio, at)
+        else:
+            self._append(audio.data, at)
+        return None
+
+    def _append(self, data: bytes, at: float) -> None:
+        """Samples into the buffer; each chunk they complete is ready for the pusher."""
+        assert self._geometry is not None
         chunk_bytes = 2 * self._geometry.chunk_samples
         before = len(self._buffer) // chunk_bytes
-        self._buffer.extend(audio.data)
+        self._buffer.extend(data)
         completed = len(self._buffer) // chunk_bytes - before
         self._ready_at.extend([at] * completed)
         if completed:
             self._wake.set()
+
+    # ---- speech --------------------------------------------------------------------------
+
+    async def _speak_loop(self) -> None:
+        """Take the queued inputs in order: speak each text, pass audio and `end` on."""
+        while not self._outcome.done():
+            if not self._queued:
+                self._turn.clear()
+                await self._turn.wait()
+                continue
+            item, at = self._queued.popleft()
+            self._room.set()  # the reader may wait on the queue's length
+            self._speaking = True
+            try:
+                if isinstance(item, wire.TextIn):
+                    problem = await self._speak(item, at)
+                    if problem is not None:
+                        self._settle("error", problem)
+                        return
+                elif isinstance(item, wire.AudioIn):
+                    self._queued_samples -= len(item.data) // 2
+                    await self._feed(item.data, at, self._interrupts)
+                elif isinstance(item, wire.EndIn):
+                    self._end_input(at)
+            finally:
+                self._speaking = False
+
+    async def _speak(self, text: wire.TextIn, at: float) -> t.JobError | None:
+        """One text, synthesized piece by piece (in a thread) into the buffer."""
+        assert isinstance(self._stream, SpeaksText) and self._stats is not None
+        stream, epoch = self._stream, self._interrupts
+        try:
+            pieces = await asyncio.to_thread(stream.speak, text.text, text.voice)
+            while self._current(epoch):
+                piece = await asyncio.to_thread(next, pieces, None)
+                if piece is None or not self._current(epoch):
+                    break
+                data = piece.astype("<i2").tobytes()
+                if await self._feed(data, at, epoch):
+                    self._stats.speech_received(len(piece), at)
+        except SessionRefused as exc:
+            return t.JobError(exc.code, exc.message, exc.field)
+        except Exception as exc:
+            log.exception("speech synthesis failed")
+            return t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}")
         return None
+
+    def _current(self, epoch: int) -> bool:
+        """Whether speech begun at `epoch` still goes on: no interrupt since, no outcome."""
+        return epoch == self._interrupts and not self._outcome.done()
+
+    async def _feed(self, data: bytes, at: float, epoch: int) -> bool:
+        """`data` into the buffer a chunk at a time, each once there is room; False when an
+        interrupt (after `epoch`) or the outcome came first (the rest is dropped)."""
+        assert self._geometry is not None
+        chunk_bytes = 2 * self._geometry.chunk_samples
+        limit = 2 * self.max_buffered_samples
+        for start in range(0, len(data), chunk_bytes):
+            part = data[start : start + chunk_bytes]
+            while (
+                len(self._buffer) + len(part) > limit
+                and not self._outcome.done()
+                and epoch == self._interrupts
+            ):
+                self._room.clear()
+                await self._room.wait()
+            if not self._current(epoch):
+                return False
+            self._append(part, at)
+        return True
 
     # ---- output --------------------------------------------------------------------------
 
@@ -403,7 +544,8 @@ class SessionHost:
                 return  # stopped (or interrupted for good) while this chunk was made
             sequence += 1
             latency_ms, lag_ms = stats.chunk_sent(out.pts_ms, duration_ms, ready_at, time.monotonic())
-            frames, segment = (encoded, b"") if self._encoding == media.JPEG else ([], encoded[0])
+            as_frames = self._encoding == media.JPEG or not encoded  # a speech session: neither
+            frames, segment = (encoded, b"") if as_frames else ([], encoded[0])
             await self._call.write(
                 wire.chunk_message(
                     sequence=sequence,
@@ -432,6 +574,8 @@ class SessionHost:
             started = time.perf_counter()
             out = self._stream.push(pcm)
             pushed_s = time.perf_counter() - started
+        if not len(out.frames):  # a speech session: audio only
+            return out, pushed_s, []
         if self._encoding == media.JPEG:
             return out, pushed_s, media.jpeg_frames(out.frames)
         return out, pushed_s, [media.fmp4_segment(out.frames, self._geometry.fps)]

@@ -38,6 +38,12 @@ class SessionStats:
         if self._first_input is None:
             self._first_input = at
 
+    def speech_received(self, samples: int, at: float) -> None:
+        """`samples` of speech, made from a text that arrived at `at`, went into the buffer."""
+        self.samples_in += samples
+        if self._first_input is None:
+            self._first_input = at
+
     def pushed(self, seconds: float) -> None:
         """One push took `seconds` of wall time."""
         self.push_s += seconds
