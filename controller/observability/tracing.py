@@ -370,3 +370,34 @@ class JobTracing:
         if job.error:
             spans.job.set_attribute("omnirt.error_code", job.error.code)
         _end(spans.job, error)
+
+
+def session_span(session_id: str, model: str, tenant: str) -> tuple[Span, str, dict[str, str]]:
+    """The span of a realtime session (a child of the caller's trace context when the call
+    carried one: see `remote_parent`), its trace id (32 hex digits) and its W3C context for the
+    worker. The caller ends it (`end_session_span`)."""
+    span = trace.get_tracer(TRACER_NAME).start_span(
+        "omnirt.session",
+        context=otel_context.get_current(),
+        attributes={"omnirt.session_id": session_id, "omnirt.model": model, "omnirt.tenant": tenant},
+    )
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    ctx = span.get_span_context()
+    trace_id = format(ctx.trace_id, "032x") if ctx.is_valid else ""
+    return span, trace_id, carrier
+
+
+def end_session_span(span: Span, outcome: str, worker_id: str, chunks: int) -> None:
+    if span.is_recording():
+        span.set_attribute("omnirt.session.outcome", outcome)
+        span.set_attribute("omnirt.worker_id", worker_id)
+        span.set_attribute("omnirt.session.chunks", chunks)
+        if outcome in ("refused", "invalid_input"):
+            span.set_status(Status(StatusCode.ERROR, outcome))
+    span.end()
+
+
+def metadata_context(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """A call's metadata as a W3C carrier (for `remote_parent`)."""
+    return _metadata(context)

@@ -30,6 +30,7 @@ from omnirt._internal import convert as c
 from omnirt.controller.core.bounds import bad, check_extra, check_labels, check_length, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.router import SessionOffer
+from omnirt.controller.observability import tracing
 from omnirt.controller.realtime.pipe import Pipe
 from omnirt.controller.realtime.registry import RedisSessions, SessionRecord
 from omnirt.errors import (
@@ -92,6 +93,7 @@ class Session:
     stop_reason: str = ""
     ended: bool = False
     chunks_out: int = 0
+    span: Any = None  # the session's OpenTelemetry span (tracing.session_span)
 
 
 class SessionManager:
@@ -174,14 +176,17 @@ class SessionManager:
             )
         check_open(request)
         worker = self._place(spec)
+        session_id = f"sess-{uuid.uuid4().hex[:20]}"
+        span, trace_id, trace_context = tracing.session_span(session_id, spec.id, tenant)
         session = Session(
-            id=f"sess-{uuid.uuid4().hex[:20]}",
+            id=session_id,
             model=spec,
             worker_id=worker.info.id,
             instance_id=worker.info.instance_id,
             tenant=tenant,
-            trace_id=uuid.uuid4().hex,
+            trace_id=trace_id or uuid.uuid4().hex,
             labels=dict(request.labels),
+            span=span,
         )
         self.sessions[session.id] = session
         worker.sessions.add(session.id)
@@ -196,7 +201,7 @@ class SessionManager:
                     session_id=session.id,
                     model=c.model_to_proto(spec),
                     open=resolved,
-                    trace_context={"traceparent": f"00-{session.trace_id}-{uuid.uuid4().hex[:16]}-01"},
+                    trace_context=trace_context,
                     deadline_ms=deadline,
                 )
             )
@@ -306,6 +311,8 @@ class SessionManager:
         if worker is not None:
             worker.sessions.discard(session.id)
         self._count(reason, session.model.id)
+        if session.span is not None:
+            tracing.end_session_span(session.span, reason, session.worker_id, session.chunks_out)
         if self.shared is not None:
             task = asyncio.get_running_loop().create_task(self.shared.drop(session.id))
             self._unlisting.add(task)

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from omnirt.controller.edges.auth import caller
+from omnirt.controller.observability import tracing
 from omnirt.controller.realtime.manager import (
     DEFAULT_IDLE_TIMEOUT_MS,
     STOP_GRACE_S,
@@ -51,7 +52,8 @@ class RealtimeServicer(realtime_pb2_grpc.RealtimeServiceServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("message") != "open":
             raise InvalidRequest("open: the first message of a session must be SessionOpen", field="open")
-        session, ready = await self.manager.open(first.open, tenant=caller().tenant)
+        with tracing.remote_parent(tracing.metadata_context(context)):  # the caller's trace
+            session, ready = await self.manager.open(first.open, tenant=caller().tenant)
         yield rt.SessionResponse(ready=ready)
         async for response in relay(self.manager, session, first.open, request_iterator, context.cancelled):
             yield response

@@ -37,6 +37,7 @@ class ScriptedWorker:
         self.instance_id = uuid.uuid4().hex
         self.stops: list[str] = []
         self.inputs: list[str] = []
+        self.trace_contexts: list[dict[str, str]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> ScriptedWorker:
@@ -76,6 +77,7 @@ class ScriptedWorker:
                 self._tasks.append(asyncio.create_task(self._host(message.session_offer)))
 
     async def _host(self, offer: gw.SessionOffer) -> None:
+        self.trace_contexts.append(dict(offer.trace_context))
         call = self.stub.WorkerSession()
         await call.write(
             gw.WorkerSessionRequest(
@@ -132,10 +134,12 @@ END = rt.SessionRequest(end=rt.EndInput())
 class ClientSession:
     """A client's Session call with a queue to write from."""
 
-    def __init__(self, stub: realtime_pb2_grpc.RealtimeServiceStub, first: rt.SessionRequest) -> None:
+    def __init__(
+        self, stub: realtime_pb2_grpc.RealtimeServiceStub, first: rt.SessionRequest, metadata: Any = None
+    ) -> None:
         self.outgoing: asyncio.Queue[rt.SessionRequest | None] = asyncio.Queue()
         self.outgoing.put_nowait(first)
-        self.call = stub.Session(self._requests())
+        self.call = stub.Session(self._requests(), metadata=metadata)
 
     async def _requests(self) -> AsyncIterator[rt.SessionRequest]:
         while (message := await self.outgoing.get()) is not None:
@@ -462,3 +466,20 @@ def test_sessions_show_in_the_metrics(controller: Controller) -> None:
     assert opened and ended and chunks, "the tests above opened, ended and streamed sessions"
     assert float(opened.group(1)) >= float(ended.group(1)) >= 1 and float(chunks.group(1)) >= 3
     assert re.search(r'^omnirt_sessions_active\{model="tiny-talking-head"\} 0\.0$', text, re.M)
+
+
+def test_a_session_continues_the_callers_trace_to_the_worker(controller: Controller) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traceparent = f"00-{trace_id}-00f067aa0ba902b7-01"
+
+    async def scenario(stub: Any) -> None:
+        async with ScriptedWorker(controller.address, "w-trace", slots=1) as worker:
+            session = ClientSession(stub, open_message(), metadata=(("traceparent", traceparent),))
+            assert (await session.read()).ready.trace_id == trace_id
+            (offered,) = worker.trace_contexts
+            assert offered["traceparent"].split("-")[1] == trace_id, offered
+            assert offered["traceparent"] != traceparent, "the session's own span, a child of the caller's"
+            session.send(END)
+            assert (await session.read()).closed.reason == "ended"
+
+    run(controller, scenario)
