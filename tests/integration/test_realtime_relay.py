@@ -483,3 +483,35 @@ def test_a_session_continues_the_callers_trace_to_the_worker(controller: Control
             assert (await session.read()).closed.reason == "ended"
 
     run(controller, scenario)
+
+
+def test_with_keys_a_session_needs_one_on_grpc_and_on_the_websocket(log_dir: Path) -> None:
+    import aiohttp
+
+    from omnirt.controller.edges.auth import key_digest
+
+    key = "sk-session-tenant-alice"
+    keys = log_dir / "session-keys.toml"
+    keys.write_text(f'[[keys]]\ntenant = "alice"\nrole = "user"\nsha256 = "{key_digest(key)}"\n')
+    secured = Controller(log_dir, "--auth-keys", str(keys), http=True).start()
+    try:
+
+        async def scenario() -> None:
+            async with grpc.aio.insecure_channel(secured.address) as channel:
+                stub = realtime_pb2_grpc.RealtimeServiceStub(channel)
+                refused = await ClientSession(stub, open_message()).status()
+                assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+                keyed = ClientSession(stub, open_message(), metadata=(("authorization", f"Bearer {key}"),))
+                assert (await keyed.status()).code() == grpc.StatusCode.UNAVAILABLE  # in, no worker
+            async with aiohttp.ClientSession() as http:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
+                    await http.ws_connect(f"{secured.http}/v1/avatar/realtime")
+                assert handshake.value.status == 401
+                headers = {"Authorization": f"Bearer {key}"}
+                async with http.ws_connect(f"{secured.http}/v1/avatar/realtime", headers=headers) as ws:
+                    await ws.send_json(CREATE)
+                    assert (await ws.receive_json(timeout=20))["code"] == "UNAVAILABLE"
+
+        asyncio.run(scenario())
+    finally:
+        secured.stop()
