@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -35,6 +35,7 @@ from omnirt.client import (
     validation_from_proto,
     wait_timed_out,
 )
+from omnirt.session import AsyncRealtimeSession, session_open
 from omnirt.types import (
     GenerateRequest,
     GenerateResult,
@@ -53,6 +54,7 @@ from omnirt.v1 import (
     generation_pb2_grpc,
     models_pb2,
     models_pb2_grpc,
+    realtime_pb2_grpc,
 )
 
 __all__ = ["AsyncClient"]
@@ -148,6 +150,24 @@ class AsyncClient:
         self.generation = generation_pb2_grpc.GenerationServiceStub(self.channel)
         self.models = models_pb2_grpc.ModelServiceStub(self.channel)
         self.cluster = cluster_pb2_grpc.ClusterServiceStub(self.channel)
+        self.realtime = realtime_pb2_grpc.RealtimeServiceStub(self.channel)
+
+    async def open_session(
+        self,
+        model: str,
+        *,
+        image: bytes | None = None,
+        labels: Mapping[str, str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> AsyncRealtimeSession:
+        """Open a realtime session of streaming `model`; returns once it is ready.
+
+        `image`: its portrait (bytes). `fields`: video_encoding, fps, width, height,
+        sample_rate, idle_timeout_ms, as `Client.open_session`.
+        """
+        opened = session_open(model, image, labels=labels, config=config, **fields)
+        return await AsyncRealtimeSession(self.realtime, self.metadata, self.address).start(opened)
 
     async def __aenter__(self) -> AsyncClient:
         return self

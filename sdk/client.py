@@ -24,7 +24,7 @@ import grpc
 from omnirt import errors
 from omnirt._internal import convert as conv
 from omnirt._internal.limits import MAX_MESSAGE_BYTES
-from omnirt.session import RealtimeSession
+from omnirt.session import RealtimeSession, session_open
 from omnirt.types import (
     Adapter,
     Artifact,
@@ -50,9 +50,7 @@ from omnirt.v1 import (
     generation_pb2_grpc,
     models_pb2,
     models_pb2_grpc,
-    realtime_pb2,
     realtime_pb2_grpc,
-    types_pb2,
 )
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -504,19 +502,18 @@ class Client:
 
         `image` is its reference portrait (bytes or a path); see `omnirt.session`.
         """
-        opened = realtime_pb2.SessionOpen(
-            model=model, video_encoding=video_encoding, fps=fps, width=width, height=height,
-            sample_rate=sample_rate, idle_timeout_ms=idle_timeout_ms, labels=dict(labels or {}),
-        )  # fmt: skip
+        data = None
         if image is not None:
             media = media_input(MediaRole.IMAGE, image)
             if media.uri:
                 raise errors.InvalidRequest(
                     "image: a session's portrait is bytes or a file, not a URI", field="image"
                 )
-            opened.inputs.append(types_pb2.MediaInput(role=types_pb2.MEDIA_ROLE_IMAGE, data=media.data))
-        if config:
-            opened.config.CopyFrom(conv.struct_from_dict(dict(config)))
+            data = media.data
+        opened = session_open(
+            model, data, video_encoding=video_encoding, fps=fps, width=width, height=height,
+            sample_rate=sample_rate, idle_timeout_ms=idle_timeout_ms, labels=labels, config=config,
+        )  # fmt: skip
         return RealtimeSession(self.realtime, opened, self.metadata, self.address)
 
     # ---- generation ----------------------------------------------------------------------

@@ -19,15 +19,42 @@ of the status (the field it names in `.field`).
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import grpc
 
 from omnirt import errors
+from omnirt._internal import convert as conv
 from omnirt.v1 import realtime_pb2 as rt
+from omnirt.v1 import types_pb2
 
 _END = object()
+
+
+def session_open(
+    model: str,
+    image: bytes | None,
+    *,
+    video_encoding: str = "",
+    fps: float = 0.0,
+    width: int = 0,
+    height: int = 0,
+    sample_rate: int = 0,
+    idle_timeout_ms: int = 0,
+    labels: Mapping[str, str] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> rt.SessionOpen:
+    """The SessionOpen of `Client.open_session` / `AsyncClient.open_session`."""
+    opened = rt.SessionOpen(
+        model=model, video_encoding=video_encoding, fps=fps, width=width, height=height,
+        sample_rate=sample_rate, idle_timeout_ms=idle_timeout_ms, labels=dict(labels or {}),
+    )  # fmt: skip
+    if image is not None:
+        opened.inputs.append(types_pb2.MediaInput(role=types_pb2.MEDIA_ROLE_IMAGE, data=image))
+    if config:
+        opened.config.CopyFrom(conv.struct_from_dict(dict(config)))
+    return opened
 
 
 class RealtimeSession:
@@ -100,4 +127,89 @@ class RealtimeSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncRealtimeSession:
+    """`RealtimeSession` for `AsyncClient`: the same methods, awaited; `async for` the chunks.
+
+    Open it with `await client.open_session(...)`.
+    """
+
+    def __init__(self, stub: Any, metadata: Any, address: str) -> None:
+        self._call = stub.Session(metadata=metadata)
+        self._address = address
+        self.progress: rt.SessionProgress | None = None
+        self.closed: rt.SessionClosed | None = None
+        self.ready = rt.SessionReady()
+
+    async def start(self, opened: rt.SessionOpen) -> AsyncRealtimeSession:
+        """Send `opened` and wait for SessionReady (raises the refusal's OmniRTError)."""
+        await self._write(rt.SessionRequest(open=opened))
+        first = await self._read()
+        if first is None or first.WhichOneof("message") != "ready":
+            raise errors.Unavailable("the session ended before it was ready")
+        self.ready = first.ready
+        return self
+
+    async def _write(self, message: rt.SessionRequest) -> None:
+        from omnirt.client import map_rpc_error
+
+        try:
+            await self._call.write(message)
+        except grpc.RpcError as exc:
+            raise map_rpc_error(exc, self._address) from None
+
+    async def _read(self) -> rt.SessionResponse | None:
+        from omnirt.client import map_rpc_error
+
+        try:
+            message = await self._call.read()
+        except grpc.RpcError as exc:
+            raise map_rpc_error(exc, self._address) from None
+        if message is grpc.aio.EOF:  # type: ignore[attr-defined]
+            return None
+        response: rt.SessionResponse = message
+        return response
+
+    @property
+    def session_id(self) -> str:
+        """The server's id of this session."""
+        return self.ready.session_id
+
+    async def send_audio(self, pcm: bytes, sequence: int = 0) -> None:
+        """PCM in the session's format; waits while the server is behind (flow control)."""
+        await self._write(rt.SessionRequest(audio=rt.AudioChunk(sequence=sequence, data=bytes(pcm))))
+
+    async def send_text(self, text: str, voice: str = "") -> None:
+        """Text to speak (a session driven by text)."""
+        await self._write(rt.SessionRequest(text=rt.TextInput(text=text, voice=voice)))
+
+    async def interrupt(self) -> None:
+        """Drop the input not yet turned into output; the session stays open."""
+        await self._write(rt.SessionRequest(interrupt=rt.Interrupt()))
+
+    async def end(self) -> None:
+        """No more input: the server finishes what it holds, then closes the session."""
+        await self._write(rt.SessionRequest(end=rt.EndInput()))
+        await self._call.done_writing()
+
+    async def __aiter__(self) -> AsyncIterator[rt.OutputChunk]:
+        while (response := await self._read()) is not None:
+            kind = response.WhichOneof("message")
+            if kind == "chunk":
+                yield response.chunk
+            elif kind == "progress":
+                self.progress = response.progress
+            elif kind == "closed":
+                self.closed = response.closed
+
+    def close(self) -> None:
+        """End the session now (the server frees its slot at once)."""
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncRealtimeSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
         self.close()

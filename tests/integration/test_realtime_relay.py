@@ -515,3 +515,21 @@ def test_with_keys_a_session_needs_one_on_grpc_and_on_the_websocket(log_dir: Pat
         asyncio.run(scenario())
     finally:
         secured.stop()
+
+
+def test_the_async_sdk_streams_a_session_too(controller: Controller) -> None:
+    from omnirt import AsyncClient
+
+    async def scenario(_: Any) -> None:
+        async with ScriptedWorker(controller.address, "w-async", slots=1) as worker:
+            async with AsyncClient(controller.address) as client:
+                session = await client.open_session(MODEL, image=b"png", config={"seed": 2}, fps=25.0)
+                async with session:
+                    await session.send_audio(bytes([4]) * (2 * CHUNK))
+                    await session.interrupt()
+                    await session.end()
+                    sequences = [chunk.sequence async for chunk in session]
+                assert sequences == [1] and session.closed is not None and session.closed.reason == "ended"
+            assert worker.inputs == ["audio", "interrupt", "end"]
+
+    run(controller, scenario)
