@@ -37,6 +37,7 @@ from omnirt.types import (
     JobState,
     MediaInput,
     MediaRole,
+    ModelOutcome,
     ModelSpec,
     SessionInfo,
     Task,
@@ -663,6 +664,35 @@ class Client:
         """One catalog entry by id or alias."""
         resp = self._call(self.models.DescribeModel, models_pb2.DescribeModelRequest(model=name))
         return conv.model_from_proto(resp.model)
+
+    def load_model(
+        self,
+        model: str,
+        *,
+        workers: int = 0,
+        worker_ids: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> list[ModelOutcome]:
+        """Make `model` warm on `workers` workers that can serve it and wait for the loads.
+
+        `workers` 0 = every one that can (of `worker_ids` when given); workers warm already
+        count. An admin key with auth on. One outcome per worker.
+        """
+        message = models_pb2.LoadModelRequest(model=model, workers=workers, worker_ids=list(worker_ids))
+        reply = self._call(self.models.LoadModel, message, timeout)
+        return [conv.model_outcome_from_proto(o) for o in reply.outcomes]
+
+    def unload_model(
+        self, model: str, *, worker_ids: Sequence[str] = (), timeout: float | None = None
+    ) -> list[ModelOutcome]:
+        """Free `model` on `worker_ids` (empty: every worker that serves it).
+
+        Each worker frees it once its running jobs of it end. An admin key with auth on. One
+        outcome per worker.
+        """
+        message = models_pb2.UnloadModelRequest(model=model, worker_ids=list(worker_ids))
+        reply = self._call(self.models.UnloadModel, message, timeout)
+        return [conv.model_outcome_from_proto(o) for o in reply.outcomes]
 
     def list_workers(self) -> list[WorkerInfo]:
         """The workers connected to the controller."""

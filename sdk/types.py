@@ -363,6 +363,24 @@ class ModelSpec:
     serving_workers: int = 0
     # Serves RealtimeService sessions (a resident streaming model), not whole jobs.
     streaming: bool = False
+    # Worker id -> bytes the model takes there, for the connected workers that hold it loaded
+    # (0 bytes: the worker's mode does not measure it).
+    warm_on: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ModelOutcome:
+    """What one worker did with a `load_model` or `unload_model` (ModelService.LoadModel / UnloadModel)."""
+
+    worker_id: str
+    # The worker holds the model loaded after the call.
+    loaded: bool = False
+    # Why the worker did not do what was asked; None when it did.
+    error: JobError | None = None
+    load_ms: float = 0.0
+    memory_bytes: int = 0
+    # Nothing had to be done: warm already (load), not held (unload).
+    unchanged: bool = False
 
 
 class WorkerState(enum.StrEnum):

@@ -55,6 +55,7 @@ from omnirt.worker import protocol, redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
 from omnirt.worker.log import job_context
+from omnirt.worker.model_requests import ModelRequests
 from omnirt.worker.modes.base import CancelFlags, Executor, create_executor
 from omnirt.worker.modes.report import trace_id
 from omnirt.worker.outbox import Outbox
@@ -63,7 +64,9 @@ from omnirt.worker.protocol import (
     CancelRequest,
     DrainRequest,
     ItemOutcome,
+    LoadModelRequest,
     SessionOffer,
+    UnloadModelRequest,
     Welcome,
 )
 from omnirt.worker.runtime.memory import current_rss_bytes
@@ -167,6 +170,16 @@ class WorkerDaemon:
         self._batch_writes = False  # the controller of this session reads batches
         # Preloads by model id: a task while the model is made warm, None once settled.
         self._preloads: dict[str, asyncio.Task[None] | None] = {}
+        # Assignment tasks -> their model (an unload waits for the model's jobs).
+        self._task_models: dict[asyncio.Task[None], str] = {}
+        self._model_requests = ModelRequests(
+            lambda: self.executor,
+            self._running_of,
+            self._model_refusal,
+            self._outbox.put,
+            self._queue_heartbeat,
+            config.model_dir,
+        )
         self.telemetry = WorkerTelemetry(
             config.worker_id,
             config.slots,
@@ -233,6 +246,7 @@ class WorkerDaemon:
             for task in self._preloads.values():
                 if task is not None:
                     task.cancel()
+            self._model_requests.cancel()
             await self.executor.close()
         log.info("worker %s stopped", self.worker_id)
         return self._exit_code
@@ -505,6 +519,7 @@ class WorkerDaemon:
             draining=self._draining,
             running=self._active,
             sessions=list(self._sessions),
+            model_bytes=self.executor.model_memory(),
         )
         self._outbox.put(beat)
 
@@ -591,6 +606,8 @@ class WorkerDaemon:
             self.request_drain(f"controller: {msg.reason}" if msg.reason else "controller")
         elif isinstance(msg, SessionOffer):
             self._offer_session(msg)
+        elif isinstance(msg, (LoadModelRequest, UnloadModelRequest)):
+            self._model_requests.handle(msg, self._draining)
         elif isinstance(msg, Welcome):
             self._on_welcome(msg)
         else:
@@ -648,6 +665,14 @@ class WorkerDaemon:
         task = asyncio.create_task(self._run_assignment(assignment))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        self._task_models[task] = assignment.model.id
+        task.add_done_callback(self._task_models.pop)
+
+    def _running_of(self, model_id: str) -> list[asyncio.Task[None]]:
+        """The tasks running (or preloading) `model_id` now."""
+        tasks = [task for task, model in self._task_models.items() if model == model_id]
+        preload = self._preloads.get(model_id)
+        return [*tasks, preload] if preload is not None else tasks
 
     def _offer_session(self, offer: SessionOffer) -> None:
         """Host `offer`, or attach and refuse it at once (slots busy, draining, another model)."""

@@ -123,7 +123,26 @@ class SessionOffer:
     error: t.JobError | None = None
 
 
-ControllerMessage = Welcome | Assignment | CancelRequest | DrainRequest | SessionOffer
+@dataclass
+class LoadModelRequest:
+    """Make `model` warm (ModelService.LoadModel); answered with `model_loaded_message`."""
+
+    request_id: str
+    model: t.ModelSpec
+
+
+@dataclass
+class UnloadModelRequest:
+    """Free `model_id` once no job of it runs here, giving up at `deadline_ms` (epoch ms; 0 = none)."""
+
+    request_id: str
+    model_id: str
+    deadline_ms: int = 0
+
+
+ControllerMessage = (
+    Welcome | Assignment | CancelRequest | DrainRequest | SessionOffer | LoadModelRequest | UnloadModelRequest
+)
 
 
 def hello_message(
@@ -161,6 +180,7 @@ def hello_message(
         instance_id=instance_id,
         reports_running=True,
         session_slots=session_slots,
+        loads_models=True,
     )
     return gateway_pb2.ConnectRequest(hello=hello)
 
@@ -173,9 +193,11 @@ def heartbeat_message(
     draining: bool,
     running: dict[str, str] | None = None,
     sessions: list[str] | None = None,
+    model_bytes: dict[str, int] | None = None,
 ) -> gateway_pb2.ConnectRequest:
     """A lease-keeping heartbeat; `running` maps each job the worker holds to its assignment,
-    `sessions` are the realtime sessions it hosts."""
+    `sessions` are the realtime sessions it hosts, `model_bytes` the bytes of each loaded model
+    the executor measures."""
     beat = gateway_pb2.Heartbeat(
         busy_slots=busy_slots,
         loaded_models=loaded_models,
@@ -186,8 +208,35 @@ def heartbeat_message(
             for job_id, assignment_id in (running or {}).items()
         ],
         sessions=sessions or [],
+        loaded=[
+            gateway_pb2.LoadedModel(model_id=model_id, memory_bytes=nbytes)
+            for model_id, nbytes in sorted((model_bytes or {}).items())
+        ],
     )
     return gateway_pb2.ConnectRequest(heartbeat=beat)
+
+
+def model_loaded_message(
+    request_id: str,
+    model_id: str,
+    *,
+    error: t.JobError | None = None,
+    load_ms: float = 0.0,
+    memory_bytes: int = 0,
+    unchanged: bool = False,
+) -> gateway_pb2.ConnectRequest:
+    """The answer to a LoadModelRequest or UnloadModelRequest: done as asked, or `error`."""
+    answer = gateway_pb2.ModelLoaded(
+        request_id=request_id,
+        model_id=model_id,
+        ok=error is None,
+        load_ms=load_ms,
+        memory_bytes=memory_bytes,
+        unchanged=unchanged,
+    )
+    if error is not None:
+        answer.error.CopyFrom(_convert.error_to_proto(error))
+    return gateway_pb2.ConnectRequest(model_loaded=answer)
 
 
 def event_message(assignment_id: str, event: t.JobEvent) -> gateway_pb2.ConnectRequest:
@@ -290,6 +339,11 @@ def controller_message(msg: gateway_pb2.ConnectResponse) -> ControllerMessage | 
         return DrainRequest(msg.drain.reason)
     if kind == "session_offer":
         return session_offer_from_proto(msg.session_offer)
+    if kind == "load_model":
+        return LoadModelRequest(msg.load_model.request_id, _convert.model_from_proto(msg.load_model.model))
+    if kind == "unload_model":
+        u = msg.unload_model
+        return UnloadModelRequest(u.request_id, u.model_id, u.deadline_ms)
     return None
 
 

@@ -16,6 +16,7 @@ from typing import Protocol
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.encoded import ResultEncoding
+from omnirt.controller.core.model_loads import WorkerAnswer
 from omnirt.controller.core.router import WorkerHandle, WorkerLink
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy
 from omnirt.controller.core.validation import Plan
@@ -27,6 +28,7 @@ from omnirt.types import (
     JobError,
     JobEvent,
     JobState,
+    ModelOutcome,
     ModelSpec,
     Task,
     WorkerInfo,
@@ -129,6 +131,26 @@ class EngineClient(Protocol):
         """Let the worker finish its jobs and take no new ones (WorkerNotFound)."""
         ...
 
+    async def load_model(
+        self, name: str, workers: int, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        """Make a model warm on `workers` workers connected here that can serve it.
+
+        0 = all of them (of `worker_ids` when given); waits up to `wait_s` for the loads and
+        returns the model and one outcome per worker (`core.model_loads.ModelLoads.load`).
+        """
+        ...
+
+    async def unload_model(
+        self, name: str, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        """Free a model on `worker_ids` (empty: every worker connected here that serves it).
+
+        Each frees it once no job of it runs there; waits up to `wait_s` and returns the model
+        and one outcome per worker.
+        """
+        ...
+
     # the worker gateway
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
         """Register a worker that said Hello (AlreadyExists while another process holds its id)."""
@@ -140,12 +162,18 @@ class EngineClient(Protocol):
         loaded_models: list[str],
         draining: bool,
         running: set[tuple[str, str]] | None = None,
+        model_bytes: dict[str, int] | None = None,
     ) -> None:
         """A worker's heartbeat.
 
         `running` is the (job id, assignment id) pairs the worker holds, when it lists them: a
-        job counted there that it leaves out is released and requeued.
+        job counted there that it leaves out is released and requeued. `model_bytes`: the bytes
+        of each loaded model the worker measures (ListModels' `warm_on`).
         """
+        ...
+
+    async def worker_model_answer(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
+        """A worker's answer to a LoadModel or UnloadModel (an answer nobody waits for is ignored)."""
         ...
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:

@@ -63,7 +63,24 @@ class SessionOffer:
     message: Any
 
 
-Outbound = Assignment | CancelAssignment | Drain | SessionOffer
+@dataclass
+class LoadModel:
+    """Make `model` warm; the worker answers `request_id` (ModelService.LoadModel)."""
+
+    request_id: str
+    model: ModelSpec
+
+
+@dataclass
+class UnloadModel:
+    """Free `model_id` once no job of it runs; the worker answers `request_id` (ModelService.UnloadModel)."""
+
+    request_id: str
+    model_id: str
+    deadline_ms: int = 0
+
+
+Outbound = Assignment | CancelAssignment | Drain | SessionOffer | LoadModel | UnloadModel
 
 
 class WorkerLink(Protocol):
@@ -87,6 +104,10 @@ class WorkerHandle:
     last_seen: float = field(default_factory=time.monotonic)
     # What the Welcome tells the worker about its Hello (models the catalog lacks, ...).
     warnings: list[str] = field(default_factory=list)
+    # The worker answers LoadModel / UnloadModel (its Hello said so), and the bytes of each
+    # loaded model its last heartbeat measured.
+    loads_models: bool = False
+    model_bytes: dict[str, int] = field(default_factory=dict)
     # Heartbeats that listed jobs so far, and job id -> the one as of which the worker is known
     # to hold it (the last that listed it, or the first that may have left after its assignment
     # was written; _UNSENT while the assignment still waits to be written): see `unlisted`.
@@ -133,11 +154,15 @@ class WorkerHandle:
         """Jobs of `model` running on this worker now."""
         return self._models.get(model, 0)
 
-    def heartbeat(self, loaded_models: list[str], draining: bool) -> None:
+    def heartbeat(
+        self, loaded_models: list[str], draining: bool, model_bytes: dict[str, int] | None = None
+    ) -> None:
         """The worker is alive: its lease is renewed and its state refreshed."""
         self.last_seen = time.monotonic()
         self.info.last_heartbeat_at = datetime.now(UTC)
         self.info.loaded_models = loaded_models
+        if model_bytes is not None:
+            self.model_bytes = model_bytes
         if draining:
             self.info.state = WorkerState.DRAINING
 

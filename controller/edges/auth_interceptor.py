@@ -3,9 +3,11 @@
 Which methods need what is decided by service, from the descriptors, so a new RPC cannot be
 left open by mistake: every method of `GenerationService`, `ModelService` and
 `RealtimeService` needs a key, every method of `ClusterService` (and any later management
-service named in `ADMIN_SERVICES`) an admin key. Health and reflection stay open (probes,
-grpcurl: they show nothing of anyone's jobs), and the worker stream is admitted by its own
-token (`worker_auth.py`).
+service named in `ADMIN_SERVICES`) an admin key, and so do the management methods of a user
+service named in `ADMIN_METHODS` (ModelService's LoadModel and UnloadModel: they change what
+the workers hold; an admitted worker's token, which may read the catalog, may not call them).
+Health and reflection stay open (probes, grpcurl: they show nothing of anyone's jobs), and the
+worker stream is admitted by its own token (`worker_auth.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ USER_SERVICES = frozenset(
     }
 )
 ADMIN_SERVICES = frozenset({cluster_pb2.DESCRIPTOR.services_by_name["ClusterService"].full_name})
+_MODEL_SERVICE = models_pb2.DESCRIPTOR.services_by_name["ModelService"]
+# Full method names (`/package.Service/Method`) of user services that need an admin key; from
+# the descriptors, so a renamed method fails at import instead of falling back to "user".
+ADMIN_METHODS = frozenset(
+    f"/{_MODEL_SERVICE.full_name}/{_MODEL_SERVICE.methods_by_name[name].name}"
+    for name in ("LoadModel", "UnloadModel")
+)
 # The catalog, which workers read too (a worker preloads a model with DescribeModel): an
 # admitted worker's token may read it. It holds no tenant's data.
 CATALOG_SERVICE = models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
@@ -40,7 +49,7 @@ WorkerCheck = Callable[[Iterable[tuple[str, Any]], Mapping[str, Iterable[bytes]]
 def needs(method: str) -> str:
     """'admin', 'user' or '' (open) for a full method name `/package.Service/Method`."""
     service = method.lstrip("/").rpartition("/")[0]
-    if service in ADMIN_SERVICES:
+    if service in ADMIN_SERVICES or method in ADMIN_METHODS:
         return "admin"
     if service in USER_SERVICES:
         return "user"
@@ -64,7 +73,7 @@ class AuthInterceptor(WrappingInterceptor):
         level = needs(method)
         if not level:
             return None  # open: health, reflection, the worker stream
-        catalog = method.startswith(f"/{CATALOG_SERVICE}/")
+        catalog = method.startswith(f"/{CATALOG_SERVICE}/") and level != "admin"
         return self._wrap(fn, method.rpartition("/")[2], level == "admin", catalog)
 
     def _wrap(self, fn: Callable[..., Any], action: str, admin: bool, catalog: bool) -> Callable[..., Any]:

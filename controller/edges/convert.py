@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from omnirt._internal import convert as c
 from omnirt.controller.core.encoded import EncodedJob
-from omnirt.controller.core.router import Assignment, CancelAssignment, Drain, Outbound, SessionOffer
+from omnirt.controller.core.model_loads import WorkerAnswer
+from omnirt.controller.core.router import (
+    Assignment,
+    CancelAssignment,
+    Drain,
+    LoadModel,
+    Outbound,
+    SessionOffer,
+    UnloadModel,
+)
 from omnirt.types import GenerateResult, Job, ModelSpec, WorkerInfo, WorkerState
 from omnirt.v1 import generation_pb2, models_pb2, types_pb2
 from omnirt.worker.v1 import gateway_pb2 as pb
@@ -78,7 +87,35 @@ def outbound_to_proto(message: Outbound) -> pb.ConnectResponse:
     if isinstance(message, SessionOffer):
         offer: pb.ConnectResponse = message.message
         return offer
+    if isinstance(message, LoadModel):
+        return pb.ConnectResponse(
+            load_model=pb.LoadModel(request_id=message.request_id, model=_model_to_proto(message.model))
+        )
+    if isinstance(message, UnloadModel):
+        return pb.ConnectResponse(
+            unload_model=pb.UnloadModel(
+                request_id=message.request_id, model_id=message.model_id, deadline_ms=message.deadline_ms
+            )
+        )
     raise TypeError(f"not a worker message: {message!r}")
+
+
+def model_answer_from_proto(answer: pb.ModelLoaded) -> WorkerAnswer:
+    """A worker's ModelLoaded (the answer to a LoadModel or UnloadModel) as plain data."""
+    error = None
+    if not answer.ok:
+        error = c.error_from_proto(answer.error)
+        error.code = error.code or "UNKNOWN"
+        error.message = error.message[:1000]  # quoted in a status message: bounded
+    return WorkerAnswer(
+        request_id=answer.request_id,
+        model_id=answer.model_id,
+        ok=answer.ok,
+        error=error,
+        load_ms=answer.load_ms,
+        memory_bytes=answer.memory_bytes,
+        unchanged=answer.unchanged,
+    )
 
 
 class WireResult:

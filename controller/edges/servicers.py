@@ -176,7 +176,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
 
 class ModelServicer(models_pb2_grpc.ModelServiceServicer):
-    """ModelService: the catalog, with how many workers serve each model."""
+    """ModelService: the catalog, with how many workers serve each model and where it is warm;
+    LoadModel / UnloadModel (admin) warm or free a model on the workers connected here."""
 
     def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
@@ -196,6 +197,30 @@ class ModelServicer(models_pb2_grpc.ModelServiceServicer):
     ) -> models_pb2.DescribeModelResponse:
         return models_pb2.DescribeModelResponse(
             model=c.model_to_proto(self.engine.describe_model(request.model))
+        )
+
+    async def LoadModel(
+        self,
+        request: models_pb2.LoadModelRequest,
+        context: grpc.aio.ServicerContext[models_pb2.LoadModelRequest, models_pb2.LoadModelResponse],
+    ) -> models_pb2.LoadModelResponse:
+        spec, outcomes = await self.engine.load_model(
+            request.model, request.workers, list(request.worker_ids), context.time_remaining()
+        )
+        return models_pb2.LoadModelResponse(
+            model=spec.id, outcomes=[c.model_outcome_to_proto(o) for o in outcomes]
+        )
+
+    async def UnloadModel(
+        self,
+        request: models_pb2.UnloadModelRequest,
+        context: grpc.aio.ServicerContext[models_pb2.UnloadModelRequest, models_pb2.UnloadModelResponse],
+    ) -> models_pb2.UnloadModelResponse:
+        spec, outcomes = await self.engine.unload_model(
+            request.model, list(request.worker_ids), context.time_remaining()
+        )
+        return models_pb2.UnloadModelResponse(
+            model=spec.id, outcomes=[c.model_outcome_to_proto(o) for o in outcomes]
         )
 
 

@@ -16,7 +16,12 @@ from omnirt._internal.limits import STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MES
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
-from omnirt.controller.edges.convert import WireResult, outbound_to_proto, worker_from_hello
+from omnirt.controller.edges.convert import (
+    WireResult,
+    model_answer_from_proto,
+    outbound_to_proto,
+    worker_from_hello,
+)
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.servicer import worker_session
@@ -162,6 +167,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             )
         link = StreamLink()
         handle = await self.engine.worker_connected(worker_from_hello(hello), link)  # AlreadyExists
+        handle.loads_models = hello.loads_models  # it answers LoadModel / UnloadModel
         hosting = (
             self.sessions.worker_joined(handle.info, hello.session_slots, link.send)
             if self.sessions
@@ -237,9 +243,14 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             hb = message.heartbeat
             # None from a worker that does not list its jobs (older): nothing is reconciled.
             running = {(r.job_id, r.assignment_id) for r in hb.running} if reports_running else None
-            await self.engine.worker_heartbeat(handle, list(hb.loaded_models), hb.draining, running)
+            model_bytes = {m.model_id: m.memory_bytes for m in hb.loaded} if handle.loads_models else None
+            await self.engine.worker_heartbeat(
+                handle, list(hb.loaded_models), hb.draining, running, model_bytes
+            )
             if self.sessions is not None:
                 self.sessions.worker_beat(handle.id, list(hb.loaded_models), hb.draining)
+        elif kind == "model_loaded":
+            await self.engine.worker_model_answer(handle, model_answer_from_proto(message.model_loaded))
         elif kind == "event":
             try:
                 event = c.event_from_proto(message.event.event)

@@ -531,6 +531,7 @@ def model_to_proto(s: t.ModelSpec) -> models_pb2.ModelSpec:
         runtime=struct_from_dict(s.runtime),
         serving_workers=s.serving_workers,
         streaming=s.streaming,
+        warm_on=[models_pb2.WarmWorker(worker_id=k, memory_bytes=v) for k, v in sorted(s.warm_on.items())],
     )
 
 
@@ -572,6 +573,31 @@ def model_from_proto(m: models_pb2.ModelSpec) -> t.ModelSpec:
         runtime=dict_from_struct(m.runtime),
         serving_workers=m.serving_workers,
         streaming=m.streaming,
+        warm_on={w.worker_id: w.memory_bytes for w in m.warm_on},
+    )
+
+
+def model_outcome_to_proto(o: t.ModelOutcome) -> models_pb2.ModelOutcome:
+    msg = models_pb2.ModelOutcome(
+        worker_id=o.worker_id,
+        loaded=o.loaded,
+        load_ms=o.load_ms,
+        memory_bytes=o.memory_bytes,
+        unchanged=o.unchanged,
+    )
+    if o.error is not None:
+        msg.error.CopyFrom(error_to_proto(o.error))
+    return msg
+
+
+def model_outcome_from_proto(m: models_pb2.ModelOutcome) -> t.ModelOutcome:
+    return t.ModelOutcome(
+        worker_id=m.worker_id,
+        loaded=m.loaded,
+        error=error_from_proto(m.error) if m.HasField("error") else None,
+        load_ms=m.load_ms,
+        memory_bytes=m.memory_bytes,
+        unchanged=m.unchanged,
     )
 
 

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from omnirt.v1 import types_pb2 as omnirt_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omnirt/v1/models.proto\x12\tomnirt.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x15omnirt/v1/types.proto\"\xbe\x01\n\rModelDefaults\x12\r\n\x05width\x18\x01 \x01(\x05\x12\x0e\n\x06height\x18\x02 \x01(\x05\x12\x12\n\nnum_frames\x18\x03 \x01(\x05\x12\x0b\n\x03\x66ps\x18\x04 \x01(\x02\x12\x1b\n\x13num_inference_steps\x18\x05 \x01(\x05\x12\x16\n\x0eguidance_scale\x18\x06 \x01(\x02\x12\x11\n\tscheduler\x18\x07 \x01(\t\x12\x10\n\x08strength\x18\x08 \x01(\x02\x12\x13\n\x0b\x64uration_ms\x18\t \x01(\x05\"\xe6\x01\n\x0bModelLimits\x12\x11\n\tmax_width\x18\x01 \x01(\x05\x12\x12\n\nmax_height\x18\x02 \x01(\x05\x12\x16\n\x0emax_num_frames\x18\x03 \x01(\x05\x12\x1b\n\x13max_inference_steps\x18\x04 \x01(\x05\x12\x17\n\x0fmax_num_outputs\x18\x05 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x06 \x01(\x05\x12\x18\n\x10max_prompt_chars\x18\x07 \x01(\x05\x12\x17\n\x0fmax_input_bytes\x18\x08 \x01(\x03\x12\x17\n\x0fmax_duration_ms\x18\t \x01(\x05\"W\n\x06Preset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12*\n\toverrides\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x96\x03\n\tModelSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x1e\n\x05tasks\x18\x04 \x03(\x0e\x32\x0f.omnirt.v1.Task\x12\x16\n\x0e\x65xecution_mode\x18\x05 \x01(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x16\n\x0epipeline_class\x18\x07 \x01(\t\x12*\n\x08\x64\x65\x66\x61ults\x18\x08 \x01(\x0b\x32\x18.omnirt.v1.ModelDefaults\x12&\n\x06limits\x18\t \x01(\x0b\x32\x16.omnirt.v1.ModelLimits\x12\x19\n\x11supports_batching\x18\n \x01(\x08\x12\"\n\x07presets\x18\x0b \x03(\x0b\x32\x11.omnirt.v1.Preset\x12\x13\n\x0b\x64\x65scription\x18\x0c \x01(\t\x12(\n\x07runtime\x18\r \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fserving_workers\x18\x0e \x01(\r\x12\x11\n\tstreaming\x18\x0f \x01(\x08\"2\n\x11ListModelsRequest\x12\x1d\n\x04task\x18\x01 \x01(\x0e\x32\x0f.omnirt.v1.Task\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.omnirt.v1.ModelSpec\"%\n\x14\x44\x65scribeModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\"<\n\x15\x44\x65scribeModelResponse\x12#\n\x05model\x18\x01 \x01(\x0b\x32\x14.omnirt.v1.ModelSpec2\xad\x01\n\x0cModelService\x12I\n\nListModels\x12\x1c.omnirt.v1.ListModelsRequest\x1a\x1d.omnirt.v1.ListModelsResponse\x12R\n\rDescribeModel\x12\x1f.omnirt.v1.DescribeModelRequest\x1a .omnirt.v1.DescribeModelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16omnirt/v1/models.proto\x12\tomnirt.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x15omnirt/v1/types.proto\"\xbe\x01\n\rModelDefaults\x12\r\n\x05width\x18\x01 \x01(\x05\x12\x0e\n\x06height\x18\x02 \x01(\x05\x12\x12\n\nnum_frames\x18\x03 \x01(\x05\x12\x0b\n\x03\x66ps\x18\x04 \x01(\x02\x12\x1b\n\x13num_inference_steps\x18\x05 \x01(\x05\x12\x16\n\x0eguidance_scale\x18\x06 \x01(\x02\x12\x11\n\tscheduler\x18\x07 \x01(\t\x12\x10\n\x08strength\x18\x08 \x01(\x02\x12\x13\n\x0b\x64uration_ms\x18\t \x01(\x05\"\xe6\x01\n\x0bModelLimits\x12\x11\n\tmax_width\x18\x01 \x01(\x05\x12\x12\n\nmax_height\x18\x02 \x01(\x05\x12\x16\n\x0emax_num_frames\x18\x03 \x01(\x05\x12\x1b\n\x13max_inference_steps\x18\x04 \x01(\x05\x12\x17\n\x0fmax_num_outputs\x18\x05 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x06 \x01(\x05\x12\x18\n\x10max_prompt_chars\x18\x07 \x01(\x05\x12\x17\n\x0fmax_input_bytes\x18\x08 \x01(\x03\x12\x17\n\x0fmax_duration_ms\x18\t \x01(\x05\"W\n\x06Preset\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12*\n\toverrides\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xbe\x03\n\tModelSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61liases\x18\x02 \x03(\t\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x1e\n\x05tasks\x18\x04 \x03(\x0e\x32\x0f.omnirt.v1.Task\x12\x16\n\x0e\x65xecution_mode\x18\x05 \x01(\t\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x16\n\x0epipeline_class\x18\x07 \x01(\t\x12*\n\x08\x64\x65\x66\x61ults\x18\x08 \x01(\x0b\x32\x18.omnirt.v1.ModelDefaults\x12&\n\x06limits\x18\t \x01(\x0b\x32\x16.omnirt.v1.ModelLimits\x12\x19\n\x11supports_batching\x18\n \x01(\x08\x12\"\n\x07presets\x18\x0b \x03(\x0b\x32\x11.omnirt.v1.Preset\x12\x13\n\x0b\x64\x65scription\x18\x0c \x01(\t\x12(\n\x07runtime\x18\r \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fserving_workers\x18\x0e \x01(\r\x12\x11\n\tstreaming\x18\x0f \x01(\x08\x12&\n\x07warm_on\x18\x10 \x03(\x0b\x32\x15.omnirt.v1.WarmWorker\"5\n\nWarmWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\"2\n\x11ListModelsRequest\x12\x1d\n\x04task\x18\x01 \x01(\x0e\x32\x0f.omnirt.v1.Task\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.omnirt.v1.ModelSpec\"%\n\x14\x44\x65scribeModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\"<\n\x15\x44\x65scribeModelResponse\x12#\n\x05model\x18\x01 \x01(\x0b\x32\x14.omnirt.v1.ModelSpec\"F\n\x10LoadModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\r\x12\x12\n\nworker_ids\x18\x03 \x03(\t\"\x8f\x01\n\x0cModelOutcome\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06loaded\x18\x02 \x01(\x08\x12\"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.omnirt.v1.JobError\x12\x0f\n\x07load_ms\x18\x04 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x04\x12\x11\n\tunchanged\x18\x06 \x01(\x08\"M\n\x11LoadModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08outcomes\x18\x02 \x03(\x0b\x32\x17.omnirt.v1.ModelOutcome\"7\n\x12UnloadModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nworker_ids\x18\x02 \x03(\t\"O\n\x13UnloadModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x08outcomes\x18\x02 \x03(\x0b\x32\x17.omnirt.v1.ModelOutcome2\xc3\x02\n\x0cModelService\x12I\n\nListModels\x12\x1c.omnirt.v1.ListModelsRequest\x1a\x1d.omnirt.v1.ListModelsResponse\x12R\n\rDescribeModel\x12\x1f.omnirt.v1.DescribeModelRequest\x1a .omnirt.v1.DescribeModelResponse\x12\x46\n\tLoadModel\x12\x1b.omnirt.v1.LoadModelRequest\x1a\x1c.omnirt.v1.LoadModelResponse\x12L\n\x0bUnloadModel\x12\x1d.omnirt.v1.UnloadModelRequest\x1a\x1e.omnirt.v1.UnloadModelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,15 +40,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRESET']._serialized_start=516
   _globals['_PRESET']._serialized_end=603
   _globals['_MODELSPEC']._serialized_start=606
-  _globals['_MODELSPEC']._serialized_end=1012
-  _globals['_LISTMODELSREQUEST']._serialized_start=1014
-  _globals['_LISTMODELSREQUEST']._serialized_end=1064
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1066
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1124
-  _globals['_DESCRIBEMODELREQUEST']._serialized_start=1126
-  _globals['_DESCRIBEMODELREQUEST']._serialized_end=1163
-  _globals['_DESCRIBEMODELRESPONSE']._serialized_start=1165
-  _globals['_DESCRIBEMODELRESPONSE']._serialized_end=1225
-  _globals['_MODELSERVICE']._serialized_start=1228
-  _globals['_MODELSERVICE']._serialized_end=1401
+  _globals['_MODELSPEC']._serialized_end=1052
+  _globals['_WARMWORKER']._serialized_start=1054
+  _globals['_WARMWORKER']._serialized_end=1107
+  _globals['_LISTMODELSREQUEST']._serialized_start=1109
+  _globals['_LISTMODELSREQUEST']._serialized_end=1159
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1161
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1219
+  _globals['_DESCRIBEMODELREQUEST']._serialized_start=1221
+  _globals['_DESCRIBEMODELREQUEST']._serialized_end=1258
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_start=1260
+  _globals['_DESCRIBEMODELRESPONSE']._serialized_end=1320
+  _globals['_LOADMODELREQUEST']._serialized_start=1322
+  _globals['_LOADMODELREQUEST']._serialized_end=1392
+  _globals['_MODELOUTCOME']._serialized_start=1395
+  _globals['_MODELOUTCOME']._serialized_end=1538
+  _globals['_LOADMODELRESPONSE']._serialized_start=1540
+  _globals['_LOADMODELRESPONSE']._serialized_end=1617
+  _globals['_UNLOADMODELREQUEST']._serialized_start=1619
+  _globals['_UNLOADMODELREQUEST']._serialized_end=1674
+  _globals['_UNLOADMODELRESPONSE']._serialized_start=1676
+  _globals['_UNLOADMODELRESPONSE']._serialized_end=1755
+  _globals['_MODELSERVICE']._serialized_start=1758
+  _globals['_MODELSERVICE']._serialized_end=2081
 # @@protoc_insertion_point(module_scope)

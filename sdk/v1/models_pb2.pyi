@@ -63,7 +63,7 @@ class Preset(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., overrides: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("id", "aliases", "family", "tasks", "execution_mode", "source", "pipeline_class", "defaults", "limits", "supports_batching", "presets", "description", "runtime", "serving_workers", "streaming")
+    __slots__ = ("id", "aliases", "family", "tasks", "execution_mode", "source", "pipeline_class", "defaults", "limits", "supports_batching", "presets", "description", "runtime", "serving_workers", "streaming", "warm_on")
     ID_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class ModelSpec(_message.Message):
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SERVING_WORKERS_FIELD_NUMBER: _ClassVar[int]
     STREAMING_FIELD_NUMBER: _ClassVar[int]
+    WARM_ON_FIELD_NUMBER: _ClassVar[int]
     id: str
     aliases: _containers.RepeatedScalarFieldContainer[str]
     family: str
@@ -94,7 +95,16 @@ class ModelSpec(_message.Message):
     runtime: _struct_pb2.Struct
     serving_workers: int
     streaming: bool
-    def __init__(self, id: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., family: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[_types_pb2.Task, str]]] = ..., execution_mode: _Optional[str] = ..., source: _Optional[str] = ..., pipeline_class: _Optional[str] = ..., defaults: _Optional[_Union[ModelDefaults, _Mapping]] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., supports_batching: _Optional[bool] = ..., presets: _Optional[_Iterable[_Union[Preset, _Mapping]]] = ..., description: _Optional[str] = ..., runtime: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., serving_workers: _Optional[int] = ..., streaming: _Optional[bool] = ...) -> None: ...
+    warm_on: _containers.RepeatedCompositeFieldContainer[WarmWorker]
+    def __init__(self, id: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., family: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[_types_pb2.Task, str]]] = ..., execution_mode: _Optional[str] = ..., source: _Optional[str] = ..., pipeline_class: _Optional[str] = ..., defaults: _Optional[_Union[ModelDefaults, _Mapping]] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., supports_batching: _Optional[bool] = ..., presets: _Optional[_Iterable[_Union[Preset, _Mapping]]] = ..., description: _Optional[str] = ..., runtime: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., serving_workers: _Optional[int] = ..., streaming: _Optional[bool] = ..., warm_on: _Optional[_Iterable[_Union[WarmWorker, _Mapping]]] = ...) -> None: ...
+
+class WarmWorker(_message.Message):
+    __slots__ = ("worker_id", "memory_bytes")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    memory_bytes: int
+    def __init__(self, worker_id: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ("task",)
@@ -119,3 +129,53 @@ class DescribeModelResponse(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ...) -> None: ...
+
+class LoadModelRequest(_message.Message):
+    __slots__ = ("model", "workers", "worker_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    workers: int
+    worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., workers: _Optional[int] = ..., worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ModelOutcome(_message.Message):
+    __slots__ = ("worker_id", "loaded", "error", "load_ms", "memory_bytes", "unchanged")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    loaded: bool
+    error: _types_pb2.JobError
+    load_ms: float
+    memory_bytes: int
+    unchanged: bool
+    def __init__(self, worker_id: _Optional[str] = ..., loaded: _Optional[bool] = ..., error: _Optional[_Union[_types_pb2.JobError, _Mapping]] = ..., load_ms: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., unchanged: _Optional[bool] = ...) -> None: ...
+
+class LoadModelResponse(_message.Message):
+    __slots__ = ("model", "outcomes")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    outcomes: _containers.RepeatedCompositeFieldContainer[ModelOutcome]
+    def __init__(self, model: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[ModelOutcome, _Mapping]]] = ...) -> None: ...
+
+class UnloadModelRequest(_message.Message):
+    __slots__ = ("model", "worker_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    worker_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UnloadModelResponse(_message.Message):
+    __slots__ = ("model", "outcomes")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    outcomes: _containers.RepeatedCompositeFieldContainer[ModelOutcome]
+    def __init__(self, model: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[ModelOutcome, _Mapping]]] = ...) -> None: ...

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class ModelServiceStub:
-    """ModelService describes the catalog.
+    """ModelService describes the catalog, and (admin key) warms and frees models on workers.
     """
 
     def __init__(self, channel):
@@ -45,10 +45,20 @@ class ModelServiceStub:
                 request_serializer=omnirt_dot_v1_dot_models__pb2.DescribeModelRequest.SerializeToString,
                 response_deserializer=omnirt_dot_v1_dot_models__pb2.DescribeModelResponse.FromString,
                 _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/omnirt.v1.ModelService/LoadModel',
+                request_serializer=omnirt_dot_v1_dot_models__pb2.LoadModelRequest.SerializeToString,
+                response_deserializer=omnirt_dot_v1_dot_models__pb2.LoadModelResponse.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/omnirt.v1.ModelService/UnloadModel',
+                request_serializer=omnirt_dot_v1_dot_models__pb2.UnloadModelRequest.SerializeToString,
+                response_deserializer=omnirt_dot_v1_dot_models__pb2.UnloadModelResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
-    """ModelService describes the catalog.
+    """ModelService describes the catalog, and (admin key) warms and frees models on workers.
     """
 
     def ListModels(self, request, context):
@@ -59,6 +69,24 @@ class ModelServiceServicer:
 
     def DescribeModel(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadModel(self, request, context):
+        """Make a model warm on workers connected to this controller that can serve it, and wait
+        until their loads end (at most until the call's deadline; a load still going then is
+        reported DEADLINE_EXCEEDED and goes on). Needs an admin key when API keys are on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Free a model on workers connected to this controller, each once no job of it runs there
+        (at most until the call's deadline). Not a ban: a later job of it loads it again.
+        Needs an admin key when API keys are on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -76,6 +104,16 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     request_deserializer=omnirt_dot_v1_dot_models__pb2.DescribeModelRequest.FromString,
                     response_serializer=omnirt_dot_v1_dot_models__pb2.DescribeModelResponse.SerializeToString,
             ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=omnirt_dot_v1_dot_models__pb2.LoadModelRequest.FromString,
+                    response_serializer=omnirt_dot_v1_dot_models__pb2.LoadModelResponse.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=omnirt_dot_v1_dot_models__pb2.UnloadModelRequest.FromString,
+                    response_serializer=omnirt_dot_v1_dot_models__pb2.UnloadModelResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'omnirt.v1.ModelService', rpc_method_handlers)
@@ -85,7 +123,7 @@ def add_ModelServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ModelService:
-    """ModelService describes the catalog.
+    """ModelService describes the catalog, and (admin key) warms and frees models on workers.
     """
 
     @staticmethod
@@ -132,6 +170,60 @@ class ModelService:
             '/omnirt.v1.ModelService/DescribeModel',
             omnirt_dot_v1_dot_models__pb2.DescribeModelRequest.SerializeToString,
             omnirt_dot_v1_dot_models__pb2.DescribeModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omnirt.v1.ModelService/LoadModel',
+            omnirt_dot_v1_dot_models__pb2.LoadModelRequest.SerializeToString,
+            omnirt_dot_v1_dot_models__pb2.LoadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omnirt.v1.ModelService/UnloadModel',
+            omnirt_dot_v1_dot_models__pb2.UnloadModelRequest.SerializeToString,
+            omnirt_dot_v1_dot_models__pb2.UnloadModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,6 +27,8 @@ WRONG = "not-a-key-of-anyone"
 # Open by design: probes, grpcurl's schema, and the worker stream (admitted by its own token).
 OPEN_PREFIXES = ("grpc.health.", "grpc.reflection.", "omnirt.worker.")
 ADMIN_SERVICES = {"omnirt.v1.ClusterService"}
+# Methods of user services that change what the workers hold: admin keys only.
+ADMIN_METHODS = {"omnirt.v1.ModelService.LoadModel", "omnirt.v1.ModelService.UnloadModel"}
 MISSING_JOB = "job-that-does-not-exist"
 # The services the pool must know (a KeyError below means: import the new one here).
 KNOWN_FILES = (cluster_pb2, generation_pb2, models_pb2, realtime_pb2)
@@ -153,7 +155,7 @@ def test_admin_rpcs_refuse_user_keys_and_serve_admin_keys(
     for method in served_methods(channel):
         user = code_of(channel, method, KEYS["alice"], model="null")
         admin = code_of(channel, method, KEYS["ops"], model="null")
-        if method.containing_service.full_name in ADMIN_SERVICES:
+        if method.containing_service.full_name in ADMIN_SERVICES or method.full_name in ADMIN_METHODS:
             assert user is grpc.StatusCode.PERMISSION_DENIED, (method.full_name, user)
         else:
             assert user not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED), (
@@ -250,7 +252,8 @@ def test_the_controllers_json_log_names_the_tenant(tmp_path: Path) -> None:
 
 def test_an_admitted_worker_reads_the_catalog_with_its_token_and_clients_cannot(tmp_path: Path) -> None:
     """A worker preloads its models with DescribeModel, and the catalog is behind API keys: the
-    worker's token reads it (ModelService only); the token is no API key for anything else."""
+    worker's token reads it (ModelService's reads only: not LoadModel / UnloadModel); the token
+    is no API key for anything else."""
     token = tmp_path / "worker-token"
     token.write_text("worker-secret-token\n")
     keys = str(key_file(tmp_path))
@@ -263,7 +266,9 @@ def test_an_admitted_worker_reads_the_catalog_with_its_token_and_clients_cannot(
         with grpc.insecure_channel(controller.address) as channel:
             for method in served_methods(channel):
                 code = code_of(channel, method, "worker-secret-token", job_id=MISSING_JOB, model="null")
-                if method.containing_service.full_name == "omnirt.v1.ModelService":
+                if method.full_name in ADMIN_METHODS:  # reading the catalog is all a worker may do
+                    assert code is grpc.StatusCode.UNAUTHENTICATED, (method.full_name, code)
+                elif method.containing_service.full_name == "omnirt.v1.ModelService":
                     assert code is grpc.StatusCode.OK, method.full_name
                 else:
                     assert code is grpc.StatusCode.UNAUTHENTICATED, (method.full_name, code)

@@ -46,6 +46,10 @@ class JobFailure(Exception):
         self.error = t.JobError(code=code, message=message, field=field)
 
 
+class ModelInUse(Exception):
+    """`Executor.unload` cannot free a model now: a run or a realtime session still uses it."""
+
+
 class StopRun(Exception):
     """Raised inside a running pipeline (from its step callback) when every job of it must stop."""
 
@@ -139,6 +143,18 @@ class Executor(ABC):
     async def preload(self, spec: t.ModelSpec) -> None:
         """Make `spec` warm before its first job (`--preload`); NotImplementedError in modes without it."""
         raise NotImplementedError(f"the {self.mode} mode does not preload; models load on their first job")
+
+    def model_memory(self) -> dict[str, int]:
+        """Bytes each loaded model takes, for the models this mode measures (Heartbeat)."""
+        return {}
+
+    async def unload(self, model_id: str) -> bool:
+        """Free `model_id` now; True when it was held, False when it was not.
+
+        ModelInUse while a run or session uses it (the daemon waits for the model's jobs first);
+        NotImplementedError in modes that cannot free a model on request.
+        """
+        raise NotImplementedError(f"the {self.mode} mode does not unload models on request")
 
     def open_session(self, request: OpenRequest) -> StreamingSession:
         """Open a realtime session of `request.model`, or raise SessionRefused.

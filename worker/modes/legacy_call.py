@@ -31,7 +31,15 @@ from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes import null as null_model
 from omnirt.worker.modes import step_hook
 from omnirt.worker.modes.assignment import AssignmentRun
-from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopRun, stop_error
+from omnirt.worker.modes.base import (
+    CancelFlags,
+    EventSink,
+    Executor,
+    JobFailure,
+    ModelInUse,
+    StopRun,
+    stop_error,
+)
 from omnirt.worker.modes.events import StepMonitor
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.modes.thread_events import ThreadEvents
@@ -146,6 +154,16 @@ class LegacyCallExecutor(Executor):
             self.cache.release(self.cache.get(spec, placement))
 
         await asyncio.to_thread(load)
+
+    def model_memory(self) -> dict[str, int]:
+        return self.cache.model_bytes()
+
+    async def unload(self, model_id: str) -> bool:
+        """Free `model_id` from the model cache (ModelInUse while a run or session holds it)."""
+        dropped, in_use = await asyncio.to_thread(self.cache.evict, model_id)
+        if in_use:
+            raise ModelInUse(f"model {model_id!r} is in use by a run or a realtime session")
+        return dropped
 
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         if null_model.is_null_model(assignment.model):

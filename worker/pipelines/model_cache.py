@@ -500,6 +500,26 @@ class ModelCache:
         with self._lock:
             return sorted({model_id for entry in self._entries.values() for model_id in entry.model_ids})
 
+    def model_bytes(self) -> dict[str, int]:
+        """Catalog id -> bytes of the pipeline it is held in (a pipeline of several ids: each)."""
+        with self._lock:
+            return {m: entry.nbytes for entry in self._entries.values() for m in entry.model_ids}
+
+    def evict(self, model_id: str) -> tuple[bool, bool]:
+        """Drop the idle entries that hold `model_id` (an operator's unload); returns (whether
+        one was dropped, whether one still holding it is in use and was kept)."""
+        with self._lock:
+            held = [k for k, e in self._entries.items() if model_id in e.model_ids]
+            idle = [k for k in held if self._entries[k].in_use == 0]
+            for key in idle:
+                entry = self._entries.pop(key)
+                log.info(
+                    "unloaded model %s (%s)", ", ".join(sorted(entry.model_ids)), format_bytes(entry.nbytes)
+                )
+        if idle:
+            _free_memory()
+        return bool(idle), len(idle) < len(held)
+
     def held_bytes(self) -> int:
         """Bytes of the pipelines held (what the budget counts)."""
         with self._lock:

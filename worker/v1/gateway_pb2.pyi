@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running", "session_slots")
+    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running", "session_slots", "loads_models")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class Hello(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     REPORTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     SESSION_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LOADS_MODELS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     execution_mode: str
     backend: str
@@ -48,7 +49,8 @@ class Hello(_message.Message):
     instance_id: str
     reports_running: bool
     session_slots: int
-    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ..., session_slots: _Optional[int] = ...) -> None: ...
+    loads_models: bool
+    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ..., session_slots: _Optional[int] = ..., loads_models: _Optional[bool] = ...) -> None: ...
 
 class RunningJob(_message.Message):
     __slots__ = ("assignment_id", "job_id")
@@ -59,20 +61,30 @@ class RunningJob(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining", "running", "sessions")
+    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining", "running", "sessions", "loaded")
     BUSY_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LOADED_MODELS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_FIELD_NUMBER: _ClassVar[int]
     busy_slots: int
     loaded_models: _containers.RepeatedScalarFieldContainer[str]
     memory_bytes: int
     draining: bool
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
     sessions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., sessions: _Optional[_Iterable[str]] = ...) -> None: ...
+    loaded: _containers.RepeatedCompositeFieldContainer[LoadedModel]
+    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., sessions: _Optional[_Iterable[str]] = ..., loaded: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ...) -> None: ...
+
+class LoadedModel(_message.Message):
+    __slots__ = ("model_id", "memory_bytes")
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    model_id: str
+    memory_bytes: int
+    def __init__(self, model_id: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class AssignmentItem(_message.Message):
     __slots__ = ("job_id", "request", "attempt", "queue_wait_ms")
@@ -228,32 +240,74 @@ class WorkerSessionResponse(_message.Message):
     stop: str
     def __init__(self, input: _Optional[_Union[_realtime_pb2.SessionRequest, _Mapping]] = ..., stop: _Optional[str] = ...) -> None: ...
 
+class LoadModel(_message.Message):
+    __slots__ = ("request_id", "model")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: _models_pb2.ModelSpec
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[_Union[_models_pb2.ModelSpec, _Mapping]] = ...) -> None: ...
+
+class UnloadModel(_message.Message):
+    __slots__ = ("request_id", "model_id", "deadline_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model_id: str
+    deadline_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., model_id: _Optional[str] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+
+class ModelLoaded(_message.Message):
+    __slots__ = ("request_id", "model_id", "ok", "error", "load_ms", "memory_bytes", "unchanged")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOAD_MS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model_id: str
+    ok: bool
+    error: _types_pb2.JobError
+    load_ms: float
+    memory_bytes: int
+    unchanged: bool
+    def __init__(self, request_id: _Optional[str] = ..., model_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[_Union[_types_pb2.JobError, _Mapping]] = ..., load_ms: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., unchanged: _Optional[bool] = ...) -> None: ...
+
 class ConnectRequest(_message.Message):
-    __slots__ = ("hello", "heartbeat", "event", "result", "batch")
+    __slots__ = ("hello", "heartbeat", "event", "result", "batch", "model_loaded")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_LOADED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     event: AssignmentEvent
     result: AssignmentResult
     batch: ConnectRequestBatch
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., event: _Optional[_Union[AssignmentEvent, _Mapping]] = ..., result: _Optional[_Union[AssignmentResult, _Mapping]] = ..., batch: _Optional[_Union[ConnectRequestBatch, _Mapping]] = ...) -> None: ...
+    model_loaded: ModelLoaded
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., event: _Optional[_Union[AssignmentEvent, _Mapping]] = ..., result: _Optional[_Union[AssignmentResult, _Mapping]] = ..., batch: _Optional[_Union[ConnectRequestBatch, _Mapping]] = ..., model_loaded: _Optional[_Union[ModelLoaded, _Mapping]] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("welcome", "assignment", "cancel", "drain", "batch", "session_offer")
+    __slots__ = ("welcome", "assignment", "cancel", "drain", "batch", "session_offer", "load_model", "unload_model")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     SESSION_OFFER_FIELD_NUMBER: _ClassVar[int]
+    LOAD_MODEL_FIELD_NUMBER: _ClassVar[int]
+    UNLOAD_MODEL_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     assignment: Assignment
     cancel: CancelAssignment
     drain: Drain
     batch: ConnectResponseBatch
     session_offer: SessionOffer
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[CancelAssignment, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., batch: _Optional[_Union[ConnectResponseBatch, _Mapping]] = ..., session_offer: _Optional[_Union[SessionOffer, _Mapping]] = ...) -> None: ...
+    load_model: LoadModel
+    unload_model: UnloadModel
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[CancelAssignment, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., batch: _Optional[_Union[ConnectResponseBatch, _Mapping]] = ..., session_offer: _Optional[_Union[SessionOffer, _Mapping]] = ..., load_model: _Optional[_Union[LoadModel, _Mapping]] = ..., unload_model: _Optional[_Union[UnloadModel, _Mapping]] = ...) -> None: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from omnirt.controller.core.encoded import ResultEncoding
+from omnirt.controller.core.model_loads import WorkerAnswer
 from omnirt.controller.core.router import WorkerHandle, WorkerLink
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy
 from omnirt.controller.core.validation import Plan
@@ -16,6 +17,7 @@ from omnirt.types import (
     JobError,
     JobEvent,
     JobState,
+    ModelOutcome,
     ModelSpec,
     Task,
     WorkerInfo,
@@ -98,6 +100,19 @@ class MemoryEngineClient:
     async def drain_worker(self, worker_id: str) -> WorkerInfo:
         return self.engine.drain_worker(worker_id)
 
+    async def load_model(
+        self, name: str, workers: int, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        return await self.engine.model_loads.load(name, workers, worker_ids, wait_s)
+
+    async def unload_model(
+        self, name: str, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        return await self.engine.model_loads.unload(name, worker_ids, wait_s)
+
+    async def worker_model_answer(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
+        self.engine.model_loads.answered(handle, answer)
+
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
         return self.engine.worker_connected(info, link)
 
@@ -107,8 +122,9 @@ class MemoryEngineClient:
         loaded_models: list[str],
         draining: bool,
         running: set[tuple[str, str]] | None = None,
+        model_bytes: dict[str, int] | None = None,
     ) -> None:
-        self.engine.worker_heartbeat(handle, loaded_models, draining, running)
+        self.engine.worker_heartbeat(handle, loaded_models, draining, running, model_bytes)
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         self.engine.worker_event(handle, assignment_id, event)

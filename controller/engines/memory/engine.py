@@ -28,6 +28,7 @@ from omnirt.controller.core.jobs import (
     utcnow,
     waiting_reason,
 )
+from omnirt.controller.core.model_loads import ModelLoads
 from omnirt.controller.core.router import (
     Assignment,
     AssignmentItem,
@@ -82,6 +83,7 @@ class Engine:
         self.store = JobStore(max_finished=config.max_finished_jobs, ttl_s=config.job_ttl_s)
         self.queue = JobQueue(config.max_queue, config.priority_aging_s)
         self.workers = WorkerRegistry()
+        self.model_loads = ModelLoads(self.workers, catalog)  # ModelService.LoadModel / UnloadModel
         self._live: dict[str, JobRecord] = {}
         # Tenant -> its jobs queued or running (max_queued, and the active-jobs gauge).
         self._active: dict[str, int] = {}
@@ -321,8 +323,9 @@ class Engine:
         loaded_models: list[str],
         draining: bool,
         running: set[tuple[str, str]] | None = None,
+        model_bytes: dict[str, int] | None = None,
     ) -> None:
-        handle.heartbeat(loaded_models, draining)
+        handle.heartbeat(loaded_models, draining, model_bytes)
         if running is None:
             return
         for job_id, assignment_id in handle.unlisted(running):
@@ -397,6 +400,7 @@ class Engine:
         if self.workers.remove(handle):
             log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
             self._lose_jobs(handle, reason)
+            self.model_loads.worker_lost(handle)
             self._wake.set()
 
     # ---- internals ------------------------------------------------------------------------
@@ -482,7 +486,9 @@ class Engine:
         return waiting_reason(spec, self.workers.serving_count(spec))
 
     def _with_serving(self, spec: ModelSpec) -> ModelSpec:
-        return dataclasses.replace(spec, serving_workers=self.workers.serving_count(spec))
+        return dataclasses.replace(
+            spec, serving_workers=self.workers.serving_count(spec), warm_on=self.model_loads.warm_on(spec)
+        )
 
     def _batch_key(self, record: JobRecord) -> Hashable | None:
         return batch_key(record.plan, self._batch_limit(record.plan.spec))

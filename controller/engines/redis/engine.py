@@ -35,6 +35,7 @@ from omnirt.controller.core.jobs import (
     utcnow,
     waiting_reason,
 )
+from omnirt.controller.core.model_loads import ModelLoads, WorkerAnswer
 from omnirt.controller.core.router import (
     CancelAssignment,
     WorkerHandle,
@@ -79,6 +80,7 @@ from omnirt.types import (
     JobError,
     JobEvent,
     JobState,
+    ModelOutcome,
     ModelSpec,
     Task,
     WorkerInfo,
@@ -110,6 +112,7 @@ class RedisEngine:
         )
         self.id = f"ctl-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.workers = WorkerRegistry()
+        self.model_loads = ModelLoads(self.workers, catalog)  # ModelService.LoadModel / UnloadModel
         self.metrics = EngineMetrics(self)
         self.tracing = JobTracing()
         # Each model's run time per job as this controller's workers saw it: what fair share
@@ -432,7 +435,10 @@ class RedisEngine:
         return self._with_serving(self.catalog.resolve(name))
 
     def _with_serving(self, spec: ModelSpec) -> ModelSpec:
-        return dataclasses.replace(spec, serving_workers=self._serving(spec))
+        local = self.model_loads.warm_on(spec)
+        # Workers of other controllers as last seen: where the model is warm, not its bytes.
+        remote = {w.id: 0 for w in self.cluster if w.id not in local and spec.id in w.loaded_models}
+        return dataclasses.replace(spec, serving_workers=self._serving(spec), warm_on={**remote, **local})
 
     def _serving(self, spec: ModelSpec) -> int:
         """Workers serving `spec` on any controller (this one's now, the others' as last seen)."""
@@ -470,6 +476,19 @@ class RedisEngine:
                 info.state = WorkerState.DRAINING
                 return info
         return self.workers.get(worker_id).snapshot()  # raises WorkerNotFound
+
+    async def load_model(
+        self, name: str, workers: int, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        return await self.model_loads.load(name, workers, worker_ids, wait_s)
+
+    async def unload_model(
+        self, name: str, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        return await self.model_loads.unload(name, worker_ids, wait_s)
+
+    async def worker_model_answer(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
+        self.model_loads.answered(handle, answer)
 
     def gauge_snapshot(self) -> Gauges:
         return dataclasses.replace(self.depth, workers=[w.snapshot() for w in self.workers.all()])
@@ -527,8 +546,9 @@ class RedisEngine:
         loaded_models: list[str],
         draining: bool,
         running: set[tuple[str, str]] | None = None,
+        model_bytes: dict[str, int] | None = None,
     ) -> None:
-        handle.heartbeat(loaded_models, draining)
+        handle.heartbeat(loaded_models, draining, model_bytes)
         if running is None:
             return
         for job_id, assignment_id in handle.unlisted(running):
@@ -682,6 +702,7 @@ class RedisEngine:
         if self.workers.remove(handle):
             log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
             await self._lose_jobs(handle, reason)
+            self.model_loads.worker_lost(handle)
             with contextlib.suppress(redis.exceptions.RedisError):
                 await self.store.drop_worker(handle.info, self.id)
             self.wake.set()

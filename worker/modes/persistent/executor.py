@@ -38,7 +38,15 @@ from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
-from omnirt.worker.modes.base import CancelFlags, EventSink, Executor, JobFailure, StopCheck, stop_error
+from omnirt.worker.modes.base import (
+    CancelFlags,
+    EventSink,
+    Executor,
+    JobFailure,
+    ModelInUse,
+    StopCheck,
+    stop_error,
+)
 from omnirt.worker.modes.events import RunRecorder
 from omnirt.worker.modes.persistent import inputs as media
 from omnirt.worker.modes.persistent import session
@@ -172,6 +180,19 @@ class PersistentWorkerExecutor(Executor):
 
     async def preload(self, spec: t.ModelSpec) -> None:
         await asyncio.to_thread(self.preload_sync, spec)
+
+    async def unload(self, model_id: str) -> bool:
+        """Stop `model_id`'s group (ModelInUse while a request or session uses it); its next
+        job starts a new one."""
+        with self._lock:  # before any await: no run of the daemon's can start in between
+            group = self._groups.get(model_id)
+            if group is None:
+                return False
+            if group.in_use:
+                raise ModelInUse(f"model {model_id!r} is in use by a request or a realtime session")
+            del self._groups[model_id]
+        await asyncio.to_thread(group.close)
+        return True
 
     def open_session(self, request: OpenRequest) -> StreamingSession:
         """A realtime session on the resident group of `request.model` (`session`, `streaming`)."""

@@ -118,6 +118,12 @@ class ResidentGroup:
     def ready(self) -> bool:
         return self.state is State.READY
 
+    @property
+    def in_use(self) -> bool:
+        """A request runs on the group, or an open session holds it."""
+        with self._cond:
+            return self._busy or self._holds > 0
+
     def pids(self) -> list[int]:
         """The torchrun agent's and the ranks' pids of the running group (empty when down)."""
         with self._cond:
