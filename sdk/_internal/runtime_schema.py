@@ -5,8 +5,8 @@ catalog table and re-checks requests with the same code, so both agree on names 
 
 Each option has a phase. *Load* options (`torch_compile`, `cpu_offload`, `layerwise_casting`,
 `quantization`) change the loaded weights or modules: another value is another model cache
-entry. *Call* options (`enable_vae_slicing`, `enable_vae_tiling`, `step_cache`, `inference_mode`) are set
-for one pipeline call and undone after it, on the already loaded pipeline.
+entry. *Call* options (`enable_vae_slicing`, `enable_vae_tiling`, `step_cache`, `inference_mode`,
+`preview`) are set for one pipeline call and undone after it, on the already loaded pipeline.
 
 Values are normalized (`true` -> `"inductor"` for `torch_compile`, a string shorthand -> a
 table for `step_cache` and `quantization`), so equal settings compare equal (batching keys,
@@ -228,6 +228,44 @@ def _step_cache(value: Any, path: str) -> dict[str, Any]:
     return settings
 
 
+PREVIEW_FORMATS = ("jpeg", "webp")
+# `preview = true` and a table without `every_steps`: a preview every 5 steps (the measured cost
+# on tiny-sd is in docs/BENCHMARKS.md), at most 256 px on the longer side.
+PREVIEW_DEFAULTS: dict[str, Any] = {"every_steps": 5, "format": "jpeg", "max_size": 256}
+PREVIEW_STEPS = (1, 1000)
+PREVIEW_SIZES = (16, 1024)
+
+
+def _bounded(value: Any, path: str, bounds: tuple[int, int]) -> int:
+    number = _int(value, path, minimum=-(2**63))
+    if not bounds[0] <= number <= bounds[1]:
+        raise RuntimeOptionError(path, f"must be from {bounds[0]} to {bounds[1]}, not {number}")
+    return number
+
+
+def _preview(value: Any, path: str) -> dict[str, Any]:
+    """`true`, a step interval (`5`) or `{every_steps, format, max_size}`; {} for false (off).
+
+    An empty table is off too: it is the normalized form of `false`, which the worker parses again.
+    """
+    if value is False or value is None or (isinstance(value, Mapping) and not value):
+        return {}
+    if value is True:
+        return dict(PREVIEW_DEFAULTS)
+    if not isinstance(value, Mapping):
+        return {**PREVIEW_DEFAULTS, "every_steps": _bounded(value, path, PREVIEW_STEPS)}
+    unknown = sorted(set(value) - set(PREVIEW_DEFAULTS))
+    if unknown:
+        known = ", ".join(PREVIEW_DEFAULTS)
+        raise RuntimeOptionError(f"{path}.{unknown[0]}", f"unknown setting (known: {known})")
+    table = {**PREVIEW_DEFAULTS, **value}
+    return {
+        "every_steps": _bounded(table["every_steps"], f"{path}.every_steps", PREVIEW_STEPS),
+        "format": _choice(table["format"], f"{path}.format", PREVIEW_FORMATS, "preview format"),
+        "max_size": _bounded(table["max_size"], f"{path}.max_size", PREVIEW_SIZES),
+    }
+
+
 @dataclass(frozen=True)
 class Option:
     """One runtime option: its phase and its parser (raw value -> normalized; falsy = off)."""
@@ -244,6 +282,7 @@ OPTIONS: dict[str, Option] = {
         Option("enable_vae_tiling", CALL, _bool),
         Option("step_cache", CALL, _step_cache),
         Option("inference_mode", CALL, _bool),
+        Option("preview", CALL, _preview),
         Option("torch_compile", LOAD, _torch_compile),
         Option("cpu_offload", LOAD, _cpu_offload),
         Option("layerwise_casting", LOAD, _layerwise_casting),

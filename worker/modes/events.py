@@ -1,4 +1,5 @@
-"""`RunRecorder` (events and stage timings of a run) and `StepMonitor` (the step callback).
+"""`RunRecorder` (events and stage timings of a run) and `StepMonitor` (the step callback,
+which also makes the live previews of the `preview` runtime option).
 
 Executors call it from the pipeline thread; the sink it is given must be thread-safe (the
 executors hand it a `ThreadEvents`, which passes the events to the daemon's sink on the loop).
@@ -13,6 +14,7 @@ from typing import Any
 
 from omnirt import types as t
 from omnirt.worker.modes.base import EventSink, StopCheck, StopRun
+from omnirt.worker.pipelines.previews import PreviewMaker
 
 
 class RunRecorder:
@@ -60,18 +62,34 @@ class RunRecorder:
         for job_id in job_ids:
             self._event(job_id, t.EventKind.PROGRESS, progress=progress)
 
+    def preview(self, job_id: str, step: int, total_steps: int, data: bytes, mime_type: str) -> None:
+        """A preview image of `job_id` after step `step`."""
+        progress = t.Progress(step=step, total_steps=total_steps, stage="denoise")
+        self._event(job_id, t.EventKind.PREVIEW, progress=progress, preview=data, preview_mime_type=mime_type)
+
 
 class StepMonitor:
     """A diffusers `callback_on_step_end`: progress per step, stop checks, the denoise/decode split.
 
     `denoise` runs from `started_at` to the last step callback, `decode` from there to the
     call's return (`finish`). Raises StopRun at a step end once every job must stop.
+
+    With `previews`, every job whose first output is at `outputs[i]` of the call's batch gets
+    a PREVIEW event at the steps `previews.due` names, made from the step's `latents`.
     """
 
     def __init__(
-        self, recorder: RunRecorder, stop: StopCheck, job_ids: list[str], planned_steps: int
+        self,
+        recorder: RunRecorder,
+        stop: StopCheck,
+        job_ids: list[str],
+        planned_steps: int,
+        previews: PreviewMaker | None = None,
+        outputs: list[int] | None = None,
     ) -> None:
         self.recorder = recorder
+        self.previews = previews
+        self.outputs = outputs if outputs is not None else list(range(len(job_ids)))
         self.stop = stop
         self.job_ids = job_ids
         self.total_steps = planned_steps
@@ -96,9 +114,20 @@ class StepMonitor:
         self.recorder.progress(self.job_ids, step, self.total_steps)
         if self.stop.all_stopped(self.job_ids):
             raise StopRun()
+        if self.previews is not None and self.previews.due(step, self.total_steps):
+            self._preview(pipe, step, callback_kwargs.get("latents"))
         if step >= self.total_steps:
             self._close_denoise(now)
         return callback_kwargs
+
+    def _preview(self, pipe: Any, step: int, latents: Any) -> None:
+        # In the pipeline thread, between steps: the loop waits for the projection and the
+        # encode only; the event is queued (ThreadEvents), never sent from here.
+        assert self.previews is not None
+        made = self.previews.make(pipe, latents, self.outputs)
+        for job_id, preview in zip(self.job_ids, made, strict=True):
+            if preview is not None and not self.stop.reason(job_id):
+                self.recorder.preview(job_id, step, self.total_steps, preview.data, preview.mime_type)
 
     def _close_denoise(self, at: float) -> None:
         self.denoise_closed = True

@@ -47,6 +47,7 @@ from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs, call_parameters
 from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
+from omnirt.worker.pipelines.previews import PreviewMaker
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, backends, inference_mode, quantization, step_cache
 from omnirt.worker.runtime import options as runtime_options
@@ -278,8 +279,20 @@ class LegacyCallRun(AssignmentRun):
         seeds = [seed for p in group for seed in p.seeds]
         kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for seed in seeds]
         seed_noise_sampler(view.scheduler, seeds)
+        preview = options.call().get("preview")
+        previews = None
+        if preview:
+            size = (int(first.common.get("width") or 0), int(first.common.get("height") or 0))
+            previews = PreviewMaker(preview, self.spec.family, *size)
+            call_options["preview"] = preview
+        firsts = [sum(p.num_outputs for p in group[:i]) for i in range(len(group))]  # each job's first output
         monitor = StepMonitor(
-            self.recorder, self.stop, job_ids, int(first.common.get("num_inference_steps", 0))
+            self.recorder,
+            self.stop,
+            job_ids,
+            int(first.common.get("num_inference_steps", 0)),
+            previews,
+            firsts,
         )
         step_hook.attach(view, accepted, kwargs, monitor)
 
