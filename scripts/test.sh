@@ -4,9 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh controller,worker,dev
-if [ ! -x .tools/node_modules/.bin/buf ]; then
-  npm install --silent --no-save --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0 >/dev/null
-fi
+scripts/install_tools.sh   # buf, helm and the CRD validators, into .tools/
 # promtool (Debian's prometheus package) checks the /metrics exposition; the metrics tests fall
 # back to prometheus_client's parser where it cannot be installed.
 if ! command -v promtool >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
