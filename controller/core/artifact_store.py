@@ -90,16 +90,19 @@ class ArtifactStore:
             body = await asyncio.to_thread(self.store.read, key)
         except Exception as exc:
             raise Unavailable(f"artifact store {self} cannot serve {object_uri}: {_reason(exc)}") from None
-        while True:
-            try:
-                chunk = await asyncio.to_thread(next, body, b"")
-            except Exception as exc:
-                raise Unavailable(
-                    f"artifact store {self} failed reading {object_uri}: {_reason(exc)}"
-                ) from None
-            if not chunk:
-                return
-            yield chunk
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.to_thread(next, body, b"")
+                except Exception as exc:  # the store went away mid-object
+                    raise Unavailable(
+                        f"artifact store {self} failed reading {object_uri}: {_reason(exc)}"
+                    ) from None
+                if not chunk:
+                    return
+                yield chunk
+        finally:  # also when the client went away mid-object: the connection goes back
+            body.close()
 
     # ---- lifecycle ----------------------------------------------------------------------
 

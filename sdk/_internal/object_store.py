@@ -85,6 +85,24 @@ class StoreLocation:
         return key
 
 
+class ObjectReader:
+    """An object's body as chunks; `close()` gives its connection back (a reader that stops early)."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+        self._chunks: Iterator[bytes] = body.iter_chunks(READ_CHUNK_BYTES)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Release the connection."""
+        self._body.close()
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """How to reach the store: empty strings leave each to boto3's usual sources."""
@@ -146,11 +164,9 @@ class ObjectStore:
         )
         return url
 
-    def read(self, key: str) -> Iterator[bytes]:
-        """The object's bytes in chunks (the first chunk is fetched before this returns)."""
-        body = self._client.get_object(Bucket=self.location.bucket, Key=key)["Body"]
-        chunks: Iterator[bytes] = body.iter_chunks(READ_CHUNK_BYTES)
-        return chunks
+    def read(self, key: str) -> ObjectReader:
+        """The object's bytes in chunks (the request is made before this returns)."""
+        return ObjectReader(self._client.get_object(Bucket=self.location.bucket, Key=key)["Body"])
 
     def delete_prefix(self, prefix: str, older_than: datetime | None = None) -> int:
         """Delete the objects under `prefix` (last modified before `older_than`, when set); how many."""

@@ -246,8 +246,13 @@ def test_objects_go_with_the_job(controller: Controller, worker: Worker, stub: A
 def test_store_down_the_job_still_succeeds(
     controller: Controller, worker: Worker, stub: Any, s3: S3Server
 ) -> None:
+    stored = generate(stub, outputs=1)  # in the store, before it goes down
     s3.stop()
     try:
+        with pytest.raises(grpc.RpcError) as caught:  # its bytes cannot be had now: said so, and where
+            download(stub, stored.job.id, 0, "alice")
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert stored.result.artifacts[0].object_uri in (caught.value.details() or "")
         response = generate(stub, outputs=1)
         artifact = response.result.artifacts[0]
         assert artifact.object_uri == "" and artifact.url == ""
