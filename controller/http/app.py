@@ -20,6 +20,7 @@ from aiohttp import HttpVersion11, web
 from google.protobuf.message import Message
 
 from omnirt._internal.address import is_loopback
+from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import echo
 from omnirt.controller.edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
 from omnirt.controller.http import openai_audio, openai_images, openai_models, openai_videos
@@ -101,8 +102,10 @@ class HttpGateway:
         ssl_context: ssl.SSLContext | None = None,
         cors_origins: Sequence[str] = (),
         metrics_auth: bool = False,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = engine
+        self.artifacts = artifacts  # --artifact-store: the OpenAI routes read objects from it
         self.auth = auth  # None: auth is off (every caller is the anonymous admin)
         self.ssl_context = ssl_context
         self.cors_origins = tuple(cors_origins)
