@@ -1,6 +1,6 @@
 """The web console: static pages at `/` and `/console/NAME`, served by the gateway itself.
 
-The console is plain HTML, CSS and ES modules in `console/` (package data; no build step, no
+The console is plain HTML, CSS and ES modules in `web-console/` (package data; no build step, no
 CDN). It holds no data, so loading it needs no key (`security.is_open`); every call it makes
 goes to the authenticated API with the key the user typed (kept in the tab's sessionStorage).
 The files are read once, when the gateway is made, and served from a fixed table: a name that
@@ -18,6 +18,8 @@ from aiohttp import web
 from omnirt.controller.http.errors import HttpError
 
 PREFIX = "/console/"
+# Not an identifier, so not mistaken for a subpackage (setuptools warns about such folders).
+FOLDER = "web-console"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
     "media-src 'self' blob: data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
@@ -38,7 +40,7 @@ def is_console(path: str) -> bool:
 
 def load_files() -> dict[str, tuple[bytes, str]]:
     """name -> (bytes, content type) of every console file of a known type."""
-    folder = resources.files("omnirt.controller.http").joinpath("console")
+    folder = resources.files("omnirt.controller.http").joinpath(FOLDER)
     files: dict[str, tuple[bytes, str]] = {}
     for entry in folder.iterdir():
         suffix = "." + entry.name.rpartition(".")[2]

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from PIL import Image
 
+import omnirt.controller.http
 from omnirt.controller.edges.auth import key_digest
 from omnirt.controller.http.console import CSP
 from tests.conftest import USER_CATALOG
@@ -173,6 +174,16 @@ def test_a_browser_websocket_sends_its_key_as_a_subprotocol(http: httpx.Client) 
     assert asyncio.run(handshake(["omnirt.v1"])) == 401
 
 
+def test_the_console_never_writes_html_from_data() -> None:
+    # API data (model ids, errors, job fields) reaches the page as text nodes only (dom.js `el`).
+    folder = Path(omnirt.controller.http.__file__).with_name("web-console")
+    scripts = {p.name: p.read_text() for p in folder.glob("*.js")}
+    assert "dom.js" in scripts and "app.js" in scripts
+    for name, text in scripts.items():
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+            assert sink not in text, (name, sink)
+
+
 # ---- in the browser --------------------------------------------------------------------------
 
 
@@ -206,6 +217,25 @@ def test_generate_watch_and_download_an_image(page: Page) -> None:
     saved = Path(download.value.path())
     assert saved.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert download.value.suggested_filename.endswith(".png")
+
+
+def test_an_uploaded_image_drives_an_image2image_job(page: Page, tmp_path: Path) -> None:
+    picture = tmp_path / "start.png"
+    picture.write_bytes(portrait_png())
+    use_key(page, "alice")
+    page.wait_for_selector("#g-model option[value=tiny-sd]", state="attached")
+    page.select_option("#g-model", "tiny-sd")
+    page.select_option("#g-task", "TASK_IMAGE2IMAGE")
+    assert page.is_visible("#g-image") and page.is_hidden("#g-mask")
+    page.set_input_files("#g-image", str(picture))
+    page.fill("#g-prompt", "warmer")
+    page.fill("#g-steps", "2")
+    page.uncheck("#g-previews")
+    page.click("#g-submit")
+    page.wait_for_selector("[data-field=Task]:has-text('image2image')")
+    page.wait_for_selector("#j-results img.result", timeout=WAIT_MS)
+    page.wait_for_selector("[data-field=State]:has-text('succeeded')")
+    assert page.is_hidden("#j-preview-box")  # previews were not asked for
 
 
 def test_the_queue_shows_a_job_and_cancels_it(page: Page, http: httpx.Client) -> None:
