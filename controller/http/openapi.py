@@ -102,6 +102,8 @@ def _transcoded(route: Route, schemas: Schemas) -> dict[str, Any]:
             }
         }
         ok = {"description": "JobEvents as Server-Sent Events (id = sequence)", "content": content}
+        resume = {"type": "string", "pattern": "^[0-9]+$", "description": "resume after this event id"}
+        op["parameters"].append({"name": "Last-Event-ID", "in": "header", "schema": resume})
         event = method.output_type.fields_by_name["event"].message_type
         assert event is not None  # WatchJobResponse.event is a JobEvent
         op["x-event-schema"] = schemas.ref(event)  # what each event's data is

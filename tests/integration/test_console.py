@@ -190,7 +190,12 @@ def test_the_console_never_writes_html_from_data() -> None:
 def test_generate_watch_and_download_an_image(page: Page) -> None:
     use_key(page, "alice")
     page.wait_for_selector("#g-model option[value=tiny-sd]", state="attached")
+    assert page.eval_on_selector("#g-model", "s => s.options[0].value") == "tiny-sd"  # served first
+    page.select_option("#g-model", "unserved-sd")
+    assert page.is_hidden("#g-preset")  # a model without presets
     page.select_option("#g-model", "tiny-sd")
+    assert "fast" in page.eval_on_selector_all("#g-preset option", "os => os.map(o => o.value)")
+    assert page.input_value("#g-preset") == ""  # none unless chosen
     assert page.get_attribute("#g-width", "max")  # the model's limits became the form's bounds
     page.fill("#g-prompt", "a red fox in the snow")
     page.fill("#g-width", "64")

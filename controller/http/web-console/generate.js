@@ -27,6 +27,12 @@ function fillTasks() {
   const model = current();
   const tasks = $("g-task");
   tasks.replaceChildren(...(model ? model.tasks : []).map((t) => el("option", { value: t }, short(t, "TASK_"))));
+  const presets = model ? model.presets || [] : [];
+  $("g-preset").replaceChildren(
+    el("option", { value: "" }, "none"),
+    ...presets.map((p) => el("option", { value: p.name, title: p.description || "" }, p.name)),
+  );
+  $("g-preset").closest("label").hidden = !presets.length;
   if (!model) return;
   const d = model.defaults || {};
   const l = model.limits || {};
@@ -87,6 +93,7 @@ async function submit(event) {
     prompt: $("g-prompt").value,
   };
   if ($("g-negative").value) request.negative_prompt = $("g-negative").value;
+  if ($("g-preset").value) request.preset = $("g-preset").value;
   const fields = {
     width: "g-width",
     height: "g-height",
