@@ -23,7 +23,7 @@ from omnirt._internal.address import is_loopback
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import echo
 from omnirt.controller.edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
-from omnirt.controller.http import openai_audio, openai_images, openai_models, openai_videos
+from omnirt.controller.http import console, openai_audio, openai_images, openai_models, openai_videos, openapi
 from omnirt.controller.http.errors import HttpError, bad_request, error_response, from_http_exception
 from omnirt.controller.http.security import (
     METRICS_PATH,
@@ -33,6 +33,7 @@ from omnirt.controller.http.security import (
     check_host,
     check_origin,
     is_open,
+    key_headers,
     peer_of,
     rpc_level,
     secure,
@@ -131,6 +132,8 @@ class HttpGateway:
         openai_videos.register(self.app, self)
         openai_audio.register(self.app, self)
         realtime_websocket.register(self.app, self)  # WS /v1/avatar/realtime
+        console.register(self.app)  # GET / and /console/{name}
+        openapi.register(self.app)  # GET /openapi.json, from the routes above
         self.app.on_response_prepare.append(self._on_prepare)
         self._runner: web.AppRunner | None = None
 
@@ -312,7 +315,7 @@ class HttpGateway:
         if self.auth is None:
             return ANONYMOUS
         peer, action = peer_of(request), action_of(request)
-        principal = self.auth.authenticate(request.headers.items(), peer, action)
+        principal = self.auth.authenticate(key_headers(request), peer, action)
         if request.path == METRICS_PATH:
             self.auth.require_admin(principal, peer, action)
         return principal
