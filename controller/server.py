@@ -35,6 +35,7 @@ from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.registry import RedisSessions
 from omnirt.controller.realtime.servicer import RealtimeServicer
+from omnirt.controller.webhooks.dispatcher import WebhookDispatcher
 from omnirt.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
@@ -159,6 +160,7 @@ class ControllerServer:
             config.worker_token_file, self.audit, client_ca=bool(config.tls_client_ca)
         )
         self.engine, encoded = make_engine(config, catalog or Catalog.load(config.catalog))
+        self.webhooks = WebhookDispatcher(config, self.engine)  # ValueError: a bad --webhook-* flag
         self._health_task: asyncio.Task[None] | None = None
         store = getattr(self.engine, "store", None)
         shared = (
@@ -170,7 +172,7 @@ class ControllerServer:
         self.sessions.metrics = self.engine.metrics.realtime
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
-            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded),
+            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded, self.webhooks),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
             SERVICE_NAMES[2]: ClusterServicer(self.engine, self.sessions),
             SERVICE_NAMES[3]: RealtimeServicer(self.sessions),
@@ -280,6 +282,7 @@ class ControllerServer:
 
     async def start(self) -> None:
         await self.engine.start()
+        await self.webhooks.start()
         await self.server.start()
         if self.worker_server is not None:
             await self.worker_server.start()
@@ -341,6 +344,7 @@ class ControllerServer:
         await self.health.enter_graceful_shutdown()
         if self.http is not None:
             await self.http.stop()
+        await self.webhooks.stop()
         await self.engine.stop()
         servers = [self.server] if self.worker_server is None else [self.server, self.worker_server]
         await asyncio.gather(*(server.stop(grace_s) for server in servers))
