@@ -143,6 +143,9 @@ class ControllerConfig:
         default=1.0, metadata={"help": "first retry delay of a failed webhook delivery (doubles, capped)"}
     )
     webhook_max_jobs: int = field(
-        default=1000,
-        metadata={"help": "jobs whose webhooks one controller serves at once (redis store; more wait)"},
+        default=1000, metadata={"help": "jobs whose webhooks one controller serves at once (more wait)"}
+    )
+    webhook_lease_s: float = field(
+        default=15.0,
+        metadata={"help": "a dead controller's webhook deliveries move to another after this (redis store)"},
     )

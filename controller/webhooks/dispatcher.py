@@ -40,7 +40,6 @@ from omnirt.types import JobEvent, Webhook, WebhookEvent
 log = logging.getLogger("omnirt.controller.webhooks")
 
 DEFAULT_PROGRESS_MS = 1000
-LEASE_MS = 15_000  # a dead controller's follows move to another after this
 CLAIM_POLL_S = 0.5  # how often a controller looks for follows nobody holds (Redis)
 MAX_BACKOFF_S = 600.0
 USER_AGENT = "omnirt-webhooks/1"
@@ -118,17 +117,18 @@ class WebhookDispatcher:
     # ---- claiming ------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        renew_every_s = LEASE_MS / 3000
+        lease_ms = max(1, int(self.config.webhook_lease_s * 1000))
+        renew_every_s = lease_ms / 3000  # three renewals a lease: one lost call costs nothing
         renewed = time.monotonic()
         while True:
             try:
                 room = self.config.webhook_max_jobs - len(self.tasks)
-                for f in await self.follows.claim(self.owner, room, LEASE_MS, _now_ms()):
+                for f in await self.follows.claim(self.owner, room, lease_ms, _now_ms()):
                     if f.job_id not in self.tasks:
                         self.tasks[f.job_id] = asyncio.create_task(self._follow(f))
                 if time.monotonic() - renewed >= renew_every_s:
                     renewed = time.monotonic()
-                    lost = await self.follows.renew(self.owner, list(self.tasks), LEASE_MS, _now_ms())
+                    lost = await self.follows.renew(self.owner, list(self.tasks), lease_ms, _now_ms())
                     for job_id in lost:  # another controller took it over (we were too slow)
                         task = self.tasks.pop(job_id, None)
                         if task is not None:

@@ -110,8 +110,8 @@ class MemoryFollows:
         self.ready.append(follow.job_id)
 
     async def claim(self, owner: str, limit: int, lease_ms: int, now_ms: int) -> list[Follow]:
-        """The follows added since the last claim (all of them: one process follows every job)."""
-        taken, self.ready = self.ready, []
+        """Up to `limit` of the follows added and not yet claimed, oldest first."""
+        taken, self.ready = self.ready[: max(0, limit)], self.ready[max(0, limit) :]
         return [self.follows[i] for i in taken if i in self.follows]
 
     async def renew(self, owner: str, job_ids: list[str], lease_ms: int, now_ms: int) -> set[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 import omnirt
 from omnirt import errors
+from omnirt.controller.edges.auth import key_digest
 from tests.conftest import QUEUED_VIDEO, USER_CATALOG
 from tests.daemons import Controller, RedisServer, Worker, free_port, wait_for
 
@@ -331,3 +333,82 @@ def test_two_controllers_on_one_redis_deliver_each_event_once(
         worker.stop()
         first.stop()
         second.stop()
+
+
+def test_each_tenant_has_its_own_secret_and_reads_only_its_own(
+    log_dir: Path, tmp_path: Path, user_catalog: Path, receiver: Receiver
+) -> None:
+    lines = []
+    for tenant, key, role in (
+        ("alice", "alice-key", "user"),
+        ("bob", "bob-key", "user"),
+        ("ops", "ops-key", "admin"),
+    ):
+        lines += ["[[keys]]", f'tenant = "{tenant}"', f'role = "{role}"', f'sha256 = "{key_digest(key)}"', ""]
+    keys = tmp_path / "keys.toml"
+    keys.write_text("\n".join(lines))
+    master = tmp_path / "master"
+    master.write_text("a-master-secret-of-enough-bytes\n")
+    args = (
+        "--auth-keys",
+        str(keys),
+        "--webhook-secret-file",
+        str(master),
+        "--catalog",
+        str(user_catalog),
+        *ALLOW,
+    )
+    daemon = Controller(log_dir, *args, http=True, api_key="ops-key").start()
+    try:
+        with daemon.client(api_key="alice-key") as alice, daemon.client(api_key="bob-key") as bob:
+            secret_a, secret_b = alice.webhook_secret(), bob.webhook_secret()
+            assert secret_a != secret_b
+            with pytest.raises(errors.PermissionDenied):
+                alice.webhook_secret("bob")
+            with daemon.client() as ops:
+                assert ops.webhook_secret("bob") == secret_b
+            http = httpx.get(f"{daemon.http}/v1/webhooks/secret", headers={"Authorization": "Bearer bob-key"})
+            assert http.json() == {"secret": secret_b, "tenant": "bob"}
+            assert httpx.get(f"{daemon.http}/v1/webhooks/secret").status_code == 401
+            # queued-video waits (no worker): cancelling it makes an event at once.
+            job = alice.submit(model="queued-video", prompt="x", webhook=receiver.url("/ok/alice"))
+            alice.cancel(job.id)
+            got = wait_types(receiver, "/ok/alice", "job.cancelled")
+            assert verify(got[-1], secret_a)["data"]["tenant"] == "alice"
+            with pytest.raises(WebhookVerificationError):
+                verify(got[-1], secret_b)
+        # The same master file gives a restarted controller the same secrets.
+        daemon.stop()
+        daemon = Controller(log_dir, *args, api_key="ops-key").start()
+        with daemon.client() as ops:
+            assert ops.webhook_secret("alice") == secret_a
+    finally:
+        daemon.stop()
+
+
+def test_a_dead_controllers_deliveries_are_taken_over(
+    log_dir: Path, user_catalog: Path, redis_server: RedisServer, receiver: Receiver
+) -> None:
+    # A long retry window and a slow backoff: the first controller is still retrying when it dies.
+    store = ("--store", redis_server.url, "--catalog", str(user_catalog), "--webhook-allow", "127.0.0.1/32")
+    slow = ("--webhook-backoff-s", "2", "--webhook-retry-s", "60", "--webhook-lease-s", "1")
+    first = Controller(log_dir, *store, *slow).start()
+    second: Controller | None = None
+    try:
+        with first.client() as c:
+            hook = receiver.url("/flaky/takeover")
+            job = c.submit(model="queued-video", prompt="x", webhook=hook, webhook_events=["cancelled"])
+            c.cancel(job.id)
+        wait_for(lambda: len(receiver.got("/flaky/takeover")) == 1, 20, "the first attempt")
+        first.signal(signal.SIGKILL)  # no goodbye: its lease runs out
+        first.wait(10)
+        second = Controller(log_dir, *store, *FAST_RETRIES[:2], "--webhook-lease-s", "1").start()
+        wait_for(lambda: any(d.status == 200 for d in receiver.got("/flaky/takeover")), 30, "the takeover")
+        got = receiver.got("/flaky/takeover")
+        assert [d.status for d in got] == [500, 500, 200]
+        assert len({d.id for d in got}) == 1
+        assert got[-1].payload["data"]["id"] == job.id
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
