@@ -26,6 +26,9 @@ from omnirt.controller.core.bounds import bad, echo
 from omnirt.errors import InvalidRequest
 
 MAX_URL_CHARS = 2048  # what browsers and most proxies take
+# A submission waits this long at most for the URL's host to resolve (a dead DNS server would
+# otherwise hold the call for the resolver's own retries, 10 s and more).
+RESOLVE_TIMEOUT_S = 5.0
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 FIELD = "webhook.url"
@@ -115,9 +118,12 @@ class AddressPolicy:
         if self.host_allowed(host):
             return
         try:
-            addresses = await resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
-        except OSError as exc:
-            raise bad(FIELD, f"host {echo(host)} does not resolve ({exc.strerror or exc})") from None
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                addresses = await resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
+        except TimeoutError:
+            raise bad(FIELD, f"host {echo(host)} did not resolve within {RESOLVE_TIMEOUT_S:g} s") from None
+        except (OSError, UnicodeError) as exc:
+            raise bad(FIELD, f"host {echo(host)} does not resolve ({exc})") from None
         for address in addresses:
             kind = self.refusal(address)
             if kind:

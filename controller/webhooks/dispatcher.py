@@ -274,10 +274,10 @@ class WebhookDispatcher:
             if isinstance(exc.os_error, RefusedAddress):
                 return exc.os_error
             return f"{type(exc).__name__}: {exc}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return f"{type(exc).__name__}: {exc}"
         except OmniRTError as exc:  # the URL no longer parses (cannot happen for a validated one)
             return RefusedAddress(str(exc))
+        except Exception as exc:  # a failed attempt, whatever the client library raised: retried
+            return f"{type(exc).__name__}: {exc}"
 
 
 class _LostLease(Exception):
