@@ -30,6 +30,7 @@ from omnirt import errors
 from omnirt.controller.edges.auth import key_digest
 from tests.conftest import QUEUED_VIDEO, USER_CATALOG
 from tests.daemons import Controller, RedisServer, Worker, free_port, wait_for
+from tests.e2e.test_cli import omnirtctl
 
 FAST_RETRIES = ("--webhook-backoff-s", "0.05", "--webhook-retry-s", "3", "--webhook-timeout-s", "2")
 ALLOW = ("--webhook-allow", "127.0.0.1/32", *FAST_RETRIES)
@@ -228,6 +229,22 @@ def test_failed_and_cancelled_events(client: omnirt.Client, receiver: Receiver) 
     client.cancel(queued.id)
     got = wait_types(receiver, "/ok/cancel", "job.cancelled")
     assert [d.payload["type"] for d in got] == ["job.queued", "job.cancelled"]
+
+
+def test_omnirtctl_generate_with_a_webhook_and_the_secret_command(
+    client: omnirt.Client, controller: Controller, receiver: Receiver, tmp_path: Path
+) -> None:
+    hook = receiver.url("/ok/cli")
+    args = ("--webhook", hook, "--webhook-events", "completed", "--out", str(tmp_path))
+    omnirtctl(controller, "generate", "--model", "null", "--prompt", "x", *args)
+    got = wait_types(receiver, "/ok/cli", "job.completed")
+    secret = omnirtctl(controller, "webhooks", "secret").stdout.strip()
+    assert secret == client.webhook_secret()
+    verify(got[0], secret)
+    refused = omnirtctl(
+        controller, "generate", "--model", "null", "--prompt", "x", "--webhook", "ftp://x/y", check=False
+    )
+    assert refused.returncode != 0 and "webhook.url" in refused.stderr
 
 
 def test_bad_webhooks_are_invalid_and_queue_nothing(client: omnirt.Client, controller: Controller) -> None:
