@@ -287,6 +287,7 @@ class Job:
     deadline_ms: int = 0
     queue_position: int = 0
     tenant: str = ""
+    webhook: Webhook | None = None
 
 
 class EventKind(enum.StrEnum):

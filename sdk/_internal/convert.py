@@ -425,6 +425,8 @@ def job_to_proto(j: t.Job, *, with_result: bool = True) -> types_pb2.Job:
         msg.result.CopyFrom(result_to_proto(j.result))
     if j.progress:
         msg.progress.CopyFrom(progress_to_proto(j.progress))
+    if j.webhook is not None:
+        msg.webhook.CopyFrom(webhook_to_proto(j.webhook))
     return msg
 
 
@@ -449,6 +451,7 @@ def job_from_proto(m: types_pb2.Job) -> t.Job:
         deadline_ms=m.deadline_ms,
         queue_position=m.queue_position,
         tenant=m.tenant,
+        webhook=webhook_from_proto(m.webhook) if m.HasField("webhook") else None,
     )
 
 

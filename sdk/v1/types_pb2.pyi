@@ -335,7 +335,7 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "model", "task", "priority", "created_at", "started_at", "finished_at", "attempts", "worker_id", "error", "result", "progress", "idempotency_key", "labels", "waiting_reason", "deadline_ms", "queue_position", "tenant")
+    __slots__ = ("id", "state", "model", "task", "priority", "created_at", "started_at", "finished_at", "attempts", "worker_id", "error", "result", "progress", "idempotency_key", "labels", "waiting_reason", "deadline_ms", "queue_position", "tenant", "webhook")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -362,6 +362,7 @@ class Job(_message.Message):
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: JobState
     model: str
@@ -381,7 +382,8 @@ class Job(_message.Message):
     deadline_ms: int
     queue_position: int
     tenant: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., priority: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., worker_id: _Optional[str] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., waiting_reason: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., queue_position: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    webhook: Webhook
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., priority: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., worker_id: _Optional[str] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., waiting_reason: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., queue_position: _Optional[int] = ..., tenant: _Optional[str] = ..., webhook: _Optional[_Union[Webhook, _Mapping]] = ...) -> None: ...
 
 class StageEvent(_message.Message):
     __slots__ = ("name", "finished", "duration_ms")

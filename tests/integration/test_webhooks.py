@@ -173,6 +173,10 @@ def test_events_arrive_signed_in_order_with_throttled_progress(
     assert [p["sequence"] for p in payloads] == sorted(p["sequence"] for p in payloads)
     done = payloads[-1]["data"]
     assert done["id"] == job.id and done["state"] == "JOB_STATE_SUCCEEDED"
+    # The job shows its webhook as validated (all events: an empty list; the interval asked).
+    shown = omnirt.Webhook(url=receiver.url("/ok/events"), events=[], progress_interval_ms=400)
+    assert client.get_job(job.id).webhook == shown
+    assert done["webhook"]["url"] == shown.url
     artifact = done["result"]["artifacts"][0]
     assert not artifact.get("data") and artifact["uri"] == f"{controller.http}/v1/jobs/{job.id}/artifacts/0"
     assert httpx.get(artifact["uri"]).content[:8] == b"\x89PNG\r\n\x1a\n"
@@ -343,6 +347,8 @@ def test_two_controllers_on_one_redis_deliver_each_event_once(
             types = [p["type"] for p in mine]
             assert types[0] == "job.queued" and types[1] == "job.started" and types[-1] == "job.completed"
             assert {p["data"]["id"] for p in mine} == {job.id}
+            with second.client() as c:
+                assert c.get_job(job.id).webhook is not None  # kept with the job in Redis
         # The flaky receiver: every event three times, with one id each.
         flaky = [d for d in got if d.path == "/flaky/redis/3"]
         assert {sum(1 for d in flaky if d.id == i) for i in {d.id for d in flaky}} == {3}
