@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from omnirt._internal.limits import MAX_MESSAGE_BYTES
+from omnirt._internal.object_store import StoreLocation
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,29 @@ class ControllerConfig:
             "help": "directory for large artifacts of the redis store; shared by every controller "
             "(empty = a folder under the system temp dir)"
         },
+    )
+    # ---- artifact store (docs/artifacts.md) ----
+    artifact_store: str = field(
+        default="",
+        metadata={
+            "help": "s3://BUCKET[/PREFIX]: artifacts of workers with the same store live there; "
+            "clients get presigned URLs (empty = controller memory, Redis or --artifact-dir)"
+        },
+    )
+    artifact_store_endpoint: str = field(
+        default="",
+        metadata={"help": "S3 endpoint URL, e.g. http://minio:9000 (empty = AWS_ENDPOINT_URL, else AWS)"},
+    )
+    artifact_store_region: str = field(
+        default="", metadata={"help": "S3 region (empty = AWS_REGION / the AWS profile's)"}
+    )
+    artifact_url_ttl_s: float = field(
+        default=3600.0,
+        metadata={"help": "presigned artifact URLs work this long, never past --job-ttl-s (0 = no URLs)"},
+    )
+    artifact_store_sweep_s: float = field(
+        default=60.0,
+        metadata={"help": "how often objects older than --job-ttl-s are deleted from the store (0 = never)"},
     )
     http: str = field(
         default="",
@@ -149,3 +173,9 @@ class ControllerConfig:
         default=15.0,
         metadata={"help": "a dead controller's webhook deliveries move to another after this (redis store)"},
     )
+
+    def __post_init__(self) -> None:
+        if self.artifact_store:
+            StoreLocation.parse(self.artifact_store)  # ValueError naming what is wrong
+        if self.artifact_url_ttl_s < 0 or self.artifact_store_sweep_s < 0:
+            raise ValueError("artifact_url_ttl_s and artifact_store_sweep_s must be >= 0")

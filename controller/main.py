@@ -51,7 +51,10 @@ async def serve(config: ControllerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnirt-controller", description=__doc__)
     add_arguments(parser, ControllerConfig)
-    config = from_args(ControllerConfig, parser.parse_args(argv))
+    try:
+        config = from_args(ControllerConfig, parser.parse_args(argv))
+    except ValueError as exc:  # a flag value that cannot work (--artifact-store gs://...)
+        parser.error(str(exc))
     setup_logging(config.log_level, config.log_json)
     for handler in logging.getLogger().handlers:
         handler.addFilter(tracing.JobTraceFilter())  # trace_id on every line that names a job

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.encoded import EncodedJobs
 from omnirt.controller.core.engine_client import EngineClient
@@ -31,6 +32,7 @@ from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
 from omnirt.controller.engines.memory.client import MemoryEngineClient
 from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.engines.memory.store import JobStore
 from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.registry import RedisSessions
@@ -160,6 +162,12 @@ class ControllerServer:
             config.worker_token_file, self.audit, client_ca=bool(config.tls_client_ca)
         )
         self.engine, encoded = make_engine(config, catalog or Catalog.load(config.catalog))
+        # --artifact-store: workers with the same store upload there; objects of evicted jobs
+        # go at once on the memory engine (the sweep catches the rest, and the Redis engine's).
+        self.artifacts = ArtifactStore(config) if config.artifact_store else None
+        if self.artifacts is not None and isinstance(encoded, JobStore):
+            self.artifacts.track_evictions = True
+            encoded.on_evict = self.artifacts.forget
         self.webhooks = WebhookDispatcher(config, self.engine)  # ValueError: a bad --webhook-* flag
         self._health_task: asyncio.Task[None] | None = None
         store = getattr(self.engine, "store", None)
@@ -172,7 +180,7 @@ class ControllerServer:
         self.sessions.metrics = self.engine.metrics.realtime
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
-            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded, self.webhooks),
+            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded, self.artifacts, self.webhooks),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
             SERVICE_NAMES[2]: ClusterServicer(self.engine, self.sessions),
             SERVICE_NAMES[3]: RealtimeServicer(self.sessions),
@@ -181,7 +189,7 @@ class ControllerServer:
         models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(public[SERVICE_NAMES[2]], self.server)
         realtime_pb2_grpc.add_RealtimeServiceServicer_to_server(public[SERVICE_NAMES[3]], self.server)
-        gateway = WorkerGateway(self.engine, self.admission, self.sessions)
+        gateway = WorkerGateway(self.engine, self.admission, self.sessions, self.artifacts)
         # One health servicer on both ports: a probe of either sees the same status.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.worker_server: grpc.aio.Server | None = None
@@ -225,6 +233,7 @@ class ControllerServer:
                 ssl_context=ssl_context,
                 cors_origins=config.cors_origin,
                 metrics_auth=config.metrics_auth,
+                artifacts=self.artifacts,
             )
 
     def _grpc_server(self, interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
@@ -283,6 +292,8 @@ class ControllerServer:
     async def start(self) -> None:
         await self.engine.start()
         await self.webhooks.start()
+        if self.artifacts is not None:
+            self.artifacts.start()
         await self.server.start()
         if self.worker_server is not None:
             await self.worker_server.start()
@@ -346,5 +357,7 @@ class ControllerServer:
             await self.http.stop()
         await self.webhooks.stop()
         await self.engine.stop()
+        if self.artifacts is not None:
+            await self.artifacts.stop()
         servers = [self.server] if self.worker_server is None else [self.server, self.worker_server]
         await asyncio.gather(*(server.stop(grace_s) for server in servers))

@@ -4,14 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh controller,worker,dev
-if [ ! -x .tools/node_modules/.bin/buf ]; then
-  npm install --silent --no-save --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0 >/dev/null
-fi
+scripts/install_tools.sh   # buf, helm and the CRD validators, into .tools/
 # promtool (Debian's prometheus package) checks the /metrics exposition; the metrics tests fall
 # back to prometheus_client's parser where it cannot be installed.
 if ! command -v promtool >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
     >/dev/null 2>&1 || echo "promtool could not be installed; metrics are checked with prometheus_client only"
+fi
+# chromium (Debian's) runs the web console's browser tests (Playwright drives it by path; its own
+# browser downloads are never used); they skip, saying so, where it cannot be installed.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation) \
+    >/dev/null 2>&1 || echo "chromium could not be installed; the console's browser tests will skip"
 fi
 scripts/check_proto.sh
 .venv/bin/ruff check .

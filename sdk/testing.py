@@ -269,3 +269,36 @@ class RedisServer(Daemon):
 
         wait_for(ready, timeout, "redis-server to answer")
         return self
+
+
+class S3Server(Daemon):
+    """A real S3-compatible server process on a free loopback port: moto's, in memory.
+
+    moto comes with `moto[server]` (the dev extra). `stop()` then `start()` again brings it
+    back empty on the same port (as a store that was down); `endpoint` is its URL for
+    `--artifact-store-endpoint`. Clients need some AWS credentials (moto takes any):
+    `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` in the environment.
+    """
+
+    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        super().__init__(f"s3-{self.port}", argv, log_dir)
+
+    def start(self, timeout: float = 30) -> Self:
+        """Start the server and wait (up to `timeout` seconds) until it answers HTTP."""
+        super().start()
+
+        def ready() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"moto server exited:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"GET /moto-api/ HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                    return conn.recv(16).startswith(b"HTTP/")
+            except OSError:
+                return False
+
+        wait_for(ready, timeout, "the S3 server to answer")
+        return self

@@ -168,6 +168,12 @@ class Artifact:
     # Audio: samples per second and channels (1 mono, 2 stereo); 0 for images and videos.
     sample_rate: int = 0
     channels: int = 0
+    # Object store (controller --artifact-store s3://...): a presigned GET URL, valid until
+    # `url_expires_at_ms`, and where the object lives; empty when the bytes went through the
+    # controller. Client.download_artifact works in both cases.
+    url: str = ""
+    url_expires_at_ms: int = 0
+    object_uri: str = ""
 
     def save(self, path: str | Path) -> Path:
         """Write the bytes to `path` (a folder gets `file_name` inside it) and return the path."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from omnirt._internal.limits import DEFAULT_INPUT_MAX_BYTES
 from omnirt._internal.modes import DEFAULT_MODE, EXECUTION_MODES, ExecutionMode
+from omnirt._internal.object_store import StoreLocation
 
 BACKENDS = ("auto", "cpu", "cuda", "ascend")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -91,6 +92,25 @@ class WorkerConfig:
     metrics: str = field(
         default="", metadata={"help": "serve Prometheus /metrics on HOST:PORT or PORT (empty = off)"}
     )
+    # ---- artifact store (docs/artifacts.md) ----
+    artifact_store: str = field(
+        default="",
+        metadata={
+            "help": "s3://BUCKET[/PREFIX]: upload outputs there when the controller uses the same "
+            "store (only the reference crosses the stream); empty = bytes go to the controller"
+        },
+    )
+    artifact_store_endpoint: str = field(
+        default="",
+        metadata={"help": "S3 endpoint URL, e.g. http://minio:9000 (empty = AWS_ENDPOINT_URL, else AWS)"},
+    )
+    artifact_store_region: str = field(
+        default="", metadata={"help": "S3 region (empty = AWS_REGION / the AWS profile's)"}
+    )
+    artifact_store_multipart_threshold_bytes: int = field(
+        default=8 * 1024 * 1024,
+        metadata={"help": "outputs this large or larger upload in parts (parts are at least 5 MiB)"},
+    )
     log_json: bool = field(default=False, metadata={"help": "log one JSON object per line"})
     log_level: str = field(default="INFO", metadata={"help": "log level: DEBUG, INFO, WARNING, ERROR"})
     # ---- security (docs/worker.md, "Joining a secured controller") ----
@@ -151,5 +171,12 @@ class WorkerConfig:
             raise ValueError(f"input_max_bytes must be at least 1, not {self.input_max_bytes}")
         if self.model_cache_bytes < 0:
             raise ValueError(f"model_cache_bytes must be >= 0, not {self.model_cache_bytes}")
+        if self.artifact_store:
+            StoreLocation.parse(self.artifact_store)  # ValueError naming what is wrong
+        if self.artifact_store_multipart_threshold_bytes < 1:
+            raise ValueError(
+                "artifact_store_multipart_threshold_bytes must be at least 1, "
+                f"not {self.artifact_store_multipart_threshold_bytes}"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: the client certificate needs its key")

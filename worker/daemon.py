@@ -52,6 +52,7 @@ from omnirt._internal import convert as _convert
 from omnirt._internal.limits import MAX_MESSAGE_BYTES, STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
 from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker import protocol, redact
+from omnirt.worker.artifact_store import ArtifactUploader
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
 from omnirt.worker.log import job_context
@@ -157,6 +158,8 @@ class WorkerDaemon:
         # from the same process (a stream it has not yet noticed is gone), never from another.
         self._instance_id = uuid.uuid4().hex
         self._credentials = WorkerCredentials(config)  # CredentialError (a ValueError): exit 2
+        # --artifact-store: outputs go to S3 while the controller uses the same store.
+        self._uploader = ArtifactUploader(config) if config.artifact_store else None
         self._exit_code = 0
         self._busy = 0
         self._draining = False
@@ -439,6 +442,8 @@ class WorkerDaemon:
         )
         for warning in welcome.warnings:
             log.warning("controller: %s", warning)
+        if self._uploader is not None:
+            self._uploader.welcomed(welcome.artifact_store)
 
     async def _read_loop(self, call: Any) -> None:
         while True:
@@ -772,6 +777,8 @@ class WorkerDaemon:
                     )
                 else:
                     log.debug("job %s succeeded", job_id)
+                    if self._uploader is not None and outcome.result is not None:
+                        await self._uploader.offload(job_id, outcome.result)
                 sent = self._send_result(self._active.get(job_id, assignment.assignment_id), outcome)
                 self._unsent[job_id] = sent  # a run's result (a refusal is judged again if offered again)
                 self._flags.clear(job_id)

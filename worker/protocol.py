@@ -74,6 +74,8 @@ class Welcome:
     accepts_batches: bool = False
     # What the controller found wrong with the Hello (e.g. a model its catalog lacks).
     warnings: list[str] = field(default_factory=list)
+    # The controller's --artifact-store ("" = none): the worker uploads only to that same store.
+    artifact_store: str = ""
 
 
 @dataclass
@@ -328,7 +330,12 @@ def controller_message(msg: gateway_pb2.ConnectResponse) -> ControllerMessage | 
     if kind == "welcome":
         w = msg.welcome
         return Welcome(
-            w.worker_id, w.heartbeat_interval_ms, w.lease_timeout_ms, w.accepts_batches, list(w.warnings)
+            w.worker_id,
+            w.heartbeat_interval_ms,
+            w.lease_timeout_ms,
+            w.accepts_batches,
+            list(w.warnings),
+            w.artifact_store,
         )
     if kind == "assignment":
         return assignment_from_proto(msg.assignment)

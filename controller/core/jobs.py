@@ -53,13 +53,18 @@ def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
     return job
 
 
+def artifact_reference(job_id: str, index: int) -> str:
+    """The `omnirt://` URI of an artifact fetched through DownloadArtifact."""
+    return f"omnirt://jobs/{job_id}/artifacts/{index}"
+
+
 def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResult:
     """The result with artifacts over `limit` bytes replaced by a download reference."""
     artifacts = []
     for a in result.artifacts:
         a.size_bytes = a.size_bytes or len(a.data)
         if a.size_bytes > limit:
-            a = replace(a, data=b"", uri=f"omnirt://jobs/{job_id}/artifacts/{a.index}")
+            a = replace(a, data=b"", uri=artifact_reference(job_id, a.index))
         artifacts.append(a)
     return replace(result, artifacts=artifacts)
 

@@ -5,7 +5,9 @@ the store's bytes)."""
 from __future__ import annotations
 
 from omnirt._internal import convert as c
+from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.encoded import EncodedJob
+from omnirt.controller.core.jobs import artifact_reference
 from omnirt.controller.core.model_loads import WorkerAnswer
 from omnirt.controller.core.router import (
     Assignment,
@@ -116,6 +118,33 @@ def model_answer_from_proto(answer: pb.ModelLoaded) -> WorkerAnswer:
         memory_bytes=answer.memory_bytes,
         unchanged=answer.unchanged,
     )
+
+
+def accept_stored(message: types_pb2.GenerateResult, job_id: str, store: ArtifactStore | None) -> str:
+    """Check the worker's artifact-store references and give clients their links (in place).
+
+    An artifact with `object_uri` must name an object of this job in this controller's store;
+    it gets the DownloadArtifact reference as `uri` and a presigned `url`. A worker never sets
+    `url` itself. Returns "" or why the result cannot be taken (the job fails with it)."""
+    for a in message.artifacts:
+        a.ClearField("url")
+        a.ClearField("url_expires_at_ms")
+        if not a.object_uri:
+            continue
+        if store is None:
+            return (
+                f"the worker stored artifact {a.index} at {a.object_uri[:200]!r}, "
+                "but this controller has no --artifact-store"
+            )
+        try:
+            _, url, expires_ms = store.reference(job_id, a.object_uri)
+        except ValueError as exc:
+            return str(exc)
+        a.ClearField("data")
+        a.uri = artifact_reference(job_id, a.index)
+        a.url = url
+        a.url_expires_at_ms = expires_ms
+    return ""
 
 
 class WireResult:

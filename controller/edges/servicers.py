@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from omnirt._internal import convert as c
+from omnirt.controller.core.artifact_store import ArtifactStore, object_chunks
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.encoded import EncodedJobs
 from omnirt.controller.core.engine_client import EngineClient
@@ -70,10 +71,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         self,
         engine: EngineClient,
         encoded: EncodedJobs | None = None,
+        artifacts: ArtifactStore | None = None,
         webhooks: WebhookDispatcher | None = None,
     ) -> None:
         self.engine = engine
         self.encoded = encoded
+        self.artifacts = artifacts  # --artifact-store: where workers' objects are read from
         self.webhooks = webhooks
 
     async def _submit(self, req: GenerateRequest, call_deadline_ms: int = 0) -> tuple[Job, bool]:
@@ -192,8 +195,17 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         ],
     ) -> AsyncIterator[generation_pb2.DownloadArtifactResponse]:
         data, result = await self.engine.artifact(request.job_id, request.index, tenant=caller().scope)
-        meta = c.artifact_to_proto(result.artifacts[request.index])
+        artifact = result.artifacts[request.index]
+        meta = c.artifact_to_proto(artifact)
         meta.ClearField("data")
+        if artifact.object_uri and not data:  # in the object store: relayed chunk by chunk
+            first = True
+            async for chunk in object_chunks(self.artifacts, request.job_id, artifact.object_uri):
+                yield generation_pb2.DownloadArtifactResponse(chunk=chunk, artifact=meta if first else None)
+                first = False
+            if first:  # an empty object: the metadata still comes
+                yield generation_pb2.DownloadArtifactResponse(artifact=meta)
+            return
         for start in range(0, max(len(data), 1), CHUNK_BYTES):
             first = start == 0
             yield generation_pb2.DownloadArtifactResponse(

@@ -13,11 +13,13 @@ import grpc
 
 from omnirt._internal import convert as c
 from omnirt._internal.limits import STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
+from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
 from omnirt.controller.edges.convert import (
     WireResult,
+    accept_stored,
     model_answer_from_proto,
     outbound_to_proto,
     worker_from_hello,
@@ -123,10 +125,12 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         engine: EngineClient,
         admission: WorkerAdmission | None = None,
         sessions: SessionManager | None = None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.sessions = sessions
+        self.artifacts = artifacts
         self._closing: set[asyncio.Future[None]] = set()
 
     async def WorkerSession(
@@ -183,6 +187,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                     lease_timeout_ms=config.lease_timeout_ms,
                     accepts_batches=True,
                     warnings=handle.warnings,
+                    artifact_store=str(self.artifacts) if self.artifacts is not None else "",
                 )
             )
             # Messages that queue up while a write goes out leave as one batch (workers whose Hello
@@ -264,6 +269,11 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             r = message.result
             outcome = r.WhichOneof("outcome")
             try:
+                refused = accept_stored(r.result, r.job_id, self.artifacts) if outcome == "result" else ""
+                if refused:  # fails this job alone, saying where the worker put the bytes
+                    log.warning(refused, extra={"worker_id": handle.id, "job_id": r.job_id})
+                    outcome = "error"
+                    r.error.CopyFrom(c.error_to_proto(JobError("INTERNAL", refused[:1000])))
                 result = c.result_from_proto(r.result) if outcome == "result" else None
                 error = c.error_from_proto(r.error) if outcome == "error" else None
             except Exception as exc:  # fails this job alone: the stream carries the others' results

@@ -20,9 +20,10 @@ from aiohttp import HttpVersion11, web
 from google.protobuf.message import Message
 
 from omnirt._internal.address import is_loopback
+from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import echo
 from omnirt.controller.edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
-from omnirt.controller.http import openai_audio, openai_images, openai_models, openai_videos
+from omnirt.controller.http import console, openai_audio, openai_images, openai_models, openai_videos, openapi
 from omnirt.controller.http.errors import HttpError, bad_request, error_response, from_http_exception
 from omnirt.controller.http.security import (
     METRICS_PATH,
@@ -32,6 +33,7 @@ from omnirt.controller.http.security import (
     check_host,
     check_origin,
     is_open,
+    key_headers,
     peer_of,
     rpc_level,
     secure,
@@ -101,8 +103,10 @@ class HttpGateway:
         ssl_context: ssl.SSLContext | None = None,
         cors_origins: Sequence[str] = (),
         metrics_auth: bool = False,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = engine
+        self.artifacts = artifacts  # --artifact-store: the OpenAI routes read objects from it
         self.auth = auth  # None: auth is off (every caller is the anonymous admin)
         self.ssl_context = ssl_context
         self.cors_origins = tuple(cors_origins)
@@ -128,6 +132,8 @@ class HttpGateway:
         openai_videos.register(self.app, self)
         openai_audio.register(self.app, self)
         realtime_websocket.register(self.app, self)  # WS /v1/avatar/realtime
+        console.register(self.app)  # GET / and /console/{name}
+        openapi.register(self.app)  # GET /openapi.json, from the routes above
         self.app.on_response_prepare.append(self._on_prepare)
         self._runner: web.AppRunner | None = None
 
@@ -309,7 +315,7 @@ class HttpGateway:
         if self.auth is None:
             return ANONYMOUS
         peer, action = peer_of(request), action_of(request)
-        principal = self.auth.authenticate(request.headers.items(), peer, action)
+        principal = self.auth.authenticate(key_headers(request), peer, action)
         if request.path == METRICS_PATH:
             self.auth.require_admin(principal, peer, action)
         return principal

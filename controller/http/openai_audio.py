@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from omnirt._internal import convert as _convert
+from omnirt.controller.core.artifact_store import artifact_bytes
 from omnirt.controller.core.bounds import shown
 from omnirt.controller.edges.auth import caller
 from omnirt.controller.http.errors import bad_request
@@ -59,7 +60,9 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
         # The job was made by this caller just now; its artifact is still read in its scope.
         audio = artifact.data
         if not audio:
-            audio = (await gateway.engine.artifact(answer.job.id, artifact.index, tenant=caller().scope))[0]
+            audio = await artifact_bytes(
+                gateway.engine, gateway.artifacts, answer.job.id, artifact.index, caller().scope
+            )
         headers = {
             "X-OmniRT-Job-Id": answer.job.id,
             "X-OmniRT-Sample-Rate": str(artifact.sample_rate),

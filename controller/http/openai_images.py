@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from omnirt._internal import convert as _convert
+from omnirt.controller.core.artifact_store import artifact_bytes
 from omnirt.controller.edges.auth import caller
 from omnirt.controller.http.errors import bad_request
 from omnirt.controller.http.openai_params import Params, generate_request, png_size, read_params, sniff_image
@@ -82,9 +83,8 @@ async def _run(
         else:
             # The job was made by this caller just now; its artifact is still read in its scope.
             scope = caller().scope
-            raw = (
-                artifact.data
-                or (await gateway.engine.artifact(answer.job.id, artifact.index, tenant=scope))[0]
+            raw = artifact.data or await artifact_bytes(
+                gateway.engine, gateway.artifacts, answer.job.id, artifact.index, scope
             )
             data.append({"b64_json": base64.b64encode(raw).decode()})
     body: dict[str, Any] = {"created": int(time.time()), "data": data}

@@ -15,6 +15,7 @@ a logged-in (or keyless, loopback) gateway create, cancel or watch jobs.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 from urllib.parse import urlsplit
 
@@ -22,12 +23,17 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from omnirt.controller.edges.auth_interceptor import needs
+from omnirt.controller.http.console import is_console
 from omnirt.controller.http.errors import HttpError
 from omnirt.controller.http.transcode import method_of
 from omnirt.errors import PermissionDenied
 
+# The subprotocols of a browser's WebSocket: the one answered, and the one carrying a key.
+WS_PROTOCOL = "omnirt.v1"
+WS_KEY_PREFIX = "omnirt.bearer."
 HEALTH_PATH = "/healthz"
 METRICS_PATH = "/metrics"
+OPENAPI_PATH = "/openapi.json"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 BODY_TYPES = ("application/json", "multipart/form-data")
 # What a browser page on an allowed origin may send and read (the SDKs send no other header
@@ -69,8 +75,35 @@ def action_of(request: web.Request) -> str:
 
 
 def is_open(request: web.Request, metrics_auth: bool) -> bool:
-    """Probes need no key: `/healthz` always, `/metrics` unless `--metrics-auth`."""
-    return request.path == HEALTH_PATH or (request.path == METRICS_PATH and not metrics_auth)
+    """What needs no key: `/healthz` always, `/metrics` unless `--metrics-auth`, and what holds
+    no data: the console's static files and `/openapi.json` (the same for every caller)."""
+    path = request.path
+    if path in (HEALTH_PATH, OPENAPI_PATH) or is_console(path):
+        return True
+    return path == METRICS_PATH and not metrics_auth
+
+
+def key_headers(request: web.Request) -> list[tuple[str, str]]:
+    """The request's headers, with the key of a browser's WebSocket handshake as `authorization`.
+
+    A browser cannot set headers on a WebSocket; it can offer subprotocols. A handshake that
+    offers `omnirt.v1` and `omnirt.bearer.BASE64URL(KEY)` (no padding) carries its key in the
+    second; the server answers with `omnirt.v1` alone, never echoing the key. An `Authorization`
+    header, where a client can send one, wins.
+    """
+    headers = list(request.headers.items())
+    if "Authorization" in request.headers or request.headers.get("Upgrade", "").lower() != "websocket":
+        return headers
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    for protocol in (p.strip() for p in offered.split(",")):
+        if protocol.startswith(WS_KEY_PREFIX):
+            encoded = protocol[len(WS_KEY_PREFIX) :]
+            try:
+                key = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+            except ValueError:  # binascii.Error and UnicodeDecodeError: no key, so a 401
+                return headers
+            return [*headers, ("authorization", f"Bearer {key}")]
+    return headers
 
 
 def check_body_type(request: web.Request) -> None:

@@ -17,6 +17,7 @@ from aiohttp import WSMsgType, web
 
 from omnirt.controller.core.bounds import echo
 from omnirt.controller.http.errors import native_body
+from omnirt.controller.http.security import WS_PROTOCOL
 from omnirt.controller.http.transcode import to_json
 from omnirt.errors import OmniRTError
 
@@ -82,7 +83,7 @@ async def send_websocket(
     socket stays open. The server closes (1000) after the job's final event.
     """
     first = await first_of(stream)
-    ws = web.WebSocketResponse(heartbeat=30.0)
+    ws = web.WebSocketResponse(heartbeat=30.0, protocols=(WS_PROTOCOL,))
     await ws.prepare(request)
 
     async def pump() -> None:

@@ -35,6 +35,7 @@ from google.protobuf import json_format
 
 from omnirt._internal import convert as c
 from omnirt.controller.edges.auth import caller
+from omnirt.controller.http.security import WS_PROTOCOL
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.servicer import relay
 from omnirt.errors import InvalidRequest, OmniRTError
@@ -61,7 +62,7 @@ def register(app: web.Application, gateway: HttpGateway) -> None:
     manager: SessionManager = servicer.manager
 
     async def handle(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_FRAME_BYTES)
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_FRAME_BYTES, protocols=(WS_PROTOCOL,))
         await ws.prepare(request)
         try:
             await serve(ws, manager, caller().tenant)

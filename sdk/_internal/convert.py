@@ -269,6 +269,9 @@ def artifact_to_proto(a: t.Artifact) -> types_pb2.Artifact:
         file_name=a.file_name,
         sample_rate=a.sample_rate,
         channels=a.channels,
+        url=a.url,
+        url_expires_at_ms=a.url_expires_at_ms,
+        object_uri=a.object_uri,
     )
 
 
@@ -290,6 +293,9 @@ def artifact_from_proto(m: types_pb2.Artifact) -> t.Artifact:
         file_name=m.file_name,
         sample_rate=m.sample_rate,
         channels=m.channels,
+        url=m.url,
+        url_expires_at_ms=m.url_expires_at_ms,
+        object_uri=m.object_uri,
     )
 
 

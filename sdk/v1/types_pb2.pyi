@@ -192,7 +192,7 @@ class Webhook(_message.Message):
     def __init__(self, url: _Optional[str] = ..., events: _Optional[_Iterable[_Union[WebhookEvent, str]]] = ..., progress_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Artifact(_message.Message):
-    __slots__ = ("index", "kind", "mime_type", "data", "uri", "size_bytes", "sha256", "width", "height", "num_frames", "fps", "duration_ms", "seed", "file_name", "sample_rate", "channels")
+    __slots__ = ("index", "kind", "mime_type", "data", "uri", "size_bytes", "sha256", "width", "height", "num_frames", "fps", "duration_ms", "seed", "file_name", "sample_rate", "channels", "url", "url_expires_at_ms", "object_uri")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,9 @@ class Artifact(_message.Message):
     FILE_NAME_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    URL_EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_URI_FIELD_NUMBER: _ClassVar[int]
     index: int
     kind: MediaKind
     mime_type: str
@@ -225,7 +228,10 @@ class Artifact(_message.Message):
     file_name: str
     sample_rate: int
     channels: int
-    def __init__(self, index: _Optional[int] = ..., kind: _Optional[_Union[MediaKind, str]] = ..., mime_type: _Optional[str] = ..., data: _Optional[bytes] = ..., uri: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., duration_ms: _Optional[int] = ..., seed: _Optional[int] = ..., file_name: _Optional[str] = ..., sample_rate: _Optional[int] = ..., channels: _Optional[int] = ...) -> None: ...
+    url: str
+    url_expires_at_ms: int
+    object_uri: str
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[_Union[MediaKind, str]] = ..., mime_type: _Optional[str] = ..., data: _Optional[bytes] = ..., uri: _Optional[str] = ..., size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., duration_ms: _Optional[int] = ..., seed: _Optional[int] = ..., file_name: _Optional[str] = ..., sample_rate: _Optional[int] = ..., channels: _Optional[int] = ..., url: _Optional[str] = ..., url_expires_at_ms: _Optional[int] = ..., object_uri: _Optional[str] = ...) -> None: ...
 
 class StageTiming(_message.Message):
     __slots__ = ("name", "duration_ms", "start_offset_ms")

@@ -33,7 +33,8 @@ from tests.daemons import Controller, Worker, wait_for
 KEYS = {name: f"sk-{name}-{secrets.token_urlsafe(24)}" for name in ("alice", "bob", "carol", "root")}
 WRONG_KEY = "sk-" + secrets.token_urlsafe(24)
 MISSING_JOB = "job-0000000000000000"
-OPEN_PATHS = {"/healthz", "/metrics"}
+# Probes, and what holds no data: the console's static files and the OpenAPI document.
+OPEN_PATHS = {"/healthz", "/metrics", "/", "/console/{name}", "/openapi.json"}
 ORIGIN = "https://app.example"
 PATH_VALUES = {"index": "0", "model": "null", "worker_id": "nobody"}
 SECURITY_HEADERS = {
@@ -183,6 +184,8 @@ def test_probes_stay_open_without_a_key(http: httpx.Client) -> None:
     metrics = http.get("/metrics")
     assert metrics.status_code == 200 and "omnirt_" in metrics.text
     assert_secure(metrics, cache=False)
+    for path in ("/", "/console/app.js", "/openapi.json"):
+        assert http.get(path).status_code == 200, path
 
 
 @pytest.mark.parametrize(("method", "template"), GUARDED)

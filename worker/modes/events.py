@@ -121,13 +121,18 @@ class StepMonitor:
         return callback_kwargs
 
     def _preview(self, pipe: Any, step: int, latents: Any) -> None:
-        # In the pipeline thread, between steps: the loop waits for the projection and the
-        # encode only; the event is queued (ThreadEvents), never sent from here.
         assert self.previews is not None
-        made = self.previews.make(pipe, latents, self.outputs)
-        for job_id, preview in zip(self.job_ids, made, strict=True):
-            if preview is not None and not self.stop.reason(job_id):
-                self.recorder.preview(job_id, step, self.total_steps, preview.data, preview.mime_type)
+        send_previews(
+            self.recorder,
+            self.stop,
+            self.previews,
+            pipe,
+            latents,
+            step,
+            self.total_steps,
+            self.job_ids,
+            self.outputs,
+        )
 
     def _close_denoise(self, at: float) -> None:
         self.denoise_closed = True
@@ -140,3 +145,31 @@ class StepMonitor:
         if not self.denoise_closed:
             self._close_denoise(self.last_step_at or returned)
         self.recorder.stage_finished(self.job_ids, "decode", self.last_step_at or returned, returned)
+
+
+def send_previews(
+    recorder: RunRecorder,
+    stop: StopCheck,
+    previews: PreviewMaker,
+    pipe: Any,
+    latents: Any,
+    step: int,
+    total_steps: int,
+    job_ids: list[str],
+    outputs: list[int],
+) -> None:
+    """A PREVIEW event for each job still running, of its first output (`outputs[i]` in the
+    call's batch of `latents`) after step `step`.
+
+    In the pipeline thread, between steps: the loop waits for the projection and the encode
+    only; the event is queued (ThreadEvents), never sent from here.
+    """
+    made = previews.make(pipe, latents, outputs)
+    for job_id, preview in zip(job_ids, made, strict=True):
+        if preview is not None and not stop.reason(job_id):
+            recorder.preview(job_id, step, total_steps, preview.data, preview.mime_type)
+
+
+def first_outputs(num_outputs: list[int]) -> list[int]:
+    """Where each job's first output sits in a call's batch, from the jobs' output counts."""
+    return [sum(num_outputs[:i]) for i in range(len(num_outputs))]

@@ -40,7 +40,7 @@ from omnirt.worker.modes.base import (
     StopRun,
     stop_error,
 )
-from omnirt.worker.modes.events import StepMonitor
+from omnirt.worker.modes.events import StepMonitor, first_outputs
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
@@ -285,7 +285,7 @@ class LegacyCallRun(AssignmentRun):
             size = (int(first.common.get("width") or 0), int(first.common.get("height") or 0))
             previews = PreviewMaker(preview, self.spec.family, *size)
             call_options["preview"] = preview
-        firsts = [sum(p.num_outputs for p in group[:i]) for i in range(len(group))]  # each job's first output
+        firsts = first_outputs([p.num_outputs for p in group])
         monitor = StepMonitor(
             self.recorder,
             self.stop,

@@ -142,18 +142,20 @@ class AssignmentResult(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ..., result: _Optional[_Union[_types_pb2.GenerateResult, _Mapping]] = ..., error: _Optional[_Union[_types_pb2.JobError, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("worker_id", "heartbeat_interval_ms", "lease_timeout_ms", "accepts_batches", "warnings")
+    __slots__ = ("worker_id", "heartbeat_interval_ms", "lease_timeout_ms", "accepts_batches", "warnings", "artifact_store")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_STORE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     heartbeat_interval_ms: int
     lease_timeout_ms: int
     accepts_batches: bool
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., accepts_batches: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    artifact_store: str
+    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., lease_timeout_ms: _Optional[int] = ..., accepts_batches: _Optional[bool] = ..., warnings: _Optional[_Iterable[str]] = ..., artifact_store: _Optional[str] = ...) -> None: ...
 
 class CancelAssignment(_message.Message):
     __slots__ = ("assignment_id", "job_id", "reason")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from omnirt.controller.core.encoded import EncodedJob
 from omnirt.controller.core.jobs import JobRecord, utcnow
@@ -27,6 +27,8 @@ class JobStore:
         self._finished: OrderedDict[str, float] = OrderedDict()
         self.max_finished = max_finished
         self.ttl_s = ttl_s
+        # Called with each evicted job's id (the artifact store deletes the job's objects).
+        self.on_evict: Callable[[str], None] | None = None
 
     def add(self, record: JobRecord) -> None:
         self._jobs[record.job.id] = record
@@ -122,6 +124,8 @@ class JobStore:
             entry = self._jobs.pop(job_id, None)
             if entry is not None and entry.idempotency_key:
                 self._by_key.pop((entry.tenant, entry.idempotency_key), None)
+            if self.on_evict is not None:
+                self.on_evict(job_id)
             dropped += 1
         return dropped
 

@@ -421,7 +421,8 @@ class RedisEngine:
         data = stored.artifact_bytes(index)
         if data is None:
             data = result.artifacts[index].data
-            if not data and result.artifacts[index].size_bytes:
+            # An artifact-store object has no bytes here: the edge streams it from the store.
+            if not data and result.artifacts[index].size_bytes and not result.artifacts[index].object_uri:
                 raise FailedPrecondition(
                     f"the bytes of artifact {index} of job {job_id} are gone (artifact dir "
                     f"{self.store.artifact_dir} not shared with the controller that stored them?)"
@@ -641,8 +642,11 @@ class RedisEngine:
             request = stored.request
             result.report.tenant = stored.job.tenant  # the controller's word, not the worker's
             view = client_view(result, job_id, request.inline_limit_bytes or self.config.inline_limit_bytes)
+            # Objects in the artifact store (`object_uri`) have no bytes here to keep.
             artifacts = {
-                a.index: a.data for a, v in zip(result.artifacts, view.artifacts, strict=True) if not v.data
+                a.index: a.data
+                for a, v in zip(result.artifacts, view.artifacts, strict=True)
+                if not v.data and not a.object_uri
             }
         try:
             changed, _, _, _ = await self.store.finish(

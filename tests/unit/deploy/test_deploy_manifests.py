@@ -264,7 +264,11 @@ def test_controller_healthcheck_command_works(tmp_path: Path) -> None:
 
 
 def yaml_files() -> list[Path]:
-    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
+    # The chart's templates are Go templates, YAML only once rendered (test_helm_chart.py).
+    templates = DEPLOY / "helm" / "omnirt" / "templates"
+    return sorted(
+        p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml") and templates not in p.parents
+    )
 
 
 def load_all(path: Path) -> list[dict[str, Any]]:
@@ -559,7 +563,10 @@ def test_compose_services_build_and_run_the_daemons() -> None:
     (controller_name,) = [n for n, c in configs.items() if isinstance(c, ControllerConfig)]
     controller = configs[controller_name]
     port = port_of(controller.listen)
-    assert services[controller_name]["ports"] == [f"127.0.0.1:{port}:{port}"], "loopback only: no TLS"
+    http = port_of(controller.http)
+    assert services[controller_name]["ports"] == [f"127.0.0.1:{port}:{port}", f"127.0.0.1:{http}:{http}"], (
+        "loopback only (no TLS): gRPC and the HTTP gateway with /metrics"
+    )
     # Secure by default: keys and the worker token from compose secrets, the same token for workers.
     assert exposure_error(controller) is None and not controller.insecure
     secrets = load_all(COMPOSE)[0]["secrets"]
@@ -579,6 +586,7 @@ def test_compose_services_build_and_run_the_daemons() -> None:
     volumes = load_all(COMPOSE)[0]["volumes"]
     for name in worker_names:
         config, service = configs[name], services[name]
+        assert config.metrics, f"{name}: no /metrics for the compose network"
         assert config.controller == f"{controller_name}:{port}", name
         assert secret_path(name, config.token_file) == token, name
         grace = seconds(service["stop_grace_period"])

@@ -208,3 +208,17 @@ def test_bad_image_bytes_are_invalid_argument_naming_the_input(modular: ModularE
     assert (outcome.error.code, outcome.error.field) == ("INVALID_ARGUMENT", "inputs[0]")
     # and the executor keeps serving
     only_result(run_assignment(modular, assignment(num_inference_steps=1))[0])
+
+
+def test_a_models_preview_option_sends_previews_from_the_sd_stages(modular: ModularExecutor) -> None:
+    outcomes, events = run_assignment(
+        modular, assignment(runtime={"preview": 1}, num_inference_steps=3, prompt="previews")
+    )
+    report = only_result(outcomes).report
+    assert report is not None and report.config_resolved["runtime_options"]["preview"]["every_steps"] == 1
+    previews = [e for e in events if e.kind is t.EventKind.PREVIEW]
+    assert [e.progress.step for e in previews if e.progress] == [1, 2]
+    image = Image.open(io.BytesIO(previews[0].preview))
+    assert image.format == "JPEG" and image.size == (64, 64)
+    quiet = run_assignment(modular, assignment(job_id="job-quiet", prompt="no previews"))[1]
+    assert not [e for e in quiet if e.kind is t.EventKind.PREVIEW], "off by default"

@@ -7,6 +7,7 @@ module once, cancel per step, batches, and the families the mode refuses before 
 from __future__ import annotations
 
 import dataclasses
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -307,3 +308,21 @@ def test_the_family_table_is_pure_and_says_what_runs() -> None:
         "assert not {'torch', 'diffusers'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("family", [SDXL, FLUX], ids=["sdxl", "flux-packed-latents"])
+def test_a_models_preview_option_sends_previews_from_the_blocks_loop(
+    modular: ModularExecutor, family: Family
+) -> None:
+    assignment = _assignment(family, "previews", num_inference_steps=4, width=64, height=48)
+    model = dataclasses.replace(assignment.model, runtime={"preview": {"every_steps": 2, "format": "webp"}})
+    [outcome], events = run_assignment(modular, dataclasses.replace(assignment, model=model))
+    report = only_result([outcome]).report
+    assert report is not None
+    assert report.config_resolved["runtime_options"]["preview"]["every_steps"] == 2
+    previews = [e for e in events if e.kind is t.EventKind.PREVIEW]
+    assert [e.progress.step for e in previews if e.progress] == [2], "every 2 steps, never the last"
+    (preview,) = previews
+    assert preview.preview_mime_type == "image/webp"
+    image = Image.open(io.BytesIO(preview.preview))
+    assert image.format == "WEBP" and image.size == (64, 48), "the output's size and aspect"

@@ -18,12 +18,14 @@ MP4 turns the batch-size rounding (under 0.001/255 in the raw frames) into a few
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
 from worker_testing import TASKS, Family, decoded_frames, only_result, pixels, refusal, run_family
 
 from omnirt import types as t
@@ -196,6 +198,24 @@ def test_a_batch_of_two_jobs_shares_one_guided_call(pw: PersistentWorkerExecutor
         # N = 2 outputs: batch 4 at step 1, then a half of 2 per rank.
         assert [r["computed_samples"] for r in split_stats(result)] == [4 + 2 * 2] * 2
     assert results[0].artifacts[0].data != results[1].artifacts[0].data, "two prompts, two seeds"
+
+
+def test_a_models_preview_option_sends_rank_0s_previews_of_each_job(pw: PersistentWorkerExecutor) -> None:
+    """`runtime.preview` (not a launch setting: the running SD3 group takes it): rank 0 makes a
+    preview of each job's latents between the steps and sends it with the step's progress."""
+    runtime = {**CFG2, "preview": {"every_steps": 1, "max_size": 32}}
+    outcomes, events = run(pw, assignment(SD3, runtime, job_ids=("a", "b")))
+    for outcome in outcomes:
+        only_result([outcome])
+    for job_id in ("a", "b"):
+        previews = [e for e in events if e.kind is t.EventKind.PREVIEW and e.job_id == job_id]
+        assert [e.progress.step for e in previews if e.progress] == [1, 2], job_id  # never the last (3)
+        image = Image.open(io.BytesIO(previews[-1].preview))
+        assert (image.format, image.size) == ("JPEG", (32, 32)), job_id
+    first = {e.job_id: e.preview for e in events if e.kind is t.EventKind.PREVIEW and e.progress.step == 2}
+    assert first["a"] != first["b"], "each job's own latents"
+    quiet = run(pw, assignment(SD3, CFG2))[1]
+    assert not [e for e in quiet if e.kind is t.EventKind.PREVIEW], "off by default"
 
 
 def test_fields_the_family_cannot_take_are_invalid_argument_naming_them(pw: PersistentWorkerExecutor) -> None:

@@ -36,11 +36,12 @@ from typing import Any
 import torch
 
 from omnirt.worker.modes.base import JobFailure, StopCheck, StopRun
-from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.events import RunRecorder, first_outputs, send_previews
 from omnirt.worker.modes.modular import stages
 from omnirt.worker.modes.modular.families import ModularFamily
 from omnirt.worker.modes.modular.pipelines import STEP_CALLBACK
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs
+from omnirt.worker.pipelines.previews import PreviewMaker
 
 ENCODE_BLOCKS = frozenset({"text_encoder", "prompt_upsampler", "prompt_upsample", "prompt_enhancer"})
 DECODE_BLOCKS = frozenset({"decode", "after_decode"})
@@ -162,8 +163,11 @@ class BlocksGroup:
         cache: stages.PromptCache[Any, Outputs],
         encoder_variant: tuple[tuple[str, float], ...],
         view_setup: Callable[[Any], None],
+        previews: PreviewMaker | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.legacy = legacy  # the family's pipeline class: how a preview unpacks packed latents
+        self.previews = previews
         self.family = family
         self.recorder = recorder
         self.stop = stop
@@ -303,6 +307,7 @@ class BlocksGroup:
             state.set(name, value, kind)
 
         steps = [0]
+        firsts = first_outputs([p.num_outputs for p in group])
 
         def on_step(block_state: Any) -> None:
             steps[0] += 1
@@ -310,6 +315,19 @@ class BlocksGroup:
             total = len(timesteps) if timesteps is not None else int(block_state.num_inference_steps)
             self.recorder.progress(job_ids, steps[0], max(total, steps[0]))
             self._check_stop(job_ids)
+            if self.previews is not None and self.previews.due(steps[0], total):
+                latents = getattr(block_state, "latents", None)
+                send_previews(
+                    self.recorder,
+                    self.stop,
+                    self.previews,
+                    self.legacy,
+                    latents,
+                    steps[0],
+                    total,
+                    job_ids,
+                    firsts,
+                )
 
         setattr(view, STEP_CALLBACK, on_step)
         with torch.no_grad():

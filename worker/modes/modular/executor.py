@@ -57,6 +57,7 @@ from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes import null as null_model
 from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopRun, stop_error
+from omnirt.worker.modes.events import first_outputs, send_previews
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular import stages
 from omnirt.worker.modes.modular.families import ModularFamily, modular_families, modular_family
@@ -64,6 +65,7 @@ from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan, check_call_arguments
 from omnirt.worker.pipelines.model_cache import CachedPipeline, CacheKey, ModelCache
+from omnirt.worker.pipelines.previews import PreviewMaker
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, inference_mode
 from omnirt.worker.runtime import options as runtime_options
@@ -329,6 +331,13 @@ class ModularRun(AssignmentRun):
                 reason = f"the modular mode's {family.blocks} ({plan.task.value}) do not take {key!r}"
                 raise JobFailure("INVALID_ARGUMENT", reason, where)
 
+    def _previews(self, call: dict[str, Any], first: ItemPlan) -> PreviewMaker | None:
+        """The model's `preview` option as a maker for this call's output size, or None (off)."""
+        if not call.get("preview"):
+            return None
+        size = (int(first.common.get("width") or 0), int(first.common.get("height") or 0))
+        return PreviewMaker(call["preview"], self.spec.family, *size)
+
     def _mode_warnings(self, first: ItemPlan, call: dict[str, Any]) -> list[str]:
         """The model's call options this mode does not apply, as report warnings."""
         warnings = []
@@ -378,6 +387,7 @@ class ModularRun(AssignmentRun):
             cache=self.executor.prompt_cache(cached.key, prompt_cache_size(self.spec)),
             encoder_variant=encoder_adapters(pipeline, active),
             view_setup=setup,
+            previews=self._previews(call, first),
         )
         made = runner.run(group)
         images = []
@@ -389,7 +399,10 @@ class ModularRun(AssignmentRun):
             "num_inference_steps": made.steps,
             "warnings": warnings,
             "pipeline_class": type(pipeline).__name__,
-            "runtime_options": facts.get("options", {}),
+            "runtime_options": {
+                **facts.get("options", {}),
+                **({"preview": call["preview"]} if call.get("preview") else {}),
+            },
         }
         config = {"modular_blocks": family.blocks, "workflow": family.workflows[first.task] or "all"}
         return _Pass(images, info, made.hits, config)
@@ -459,10 +472,15 @@ class ModularRun(AssignmentRun):
         prepared = stages.prepare(view, first.task, args, count, hidden.dtype, device, generators)
         total_steps = len(prepared.timesteps)
 
-        def on_step(step: int, total: int) -> None:
+        previews = self._previews(call, first)
+        firsts = first_outputs([plan.num_outputs for plan in group])
+
+        def on_step(step: int, total: int, latents: Any) -> None:
             self.recorder.progress(job_ids, step, total)
             if self.stop.all_stopped(job_ids):
                 raise StopRun()
+            if previews is not None and previews.due(step, total):
+                send_previews(self.recorder, self.stop, previews, view, latents, step, total, job_ids, firsts)
 
         latents = stages.denoise(view, prepared, hidden, guidance, on_step)
         self.recorder.stage_finished(job_ids, "denoise", started)
@@ -483,6 +501,6 @@ class ModularRun(AssignmentRun):
             "num_inference_steps": total_steps,
             "warnings": warnings,
             "pipeline_class": type(base).__name__,
-            "runtime_options": call_options,
+            "runtime_options": {**call_options, **({"preview": call["preview"]} if previews else {})},
         }
         return _Pass(per_job, info, hits)

@@ -212,8 +212,8 @@ def _prepare_inpaint(
     )
 
 
-StepCallback = Callable[[int, int], None]
-"""Called after each step with (step, total); raises to stop the loop."""
+StepCallback = Callable[[int, int, torch.Tensor], None]
+"""Called after each step with (step, total, the latents after it); raises to stop the loop."""
 
 
 @torch.inference_mode()
@@ -251,7 +251,7 @@ def denoise(
         latents = scheduler.step(noise_pred, step_t, latents, **prepared.step_kwargs, return_dict=False)[0]
         if prepared.image_latents is not None and prepared.mask is not None:
             latents = _keep_unmasked(scheduler, prepared, latents, index, guided)
-        on_step(index + 1, total)
+        on_step(index + 1, total, latents)
     return latents
 
 

@@ -12,8 +12,9 @@ Messages, daemon -> rank 0: `{"op": "run", "job": {...}}` (one job, `cfg_denoise
 a plan's media inputs ride in its request as encoded bytes, bounded by `inputs.shipped`),
 `{"op": "continue"}` / `{"op": "stop"}` (the answer to each progress message), `{"op": "shutdown"}`.
 Rank 0 -> daemon: `{"type": "ready", ...}` or `{"type": "failed", "message": ...}` once at
-start; per job `{"type": "progress", "step", "total"}` after every denoising step (rank 0
-then waits for the answer and broadcasts it to the other ranks), and one of
+start; per job `{"type": "progress", "step", "total", "previews"}` after every denoising step
+(`previews`: `[(plan index, image bytes, mime type), ...]`, the pipeline program's live previews,
+usually empty; rank 0 then waits for the answer and broadcasts it to the other ranks), and one of
 `{"type": "result", "images": [...], ...}` (for a batch `images` holds one list per job; for
 the pipeline program `outputs` holds one list per plan, None for a plan refused in `errors`),
 `{"type": "stopped"}`,

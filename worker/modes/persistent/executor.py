@@ -59,6 +59,7 @@ from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import backends
+from omnirt.worker.runtime import options as runtime_options
 from omnirt.worker.sessions.api import OpenRequest, StreamingSession
 from omnirt.worker.tiny import registry as tiny_models
 
@@ -314,7 +315,15 @@ class _PersistentRun:
         batched = program == "data_parallel"
         work: dict[str, Any] = {"job": job_fields(plans[0])}
         if program == "pipeline":  # the plans as they are: the ranks build legacy_call's arguments
-            work = {"call": {"plans": plans, "parallel": group.settings.parallel, "model": self.spec}}
+            call = {"plans": plans, "parallel": group.settings.parallel, "model": self.spec}
+            # The model's `preview` option (checked with the catalog): rank 0 makes the previews.
+            try:
+                call["preview"] = runtime_options.model_options(self.spec.runtime).get("preview") or {}
+            except backends.BackendError as exc:
+                for job_id in ids:
+                    self.fail(job_id, t.JobError("FAILED_PRECONDITION", str(exc), "runtime.preview"))
+                return
+            work = {"call": call}
         elif batched:
             work = {"jobs": [job_fields(plan) for plan in plans]}
         waited: list[float] = []
@@ -336,10 +345,13 @@ class _PersistentRun:
             dispatched.append(time.perf_counter())
             self.recorder.stage_started(ids, "denoise")
 
-        def on_progress(step: int, total: int) -> bool:
+        def on_progress(step: int, total: int, previews: list[Any]) -> bool:
             now = time.perf_counter()
             last_step[:] = [now]
             self.recorder.progress(ids, step, total)
+            for index, data, mime_type in previews:
+                if not self.stop.reason(ids[index]):
+                    self.recorder.preview(ids[index], step, total, data, mime_type)
             # A batch goes on while one of its jobs still wants its result (the others' are dropped).
             stop = self.stop.all_stopped(ids)
             if step >= total and not stop:

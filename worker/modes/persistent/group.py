@@ -149,7 +149,7 @@ class ResidentGroup:
     def run(
         self,
         work: dict[str, Any],
-        on_progress: Callable[[int, int], bool],
+        on_progress: Callable[[int, int, list[Any]], bool],
         on_wait: Callable[[], None],
         should_abort: Callable[[], str | None],
         on_dispatch: Callable[[Lease], None] | None = None,

@@ -245,7 +245,8 @@ class Launch:
 
     def request(self, work: dict[str, Any], on_progress: Any) -> dict[str, Any]:
         """Run `work` (`{"job": ...}` or `{"jobs": [...]}`; a session op names its own `"op"`) on
-        the ranks; `on_progress(step, total)` returns True to stop it.
+        the ranks; `on_progress(step, total, previews)` returns True to stop it (`previews`: the
+        step's preview images, `[(plan index, bytes, mime type), ...]`, from the pipeline program).
 
         Raises ChannelClosed / TimeoutError / OSError when the group dies or hangs.
         """
@@ -256,7 +257,8 @@ class Launch:
             message: dict[str, Any] = channel.receive(self.conn)
             if message.get("type") != "progress":
                 return message
-            stop = bool(on_progress(int(message["step"]), int(message["total"])))
+            previews = message.get("previews") or []
+            stop = bool(on_progress(int(message["step"]), int(message["total"]), previews))
             channel.send(self.conn, {"op": "stop" if stop else "continue"})
 
     def stop(self, grace_s: float = 5.0) -> None:

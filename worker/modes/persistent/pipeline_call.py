@@ -48,6 +48,7 @@ from omnirt.worker.pipelines.args import (
     check_arguments,
     pipeline_kwargs,
 )
+from omnirt.worker.pipelines.previews import PreviewMaker
 from omnirt.worker.runtime import inference_mode
 
 Output = tuple[int, int]
@@ -155,3 +156,21 @@ def run_share(
     if len(made) != len(share):
         raise JobFailure("INTERNAL", f"the pipeline returned {len(made)} outputs, expected {len(share)}")
     return made, info
+
+
+def preview_maker(settings: Any, spec: t.ModelSpec, plans: list[ItemPlan]) -> PreviewMaker | None:
+    """The call's preview maker (the model's normalized `preview` option), or None when off."""
+    if not settings:
+        return None
+    common = plans[0].common
+    return PreviewMaker(settings, spec.family, int(common.get("width") or 0), int(common.get("height") or 0))
+
+
+def previews_of(maker: PreviewMaker, pipe: Any, latents: Any, share: list[Output]) -> list[Any]:
+    """`[(plan index, bytes, mime type), ...]`: a preview of each plan's first output in this
+    rank's `share` (the call's batch is in share order)."""
+    firsts: dict[int, int] = {}
+    for position, (j, _) in enumerate(share):
+        firsts.setdefault(j, position)
+    made = maker.make(pipe, latents, list(firsts.values()))
+    return [(j, p.data, p.mime_type) for j, p in zip(firsts, made, strict=True) if p is not None]

