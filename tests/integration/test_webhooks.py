@@ -435,3 +435,30 @@ def test_a_dead_controllers_deliveries_are_taken_over(
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_openai_routes_take_webhook_and_webhook_events(
+    client: omnirt.Client, controller: Controller, receiver: Receiver
+) -> None:
+    body = {
+        "model": "null",
+        "prompt": "x",
+        "webhook": receiver.url("/ok/openai"),
+        "webhook_events": "completed",
+    }
+    answer = httpx.post(f"{controller.http}/v1/images/generations", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    got = wait_types(receiver, "/ok/openai", "job.completed")
+    assert [d.payload["type"] for d in got] == ["job.completed"]
+    video = {"model": "queued-video", "prompt": "x", "webhook": receiver.url("/ok/videos")}
+    job = httpx.post(f"{controller.http}/v1/videos", json=video, timeout=60).json()
+    wait_types(receiver, "/ok/videos", "job.queued")
+    client.cancel(job["id"])
+    wait_types(receiver, "/ok/videos", "job.cancelled")
+    for fields, param in (
+        ({"webhook": "ftp://x/y"}, "webhook.url"),
+        ({"webhook": receiver.url("/ok/x"), "webhook_events": ["done"]}, "webhook_events"),
+        ({"webhook": "", "webhook_events": ["completed"]}, "webhook_events"),
+    ):
+        refused = httpx.post(f"{controller.http}/v1/images/generations", json={**body, **fields}, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
