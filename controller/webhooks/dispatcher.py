@@ -34,7 +34,7 @@ from omnirt.controller.webhooks import payload
 from omnirt.controller.webhooks.addresses import AddressPolicy, CheckedResolver, RefusedAddress, parse_url
 from omnirt.controller.webhooks.follows import Follow, FollowStore, MemoryFollows, RedisFollows
 from omnirt.controller.webhooks.signing import Signer, random_master, read_master
-from omnirt.errors import OmniRTError
+from omnirt.errors import JobNotFound, OmniRTError
 from omnirt.types import JobEvent, Webhook, WebhookEvent
 
 log = logging.getLogger("omnirt.controller.webhooks")
@@ -160,7 +160,7 @@ class WebhookDispatcher:
     async def _deliver_events(self, f: Follow) -> None:
         wanted = set(f.webhook.events) or set(WebhookEvent)
         interval_ms = f.webhook.progress_interval_ms or DEFAULT_PROGRESS_MS
-        events: asyncio.Queue[JobEvent | None] = asyncio.Queue()
+        events: asyncio.Queue[JobEvent | Exception | None] = asyncio.Queue()
         reader = asyncio.create_task(self._read(f, events))
         held: JobEvent | None = None  # the latest progress not yet sent
         try:
@@ -176,6 +176,8 @@ class WebhookDispatcher:
                     assert event is not None
                 if event is None:
                     return  # the job's last event is handled (or the job is gone)
+                if isinstance(event, Exception):
+                    raise event  # the store is away: the follow stays, claimable again after its lease
                 kind = payload.webhook_event(event)
                 if kind is None or kind not in wanted:
                     f.cursor = max(f.cursor, event.sequence)
@@ -196,14 +198,16 @@ class WebhookDispatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
 
-    async def _read(self, f: Follow, events: asyncio.Queue[JobEvent | None]) -> None:
+    async def _read(self, f: Follow, events: asyncio.Queue[JobEvent | Exception | None]) -> None:
         try:
             async for event in self.engine.watch(f.job_id, f.cursor):
                 await events.put(event)
-        except OmniRTError as exc:  # the job expired before its events were all read
+        except JobNotFound as exc:  # the job expired before its events were all read
             log.warning("webhooks: job %s: %s", f.job_id, exc)
-        finally:
-            await events.put(None)
+        except Exception as exc:
+            await events.put(exc)
+            return
+        await events.put(None)
 
     async def _deliver(self, f: Follow, kind: WebhookEvent, event: JobEvent) -> None:
         """Deliver one event until it is delivered, refused or given up."""
