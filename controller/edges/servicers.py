@@ -19,7 +19,7 @@ from omnirt.controller.core.artifact_store import ArtifactStore, object_chunks
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.encoded import EncodedJobs
 from omnirt.controller.core.engine_client import EngineClient
-from omnirt.controller.edges.auth import caller
+from omnirt.controller.edges.auth import TENANT_RE, caller
 from omnirt.controller.edges.convert import generate_response
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.webhooks.dispatcher import WebhookDispatcher
@@ -221,6 +221,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     ) -> generation_pb2.GetWebhookSecretResponse:
         principal = caller()
         tenant = request.tenant or principal.tenant
+        if request.tenant and not TENANT_RE.fullmatch(request.tenant):
+            raise InvalidRequest(
+                f"tenant: 1-64 letters, digits, '.', '_' or '-' (got {echo(request.tenant)})", field="tenant"
+            )
         if tenant != principal.tenant and not principal.is_admin:
             raise PermissionDenied(f"the webhook secret of tenant {echo(tenant)} needs an admin key")
         if self.webhooks is None:

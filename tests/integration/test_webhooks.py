@@ -390,6 +390,9 @@ def test_each_tenant_has_its_own_secret_and_reads_only_its_own(
                 alice.webhook_secret("bob")
             with daemon.client() as ops:
                 assert ops.webhook_secret("bob") == secret_b
+                with pytest.raises(errors.InvalidRequest) as caught:
+                    ops.webhook_secret("x" * 100)
+                assert caught.value.field == "tenant"
             http = httpx.get(f"{daemon.http}/v1/webhooks/secret", headers={"Authorization": "Bearer bob-key"})
             assert http.json() == {"secret": secret_b, "tenant": "bob"}
             assert httpx.get(f"{daemon.http}/v1/webhooks/secret").status_code == 401
