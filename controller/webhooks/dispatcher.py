@@ -87,11 +87,17 @@ class WebhookDispatcher:
         self._loop_task = asyncio.create_task(self._claim_loop())
 
     async def stop(self) -> None:
-        """Stop following (on Redis another controller takes the follows over after the lease)."""
+        """Stop following; on Redis the follows are released for another controller to take at once
+        (a controller that dies without stopping holds them until its lease runs out)."""
+        held = list(self.tasks)
         tasks = [t for t in (self._loop_task, *self.tasks.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self.follows.release(self.owner, held)
+        except Exception as exc:  # Redis away: the leases run out instead
+            log.warning("webhooks: cannot release %d followed jobs: %s", len(held), exc)
         if self.session is not None:
             await self.session.close()
 

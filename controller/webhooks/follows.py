@@ -96,6 +96,10 @@ class FollowStore(Protocol):
         """The job's last event is handled: forget the follow."""
         ...
 
+    async def release(self, owner: str, job_ids: list[str]) -> None:
+        """`owner` stops (SIGTERM): its follows are claimable at once, not after the lease."""
+        ...
+
 
 class MemoryFollows:
     """Follows of this process (the memory store): no sharing, no leases."""
@@ -125,6 +129,9 @@ class MemoryFollows:
     async def done(self, owner: str, job_id: str) -> None:
         """Forget it."""
         self.follows.pop(job_id, None)
+
+    async def release(self, owner: str, job_ids: list[str]) -> None:
+        """Nobody else would take them: the process is going away."""
 
 
 # KEYS: none (the prefix is ARGV[1], as in engines/redis/scripts.py)
@@ -165,6 +172,17 @@ for i = 5, #ARGV, 2 do redis.call('HSET', h, ARGV[i], ARGV[i + 1]) end
 redis.call('EXPIRE', h, ttl)
 return 1
 """
+_RELEASE = """
+local p, owner = ARGV[1], ARGV[2]
+for i = 3, #ARGV do
+  local h = p .. 'wh:f:' .. ARGV[i]
+  if redis.call('HGET', h, 'owner') == owner then
+    redis.call('HSET', h, 'owner', '')
+    redis.call('ZADD', p .. 'wh:due', 0, ARGV[i])
+  end
+end
+return 1
+"""
 _DONE = """
 local p, owner, id = ARGV[1], ARGV[2], ARGV[3]
 local h = p .. 'wh:f:' .. id
@@ -185,6 +203,7 @@ class RedisFollows:
         self._renew = redis.register_script(_RENEW)
         self._save = redis.register_script(_SAVE)
         self._done = redis.register_script(_DONE)
+        self._release = redis.register_script(_RELEASE)
 
     async def add(self, follow: Follow) -> None:
         """Store the hash and make it due now, in one transaction."""
@@ -217,3 +236,8 @@ class RedisFollows:
     async def done(self, owner: str, job_id: str) -> None:
         """Drop the follow if `owner` still holds it."""
         await self._done(keys=[], args=[self.p, owner, job_id])
+
+    async def release(self, owner: str, job_ids: list[str]) -> None:
+        """Make `owner`'s follows claimable now (see `_RELEASE`)."""
+        if job_ids:
+            await self._release(keys=[], args=[self.p, owner, *job_ids])

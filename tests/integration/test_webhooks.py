@@ -465,3 +465,27 @@ def test_openai_routes_take_webhook_and_webhook_events(
     ):
         refused = httpx.post(f"{controller.http}/v1/images/generations", json={**body, **fields}, timeout=60)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+
+
+def test_a_stopped_controller_hands_its_deliveries_over_at_once(
+    log_dir: Path, user_catalog: Path, redis_server: RedisServer, receiver: Receiver
+) -> None:
+    # A lease far longer than the test: only the release on SIGTERM lets the second one take over.
+    store = ("--store", redis_server.url, "--catalog", str(user_catalog), "--webhook-allow", "127.0.0.1/32")
+    long_lease = ("--webhook-lease-s", "300", "--webhook-retry-s", "600")
+    first = Controller(log_dir, *store, *long_lease, "--webhook-backoff-s", "30").start()
+    second: Controller | None = None
+    try:
+        with first.client() as c:
+            hook = receiver.url("/flaky/handover")
+            job = c.submit(model="queued-video", prompt="x", webhook=hook, webhook_events=["cancelled"])
+            c.cancel(job.id)
+        wait_for(lambda: len(receiver.got("/flaky/handover")) == 1, 20, "the first attempt")
+        assert first.stop() == 0
+        second = Controller(log_dir, *store, *long_lease, "--webhook-backoff-s", "0.05").start()
+        wait_for(lambda: any(d.status == 200 for d in receiver.got("/flaky/handover")), 20, "the handover")
+        assert len({d.id for d in receiver.got("/flaky/handover")}) == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
