@@ -10,6 +10,7 @@ each event once when two controllers share one Redis. Loopback is refused withou
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import signal
 import threading
@@ -45,6 +46,7 @@ class Delivery:
     headers: dict[str, str]
     body: bytes
     status: int
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
     @property
     def id(self) -> str:
@@ -165,8 +167,10 @@ def test_events_arrive_signed_in_order_with_throttled_progress(
     types = [p["type"] for p in payloads]
     assert types[:2] == ["job.queued", "job.started"] and types[-1] == "job.completed"
     progress = [p for p in payloads if p["type"] == "job.progress"]
-    # 30 steps in about 1.5 s at one progress per 400 ms: a handful, not 30.
-    assert 1 <= len(progress) <= 6, types
+    # 30 steps of 50 ms, at most one progress per 400 ms: a handful, not 30, and never closer.
+    assert 1 <= len(progress) < 15, types
+    arrived = [d.at for d in got if d.payload["type"] == "job.progress"]
+    assert all(b - a >= 0.35 for a, b in itertools.pairwise(arrived)), arrived
     steps = [p["data"]["progress"]["step"] for p in progress]
     assert steps == sorted(steps)
     assert len({d.id for d in got}) == len(got)  # one id per event
