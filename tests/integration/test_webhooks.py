@@ -203,16 +203,22 @@ def test_a_receiver_that_fails_twice_gets_the_same_id_three_times(
     assert client.get_job(job.id).state is omnirt.JobState.SUCCEEDED
 
 
+def deliveries(controller: Controller, outcome: str) -> float:
+    """`omnirt_webhook_deliveries_total{outcome}` on the controller's /metrics (0 before any)."""
+    for line in httpx.get(f"{controller.http}/metrics").text.splitlines():
+        if line.startswith(f'omnirt_webhook_deliveries_total{{outcome="{outcome}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def test_a_job_succeeds_while_its_receiver_is_down(client: omnirt.Client, controller: Controller) -> None:
+    retried, gave_up = deliveries(controller, "retry"), deliveries(controller, "gave_up")
     dead = f"http://127.0.0.1:{free_port()}/nobody"
-    result = client.generate(model="null", prompt="x", webhook=dead)
+    result = client.generate(model="null", prompt="x", webhook=dead, webhook_events=["completed"])
     assert result.artifacts
-
-    def retried() -> bool:
-        metrics = httpx.get(f"{controller.http}/metrics").text
-        return 'omnirt_webhook_deliveries_total{outcome="retry"}' in metrics
-
-    wait_for(retried, 10, "a retried delivery")
+    # Retried with backoff, then given up once --webhook-retry-s (3 s here) has passed.
+    wait_for(lambda: deliveries(controller, "gave_up") == gave_up + 1, 20, "the delivery to give up")
+    assert deliveries(controller, "retry") >= retried + 2
 
 
 def test_redirects_are_not_followed(client: omnirt.Client, receiver: Receiver) -> None:
