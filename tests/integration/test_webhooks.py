@@ -221,6 +221,21 @@ def test_a_job_succeeds_while_its_receiver_is_down(client: omnirt.Client, contro
     assert deliveries(controller, "retry") >= retried + 2
 
 
+def test_async_client_takes_webhooks_too(
+    client: omnirt.Client, controller: Controller, receiver: Receiver
+) -> None:
+    async def run() -> tuple[str, str]:
+        async with omnirt.AsyncClient(controller.address) as aio:
+            hook = receiver.url("/ok/aio")
+            job = await aio.submit(model="null", prompt="x", webhook=hook, webhook_events=["completed"])
+            return job.id, await aio.webhook_secret()
+
+    job_id, secret = asyncio.run(run())
+    assert secret == client.webhook_secret()
+    got = wait_types(receiver, "/ok/aio", "job.completed")
+    assert verify(got[0], secret)["data"]["id"] == job_id
+
+
 def test_redirects_are_not_followed(client: omnirt.Client, receiver: Receiver) -> None:
     client.submit(model="null", prompt="x", webhook=receiver.url("/redirect/r"), webhook_events=["completed"])
     wait_for(lambda: len(receiver.got("/redirect/r")) >= 2, 20, "a retry of the redirected delivery")
