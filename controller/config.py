@@ -169,6 +169,13 @@ class ControllerConfig:
     webhook_max_jobs: int = field(
         default=1000, metadata={"help": "jobs whose webhooks one controller serves at once (more wait)"}
     )
+    webhook_base_url: str = field(
+        default="",
+        metadata={
+            "help": "base URL of the gateway that webhook receivers fetch artifacts from, e.g. "
+            "https://omnirt.example.com (empty = http(s)://--http)"
+        },
+    )
     webhook_lease_s: float = field(
         default=15.0,
         metadata={"help": "a dead controller's webhook deliveries move to another after this (redis store)"},

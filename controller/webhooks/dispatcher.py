@@ -75,8 +75,9 @@ class WebhookDispatcher:
         self.wake = asyncio.Event()
         self.session: aiohttp.ClientSession | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self.origin = ""
-        if config.http:
+        # Artifact links in the payloads: the operator's public URL, else the gateway's address.
+        self.origin = config.webhook_base_url.rstrip("/")
+        if not self.origin and config.http:
             scheme = "https" if config.tls_cert else "http"
             self.origin = f"{scheme}://{config.http}"
 

@@ -341,6 +341,7 @@ def test_two_controllers_on_one_redis_deliver_each_event_once(
     log_dir: Path, user_catalog: Path, model_dir: Path, redis_server: RedisServer, receiver: Receiver
 ) -> None:
     store = ("--store", redis_server.url, "--catalog", str(user_catalog), *ALLOW)
+    store += ("--webhook-base-url", "https://omnirt.example.com/")
     first = Controller(log_dir, *store).start()
     second = Controller(log_dir, *store).start()
     worker = Worker(log_dir, first.address, "w-redis-hooks", model_dir, "--models", "null").start()
@@ -372,6 +373,8 @@ def test_two_controllers_on_one_redis_deliver_each_event_once(
             types = [p["type"] for p in mine]
             assert types[0] == "job.queued" and types[1] == "job.started" and types[-1] == "job.completed"
             assert {p["data"]["id"] for p in mine} == {job.id}
+            link = mine[-1]["data"]["result"]["artifacts"][0]["uri"]
+            assert link == f"https://omnirt.example.com/v1/jobs/{job.id}/artifacts/0"
             with second.client() as c:
                 assert c.get_job(job.id).webhook is not None  # kept with the job in Redis
         # The flaky receiver: every event three times, with one id each.
