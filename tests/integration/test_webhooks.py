@@ -517,3 +517,22 @@ def test_a_stopped_controller_hands_its_deliveries_over_at_once(
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_an_idempotent_resubmission_delivers_nothing_twice(client: omnirt.Client, receiver: Receiver) -> None:
+    hook = receiver.url("/ok/idem")
+    fields: dict[str, Any] = {
+        "model": "queued-video",
+        "prompt": "x",
+        "webhook": hook,
+        "idempotency_key": "idem-1",
+    }
+    first, again = client.submit(**fields), client.submit(**fields)
+    assert again.id == first.id
+    with pytest.raises(errors.InvalidRequest) as caught:
+        client.submit(**{**fields, "webhook": receiver.url("/ok/other")})
+    assert caught.value.field == "idempotency_key"
+    client.cancel(first.id)
+    wait_types(receiver, "/ok/idem", "job.cancelled")
+    time.sleep(0.5)  # room for a second follower's duplicates to show up
+    assert [d.payload["type"] for d in receiver.got("/ok/idem")] == ["job.queued", "job.cancelled"]
