@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 
 from omnirt import __version__
-from omnirt.cli import bench, connection, generate, jobs, keys, models, sessions, validate, workers
+from omnirt.cli import bench, connection, generate, jobs, keys, models, sessions, validate, webhooks, workers
 from omnirt.cli.output import error_object, print_error, print_json
 from omnirt.errors import OmniRTError
 
-GROUPS = (generate, validate, bench, models, jobs, workers, sessions, keys)
+GROUPS = (generate, validate, bench, models, jobs, workers, sessions, webhooks, keys)
 
 
 def _common(*, top: bool) -> argparse.ArgumentParser:

@@ -88,6 +88,13 @@ def add_request_arguments(parser: argparse.ArgumentParser, *, model_required: bo
     g.add_argument("--idempotency-key", metavar="KEY", help="the same key returns the same job")
     g.add_argument("--format", dest="output_format", metavar="FORMAT", help="png, webp, jpeg, mp4, gif, wav")
     g.add_argument("--quality", type=int, help="quality of lossy formats, 1-100")
+    g.add_argument("--webhook", metavar="URL", help="POST the job's events to this URL (signed)")
+    g.add_argument(
+        "--webhook-events",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        metavar="LIST",
+        help="queued,started,progress,completed,failed,cancelled (default: all)",
+    )
 
 
 def request_from_args(args: argparse.Namespace) -> GenerateRequest:
@@ -121,4 +128,6 @@ def request_from_args(args: argparse.Namespace) -> GenerateRequest:
         idempotency_key=args.idempotency_key,
         output_format=args.output_format,
         quality=args.quality,
+        webhook=args.webhook,
+        webhook_events=args.webhook_events,
     )

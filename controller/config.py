@@ -143,6 +143,43 @@ class ControllerConfig:
     audit_log: str = field(
         default="", metadata={"help": "file to append the JSON audit log to (empty = stderr)"}
     )
+    # ---- webhooks (docs/webhooks.md) ----
+    webhook_allow: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "CIDR or host name webhooks may reach although private, loopback or link-local "
+            "(e.g. 10.0.0.0/8, hooks.internal)"
+        },
+    )
+    webhook_secret_file: str = field(
+        default="",
+        metadata={
+            "help": "file holding the master secret each tenant's webhook signing secret derives from "
+            "(empty = a random one, kept in Redis with --store redis://)"
+        },
+    )
+    webhook_timeout_s: float = field(default=10.0, metadata={"help": "seconds one webhook delivery may take"})
+    webhook_retry_s: float = field(
+        default=3600.0,
+        metadata={"help": "seconds a failing webhook is retried (with backoff) before deliveries give up"},
+    )
+    webhook_backoff_s: float = field(
+        default=1.0, metadata={"help": "first retry delay of a failed webhook delivery (doubles, capped)"}
+    )
+    webhook_max_jobs: int = field(
+        default=1000, metadata={"help": "jobs whose webhooks one controller serves at once (more wait)"}
+    )
+    webhook_base_url: str = field(
+        default="",
+        metadata={
+            "help": "base URL of the gateway that webhook receivers fetch artifacts from, e.g. "
+            "https://omnirt.example.com (empty = http(s)://--http)"
+        },
+    )
+    webhook_lease_s: float = field(
+        default=15.0,
+        metadata={"help": "a dead controller's webhook deliveries move to another after this (redis store)"},
+    )
 
     def __post_init__(self) -> None:
         if self.artifact_store:

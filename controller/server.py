@@ -37,6 +37,7 @@ from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.registry import RedisSessions
 from omnirt.controller.realtime.servicer import RealtimeServicer
+from omnirt.controller.webhooks.dispatcher import WebhookDispatcher
 from omnirt.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
@@ -167,6 +168,7 @@ class ControllerServer:
         if self.artifacts is not None and isinstance(encoded, JobStore):
             self.artifacts.track_evictions = True
             encoded.on_evict = self.artifacts.forget
+        self.webhooks = WebhookDispatcher(config, self.engine)  # ValueError: a bad --webhook-* flag
         self._health_task: asyncio.Task[None] | None = None
         store = getattr(self.engine, "store", None)
         shared = (
@@ -178,7 +180,7 @@ class ControllerServer:
         self.sessions.metrics = self.engine.metrics.realtime
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
-            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded, self.artifacts),
+            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded, self.artifacts, self.webhooks),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
             SERVICE_NAMES[2]: ClusterServicer(self.engine, self.sessions),
             SERVICE_NAMES[3]: RealtimeServicer(self.sessions),
@@ -289,6 +291,7 @@ class ControllerServer:
 
     async def start(self) -> None:
         await self.engine.start()
+        await self.webhooks.start()
         if self.artifacts is not None:
             self.artifacts.start()
         await self.server.start()
@@ -352,6 +355,7 @@ class ControllerServer:
         await self.health.enter_graceful_shutdown()
         if self.http is not None:
             await self.http.stop()
+        await self.webhooks.stop()
         await self.engine.stop()
         if self.artifacts is not None:
             await self.artifacts.stop()

@@ -34,6 +34,8 @@ from omnirt.types import (
     RunReport,
     Task,
     ValidationResult,
+    Webhook,
+    WebhookEvent,
     WorkerInfo,
 )
 
@@ -64,6 +66,8 @@ __all__ = [
     "RunReport",
     "Task",
     "ValidationResult",
+    "Webhook",
+    "WebhookEvent",
     "WorkerInfo",
     "__version__",
     "errors",

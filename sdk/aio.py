@@ -380,3 +380,8 @@ class AsyncClient:
         """Let a worker finish what it runs, give it nothing new, and stop it."""
         message = cluster_pb2.DrainWorkerRequest(worker_id=worker_id)
         return conv.worker_from_proto((await self._call(self.cluster.DrainWorker, message)).worker)
+
+    async def webhook_secret(self, tenant: str = "") -> str:
+        """The `whsec_...` secret that signs this caller's webhooks (another tenant's: admins only)."""
+        message = generation_pb2.GetWebhookSecretRequest(tenant=tenant)
+        return str((await self._call(self.generation.GetWebhookSecret, message)).secret)

@@ -42,6 +42,8 @@ from omnirt.types import (
     SessionInfo,
     Task,
     ValidationResult,
+    Webhook,
+    WebhookEvent,
     WorkerInfo,
 )
 from omnirt.v1 import (
@@ -69,6 +71,8 @@ class RequestFields(TypedDict, total=False):
 
     `image`, `mask` and `audio` are shortcuts: bytes, a local path, or a URI
     (`scheme://...`), added to `inputs` with the matching role. Adapters may be given by name.
+    `webhook` may be a URL (or a `Webhook`); `webhook_events` picks its events by name
+    ("queued", "started", "progress", "completed", "failed", "cancelled"; all when unset).
     A field passed as None is left unset.
     """
 
@@ -102,6 +106,8 @@ class RequestFields(TypedDict, total=False):
     quality: int | None
     strength: float | None
     duration_ms: int | None
+    webhook: Webhook | str | None
+    webhook_events: Sequence[WebhookEvent | str] | None
 
 
 _SHORTCUTS = {"image": MediaRole.IMAGE, "mask": MediaRole.MASK, "audio": MediaRole.AUDIO}
@@ -292,6 +298,8 @@ def build_request(request: GenerateRequest | None = None, **fields: Any) -> Gene
     """A `GenerateRequest` from keywords, or a copy of `request` with the keywords applied."""
     fields = {k: v for k, v in fields.items() if v is not None}
     media = [media_input(role, fields.pop(name)) for name, role in _SHORTCUTS.items() if name in fields]
+    if "webhook" in fields or "webhook_events" in fields:
+        fields["webhook"] = webhook_of(fields.get("webhook"), fields.pop("webhook_events", None))
     unknown = sorted(set(fields) - _REQUEST_FIELDS)
     if unknown:
         raise TypeError(f"unexpected request field(s): {', '.join(unknown)}")
@@ -307,6 +315,24 @@ def build_request(request: GenerateRequest | None = None, **fields: Any) -> Gene
     req.labels = dict(req.labels)
     req.extra = dict(req.extra)
     return req
+
+
+def webhook_of(webhook: Webhook | str | None, events: Sequence[WebhookEvent | str] | None) -> Webhook:
+    """A `Webhook` from a URL or a `Webhook`, with `events` (names) when given."""
+    if webhook is None:
+        raise TypeError("webhook_events= needs webhook= (the URL to deliver them to)")
+    hook = Webhook(url=webhook) if isinstance(webhook, str) else dataclasses.replace(webhook)
+    if events is not None:
+        if isinstance(events, str):
+            events = [events]
+        known = ", ".join(e.value for e in WebhookEvent)
+        try:
+            hook.events = [WebhookEvent(e) for e in events]
+        except ValueError as exc:
+            raise errors.InvalidRequest(
+                f"webhook.events: {exc} (known: {known})", field="webhook.events"
+            ) from None
+    return hook
 
 
 # Messages of grpc core (not of the controller) that mean the address could not be reached.
@@ -719,3 +745,8 @@ class Client:
         """Let a worker finish what it runs, give it nothing new, and stop it."""
         resp = self._call(self.cluster.DrainWorker, cluster_pb2.DrainWorkerRequest(worker_id=worker_id))
         return conv.worker_from_proto(resp.worker)
+
+    def webhook_secret(self, tenant: str = "") -> str:
+        """The `whsec_...` secret that signs this caller's webhooks (another tenant's: admins only)."""
+        message = generation_pb2.GetWebhookSecretRequest(tenant=tenant)
+        return str(self._call(self.generation.GetWebhookSecret, message).secret)

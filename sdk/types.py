@@ -87,6 +87,29 @@ class Adapter:
     scale: float = 1.0
 
 
+class WebhookEvent(enum.StrEnum):
+    """A job event a webhook can ask for (delivered as type `job.<value>`)."""
+
+    QUEUED = "queued"
+    STARTED = "started"
+    PROGRESS = "progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class Webhook:
+    """Signed POSTs to `url` about a job's events (all of them when `events` is empty).
+
+    `progress_interval_ms`: least time between two progress deliveries (0 = 1000 ms).
+    """
+
+    url: str
+    events: list[WebhookEvent] = field(default_factory=list)
+    progress_interval_ms: int = 0
+
+
 @dataclass
 class GenerateRequest:
     """One generation. Fields left as None take the model's or preset's defaults.
@@ -121,6 +144,7 @@ class GenerateRequest:
     quality: int = 0
     strength: float | None = None
     duration_ms: int | None = None
+    webhook: Webhook | None = None
 
 
 @dataclass
@@ -269,6 +293,7 @@ class Job:
     deadline_ms: int = 0
     queue_position: int = 0
     tenant: str = ""
+    webhook: Webhook | None = None
 
 
 class EventKind(enum.StrEnum):

@@ -46,6 +46,7 @@ def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
         labels=dict(req.labels),
         deadline_ms=min((d for d in deadlines if d), default=0),
         tenant=tenant,
+        webhook=req.webhook,
     )
     # Workers see one deadline per job: the effective one.
     req.deadline_ms = job.deadline_ms

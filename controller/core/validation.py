@@ -16,14 +16,19 @@ from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.controller.core import bounds
 from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
 from omnirt.controller.core.catalog import PRESET_RUNTIME, Catalog
+from omnirt.controller.webhooks.addresses import parse_url
 from omnirt.errors import FailedPrecondition
-from omnirt.types import GenerateRequest, MediaKind, ModelSpec, Preset, Task
+from omnirt.types import GenerateRequest, MediaKind, ModelSpec, Preset, Task, Webhook
 
 MAX_PRIORITY = 100
 # Float fields travel as float32; beyond these they are mistakes, not settings.
 MAX_FPS = 1000.0
 MAX_GUIDANCE_SCALE = 1000.0
 MAX_QUALITY = 100  # output.quality is 1-100 (0 = the encoder's default)
+# Webhook progress: more often than 10 times a second is a flood, not progress; an hour is the
+# longest that still means something (0 = the default, 1000 ms).
+MIN_PROGRESS_INTERVAL_MS = 100
+MAX_PROGRESS_INTERVAL_MS = 3_600_000
 TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
 OUTPUT_KIND = {
     Task.TEXT2IMAGE: MediaKind.IMAGE,
@@ -80,6 +85,25 @@ def _check_times(req: GenerateRequest, now_ms: int) -> None:
         raise bad("deadline_ms", f"at most {MAX_TIMEOUT_MS} ms ahead (got {req.deadline_ms}, now {now_ms})")
     if not 0 <= req.timeout_ms <= MAX_TIMEOUT_MS:
         raise bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
+
+
+def _check_webhook(req: GenerateRequest) -> None:
+    """The webhook's URL shape, events and progress interval (its addresses: `webhooks.addresses`)."""
+    hook = req.webhook
+    if hook is None:
+        return
+    parse_url(hook.url)
+    interval = hook.progress_interval_ms
+    if interval and not MIN_PROGRESS_INTERVAL_MS <= interval <= MAX_PROGRESS_INTERVAL_MS:
+        raise bad(
+            "webhook.progress_interval_ms",
+            f"must be 0 (1000) or between {MIN_PROGRESS_INTERVAL_MS} and {MAX_PROGRESS_INTERVAL_MS} "
+            f"(got {interval})",
+        )
+    # Each event once (the order the client gave); the default interval made explicit.
+    req.webhook = Webhook(
+        url=hook.url, events=list(dict.fromkeys(hook.events)), progress_interval_ms=interval or 1000
+    )
 
 
 def _preset(req: GenerateRequest, spec: ModelSpec) -> Preset | None:
@@ -224,6 +248,7 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
     # Sizes first: nothing below walks or quotes an unbounded value.
     bounds.check_request(req, spec.limits)
     _check_times(req, int(time.time() * 1000) if now_ms is None else now_ms)
+    _check_webhook(req)
     req.task = defaults.task_of(req, spec)
     if req.task not in spec.tasks:
         tasks = ", ".join(t.value for t in spec.tasks)

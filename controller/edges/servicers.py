@@ -16,14 +16,15 @@ import grpc
 
 from omnirt._internal import convert as c
 from omnirt.controller.core.artifact_store import ArtifactStore, object_chunks
-from omnirt.controller.core.bounds import check_id
+from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.encoded import EncodedJobs
 from omnirt.controller.core.engine_client import EngineClient
-from omnirt.controller.edges.auth import caller
+from omnirt.controller.edges.auth import TENANT_RE, caller
 from omnirt.controller.edges.convert import generate_response
 from omnirt.controller.realtime.manager import SessionManager
-from omnirt.errors import InvalidRequest, error_for
-from omnirt.types import GenerateRequest
+from omnirt.controller.webhooks.dispatcher import WebhookDispatcher
+from omnirt.errors import InvalidRequest, PermissionDenied, error_for
+from omnirt.types import GenerateRequest, Job
 from omnirt.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
@@ -47,6 +48,15 @@ def _call_deadline_ms(context: grpc.aio.ServicerContext[Any, Any]) -> int:
 def _request(msg: types_pb2.GenerateRequest) -> GenerateRequest:
     if msg.task and c.task_from_proto(msg.task) is None:
         raise InvalidRequest(f"task: unknown task number {msg.task}", field="task")
+    known = types_pb2.WebhookEvent.values()
+    for i, number in enumerate(msg.webhook.events):
+        if number not in known or number == types_pb2.WEBHOOK_EVENT_UNSPECIFIED:
+            names = ", ".join(
+                n.removeprefix("WEBHOOK_EVENT_").lower() for n in types_pb2.WebhookEvent.keys()[1:]
+            )
+            raise InvalidRequest(
+                f"webhook.events[{i}]: unknown event number {number} (known: {names})", field="webhook.events"
+            )
     return c.request_from_proto(msg)
 
 
@@ -58,24 +68,39 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     """
 
     def __init__(
-        self, engine: EngineClient, encoded: EncodedJobs | None = None, artifacts: ArtifactStore | None = None
+        self,
+        engine: EngineClient,
+        encoded: EncodedJobs | None = None,
+        artifacts: ArtifactStore | None = None,
+        webhooks: WebhookDispatcher | None = None,
     ) -> None:
         self.engine = engine
         self.encoded = encoded
         self.artifacts = artifacts  # --artifact-store: where workers' objects are read from
+        self.webhooks = webhooks
+
+    async def _submit(self, req: GenerateRequest, call_deadline_ms: int = 0) -> tuple[Job, bool]:
+        """Submit as the caller; a webhook's address is checked first and followed after."""
+        principal = caller()
+        if req.webhook is not None:
+            if self.webhooks is None:
+                raise InvalidRequest("webhook: this controller delivers no webhooks", field="webhook")
+            await self.webhooks.check(req.webhook)
+        job, dedup = await self.engine.submit(
+            req, tenant=principal.tenant, policy=principal.policy, call_deadline_ms=call_deadline_ms
+        )
+        if req.webhook is not None and not dedup and self.webhooks is not None:
+            # The validated request's webhook (its events deduplicated, its interval resolved).
+            webhook = (await self.engine.request_of(job.id)).webhook or req.webhook
+            await self.webhooks.follow(job.id, principal.tenant, webhook)
+        return job, dedup
 
     async def Generate(
         self,
         request: types_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext[types_pb2.GenerateRequest, generation_pb2.GenerateResponse],
     ) -> generation_pb2.GenerateResponse:
-        principal = caller()
-        job, _ = await self.engine.submit(
-            _request(request),
-            tenant=principal.tenant,
-            policy=principal.policy,
-            call_deadline_ms=_call_deadline_ms(context),
-        )
+        job, _ = await self._submit(_request(request), _call_deadline_ms(context))
         try:
             job = await self.engine.wait(job.id)
         except asyncio.CancelledError:
@@ -97,10 +122,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         request: generation_pb2.SubmitRequest,
         context: grpc.aio.ServicerContext[generation_pb2.SubmitRequest, generation_pb2.SubmitResponse],
     ) -> generation_pb2.SubmitResponse:
-        principal = caller()
-        job, dedup = await self.engine.submit(
-            _request(request.request), tenant=principal.tenant, policy=principal.policy
-        )
+        job, dedup = await self._submit(_request(request.request))
         return generation_pb2.SubmitResponse(
             job=c.job_to_proto(await self.engine.get(job.id)), deduplicated=dedup
         )
@@ -153,7 +175,10 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         request: generation_pb2.ValidateRequest,
         context: grpc.aio.ServicerContext[generation_pb2.ValidateRequest, generation_pb2.ValidateResponse],
     ) -> generation_pb2.ValidateResponse:
-        plan = self.engine.validate(_request(request.request))
+        req = _request(request.request)
+        if req.webhook is not None and self.webhooks is not None:
+            await self.webhooks.check(req.webhook)
+        plan = self.engine.validate(req)
         return generation_pb2.ValidateResponse(
             model=plan.spec.id,
             task=c.task_to_proto(plan.request.task),
@@ -186,6 +211,27 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             yield generation_pb2.DownloadArtifactResponse(
                 chunk=data[start : start + CHUNK_BYTES], artifact=meta if first else None
             )
+
+    async def GetWebhookSecret(
+        self,
+        request: generation_pb2.GetWebhookSecretRequest,
+        context: grpc.aio.ServicerContext[
+            generation_pb2.GetWebhookSecretRequest, generation_pb2.GetWebhookSecretResponse
+        ],
+    ) -> generation_pb2.GetWebhookSecretResponse:
+        principal = caller()
+        tenant = request.tenant or principal.tenant
+        if request.tenant and not TENANT_RE.fullmatch(request.tenant):
+            raise InvalidRequest(
+                f"tenant: 1-64 letters, digits, '.', '_' or '-' (got {echo(request.tenant)})", field="tenant"
+            )
+        if tenant != principal.tenant and not principal.is_admin:
+            raise PermissionDenied(f"the webhook secret of tenant {echo(tenant)} needs an admin key")
+        if self.webhooks is None:
+            raise InvalidRequest("this controller delivers no webhooks", field="tenant")
+        return generation_pb2.GetWebhookSecretResponse(
+            secret=await self.webhooks.secret(tenant), tenant=tenant
+        )
 
 
 class ModelServicer(models_pb2_grpc.ModelServiceServicer):

@@ -18,7 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from omnirt.controller.core.bounds import shown
 from omnirt.controller.http.errors import HttpError, bad_request
 from omnirt.controller.http.transcode import is_text
-from omnirt.types import GenerateRequest, Task
+from omnirt.types import GenerateRequest, Task, Webhook, WebhookEvent
 
 # Image signatures -> MIME type (the controller does not decode images; the worker does).
 _MAGIC = (
@@ -154,7 +154,29 @@ def generate_request(params: Params, task: Task) -> GenerateRequest:
         if not isinstance(extra, dict):
             raise bad_request("must be an object", "extra")
         req.extra = dict(extra)
+    req.webhook = webhook_param(params)
     return req
+
+
+def webhook_param(params: Params) -> Webhook | None:
+    """OmniRT's `webhook` (a URL) and `webhook_events` (a list, or names separated by commas),
+    as the SDK takes them; the URL itself is checked by the servicer like any request's."""
+    url = params.text("webhook")
+    raw = params.data.get("webhook_events")
+    if not url:
+        if raw not in (None, ""):
+            raise bad_request("needs webhook (the URL to deliver them to)", "webhook_events")
+        return None
+    names = raw.split(",") if isinstance(raw, str) else raw if raw is not None else []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise bad_request("must be a list of event names", "webhook_events")
+    known = {e.value: e for e in WebhookEvent}
+    events = []
+    for name in (n.strip().lower() for n in names if n.strip()):
+        if name not in known:
+            raise bad_request(f"unknown event {shown(name)} (known: {', '.join(known)})", "webhook_events")
+        events.append(known[name])
+    return Webhook(url=url, events=events)
 
 
 async def read_params(request: web.Request, *, multipart: bool) -> tuple[Params, dict[str, list[bytes]]]:

@@ -63,6 +63,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/jobs/{job_id}/stream", "GenerationService.WatchJob", kind=WEBSOCKET),
     Route("GET", "/v1/jobs/{job_id}/artifacts/{index}", "GenerationService.DownloadArtifact", kind=DOWNLOAD),
     Route("POST", "/v1/validate", "GenerationService.Validate", body="request"),
+    Route("GET", "/v1/webhooks/secret", "GenerationService.GetWebhookSecret"),
     # /v1/models is OpenAI's shape (openai_models.py); the full ModelSpec lives here.
     Route("GET", "/v1/omnirt/models", "ModelService.ListModels"),
     Route("GET", "/v1/omnirt/models/{model}", "ModelService.DescribeModel"),

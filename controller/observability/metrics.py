@@ -224,6 +224,12 @@ class EngineMetrics:
             registry=r,
         )
         self.realtime = SessionMetrics(r)  # the SessionManager's hooks
+        self.webhooks = Counter(
+            "omnirt_webhook_deliveries",
+            "Webhook delivery attempts by outcome (delivered, retry, gave_up, refused)",
+            ["outcome"],
+            registry=r,
+        )
         r.register(_StateCollector(engine))
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)

@@ -198,7 +198,25 @@ def request_to_proto(req: t.GenerateRequest) -> types_pb2.GenerateRequest:
         msg.adapters.add(name=adapter.name, scale=adapter.scale)
     if req.extra:
         msg.extra.CopyFrom(struct_from_dict(req.extra))
+    if req.webhook is not None:
+        msg.webhook.CopyFrom(webhook_to_proto(req.webhook))
     return msg
+
+
+def webhook_to_proto(w: t.Webhook) -> types_pb2.Webhook:
+    """`Webhook` -> `omnirt.v1.Webhook` (an unknown event name is a ValueError naming it)."""
+    msg = types_pb2.Webhook(url=w.url, progress_interval_ms=w.progress_interval_ms)
+    for name in w.events:
+        msg.events.append(_enum_to_proto(types_pb2.WebhookEvent, "WEBHOOK_EVENT_", t.WebhookEvent(name)))
+    return msg
+
+
+def webhook_from_proto(m: types_pb2.Webhook) -> t.Webhook:
+    """`omnirt.v1.Webhook` -> `Webhook`; unknown event numbers are left out (the servicer refuses them)."""
+    events = [_enum_from_proto(types_pb2.WebhookEvent, "WEBHOOK_EVENT_", t.WebhookEvent, e) for e in m.events]
+    return t.Webhook(
+        url=m.url, events=[e for e in events if e is not None], progress_interval_ms=m.progress_interval_ms
+    )
 
 
 def request_from_proto(msg: types_pb2.GenerateRequest) -> t.GenerateRequest:
@@ -225,6 +243,8 @@ def request_from_proto(msg: types_pb2.GenerateRequest) -> t.GenerateRequest:
     for media in msg.inputs:
         role = _enum_from_proto(types_pb2.MediaRole, "MEDIA_ROLE_", t.MediaRole, media.role)
         req.inputs.append(t.MediaInput(role=role, data=media.data, uri=media.uri, mime_type=media.mime_type))
+    if msg.HasField("webhook"):
+        req.webhook = webhook_from_proto(msg.webhook)
     return req
 
 
@@ -411,6 +431,8 @@ def job_to_proto(j: t.Job, *, with_result: bool = True) -> types_pb2.Job:
         msg.result.CopyFrom(result_to_proto(j.result))
     if j.progress:
         msg.progress.CopyFrom(progress_to_proto(j.progress))
+    if j.webhook is not None:
+        msg.webhook.CopyFrom(webhook_to_proto(j.webhook))
     return msg
 
 
@@ -435,6 +457,7 @@ def job_from_proto(m: types_pb2.Job) -> t.Job:
         deadline_ms=m.deadline_ms,
         queue_position=m.queue_position,
         tenant=m.tenant,
+        webhook=webhook_from_proto(m.webhook) if m.HasField("webhook") else None,
     )
 
 

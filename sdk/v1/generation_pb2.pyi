@@ -125,3 +125,17 @@ class DownloadArtifactResponse(_message.Message):
     chunk: bytes
     artifact: _types_pb2.Artifact
     def __init__(self, chunk: _Optional[bytes] = ..., artifact: _Optional[_Union[_types_pb2.Artifact, _Mapping]] = ...) -> None: ...
+
+class GetWebhookSecretRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class GetWebhookSecretResponse(_message.Message):
+    __slots__ = ("secret", "tenant")
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    secret: str
+    tenant: str
+    def __init__(self, secret: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...

@@ -76,6 +76,11 @@ class GenerationServiceStub:
                 request_serializer=omnirt_dot_v1_dot_generation__pb2.DownloadArtifactRequest.SerializeToString,
                 response_deserializer=omnirt_dot_v1_dot_generation__pb2.DownloadArtifactResponse.FromString,
                 _registered_method=True)
+        self.GetWebhookSecret = channel.unary_unary(
+                '/omnirt.v1.GenerationService/GetWebhookSecret',
+                request_serializer=omnirt_dot_v1_dot_generation__pb2.GetWebhookSecretRequest.SerializeToString,
+                response_deserializer=omnirt_dot_v1_dot_generation__pb2.GetWebhookSecretResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -135,6 +140,13 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWebhookSecret(self, request, context):
+        """GetWebhookSecret returns the secret that signs the caller's webhooks (docs/webhooks.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +189,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.DownloadArtifact,
                     request_deserializer=omnirt_dot_v1_dot_generation__pb2.DownloadArtifactRequest.FromString,
                     response_serializer=omnirt_dot_v1_dot_generation__pb2.DownloadArtifactResponse.SerializeToString,
+            ),
+            'GetWebhookSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWebhookSecret,
+                    request_deserializer=omnirt_dot_v1_dot_generation__pb2.GetWebhookSecretRequest.FromString,
+                    response_serializer=omnirt_dot_v1_dot_generation__pb2.GetWebhookSecretResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +413,33 @@ class GenerationService:
             '/omnirt.v1.GenerationService/DownloadArtifact',
             omnirt_dot_v1_dot_generation__pb2.DownloadArtifactRequest.SerializeToString,
             omnirt_dot_v1_dot_generation__pb2.DownloadArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWebhookSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/omnirt.v1.GenerationService/GetWebhookSecret',
+            omnirt_dot_v1_dot_generation__pb2.GetWebhookSecretRequest.SerializeToString,
+            omnirt_dot_v1_dot_generation__pb2.GetWebhookSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,16 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+
+class WebhookEvent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEBHOOK_EVENT_UNSPECIFIED: _ClassVar[WebhookEvent]
+    WEBHOOK_EVENT_QUEUED: _ClassVar[WebhookEvent]
+    WEBHOOK_EVENT_STARTED: _ClassVar[WebhookEvent]
+    WEBHOOK_EVENT_PROGRESS: _ClassVar[WebhookEvent]
+    WEBHOOK_EVENT_COMPLETED: _ClassVar[WebhookEvent]
+    WEBHOOK_EVENT_FAILED: _ClassVar[WebhookEvent]
+    WEBHOOK_EVENT_CANCELLED: _ClassVar[WebhookEvent]
 TASK_UNSPECIFIED: Task
 TASK_TEXT2IMAGE: Task
 TASK_IMAGE2IMAGE: Task
@@ -70,6 +80,13 @@ JOB_STATE_RUNNING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+WEBHOOK_EVENT_UNSPECIFIED: WebhookEvent
+WEBHOOK_EVENT_QUEUED: WebhookEvent
+WEBHOOK_EVENT_STARTED: WebhookEvent
+WEBHOOK_EVENT_PROGRESS: WebhookEvent
+WEBHOOK_EVENT_COMPLETED: WebhookEvent
+WEBHOOK_EVENT_FAILED: WebhookEvent
+WEBHOOK_EVENT_CANCELLED: WebhookEvent
 
 class MediaInput(_message.Message):
     __slots__ = ("role", "data", "uri", "mime_type")
@@ -102,7 +119,7 @@ class OutputOptions(_message.Message):
     def __init__(self, format: _Optional[str] = ..., inline_limit_bytes: _Optional[int] = ..., quality: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("task", "model", "prompt", "negative_prompt", "inputs", "width", "height", "num_frames", "fps", "num_inference_steps", "guidance_scale", "seed", "scheduler", "num_outputs", "preset", "adapters", "priority", "deadline_ms", "timeout_ms", "idempotency_key", "labels", "extra", "output", "strength", "duration_ms")
+    __slots__ = ("task", "model", "prompt", "negative_prompt", "inputs", "width", "height", "num_frames", "fps", "num_inference_steps", "guidance_scale", "seed", "scheduler", "num_outputs", "preset", "adapters", "priority", "deadline_ms", "timeout_ms", "idempotency_key", "labels", "extra", "output", "strength", "duration_ms", "webhook")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +152,7 @@ class GenerateRequest(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     STRENGTH_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
     task: Task
     model: str
     prompt: str
@@ -160,7 +178,18 @@ class GenerateRequest(_message.Message):
     output: OutputOptions
     strength: float
     duration_ms: int
-    def __init__(self, task: _Optional[_Union[Task, str]] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[MediaInput, _Mapping]]] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., scheduler: _Optional[str] = ..., num_outputs: _Optional[int] = ..., preset: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., priority: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., strength: _Optional[float] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+    webhook: Webhook
+    def __init__(self, task: _Optional[_Union[Task, str]] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[MediaInput, _Mapping]]] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., num_frames: _Optional[int] = ..., fps: _Optional[float] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., scheduler: _Optional[str] = ..., num_outputs: _Optional[int] = ..., preset: _Optional[str] = ..., adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., priority: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., extra: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., strength: _Optional[float] = ..., duration_ms: _Optional[int] = ..., webhook: _Optional[_Union[Webhook, _Mapping]] = ...) -> None: ...
+
+class Webhook(_message.Message):
+    __slots__ = ("url", "events", "progress_interval_ms")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    events: _containers.RepeatedScalarFieldContainer[WebhookEvent]
+    progress_interval_ms: int
+    def __init__(self, url: _Optional[str] = ..., events: _Optional[_Iterable[_Union[WebhookEvent, str]]] = ..., progress_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Artifact(_message.Message):
     __slots__ = ("index", "kind", "mime_type", "data", "uri", "size_bytes", "sha256", "width", "height", "num_frames", "fps", "duration_ms", "seed", "file_name", "sample_rate", "channels", "url", "url_expires_at_ms", "object_uri")
@@ -312,7 +341,7 @@ class Progress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "model", "task", "priority", "created_at", "started_at", "finished_at", "attempts", "worker_id", "error", "result", "progress", "idempotency_key", "labels", "waiting_reason", "deadline_ms", "queue_position", "tenant")
+    __slots__ = ("id", "state", "model", "task", "priority", "created_at", "started_at", "finished_at", "attempts", "worker_id", "error", "result", "progress", "idempotency_key", "labels", "waiting_reason", "deadline_ms", "queue_position", "tenant", "webhook")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +368,7 @@ class Job(_message.Message):
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: JobState
     model: str
@@ -358,7 +388,8 @@ class Job(_message.Message):
     deadline_ms: int
     queue_position: int
     tenant: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., priority: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., worker_id: _Optional[str] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., waiting_reason: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., queue_position: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    webhook: Webhook
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., model: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., priority: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., worker_id: _Optional[str] = ..., error: _Optional[_Union[JobError, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., waiting_reason: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., queue_position: _Optional[int] = ..., tenant: _Optional[str] = ..., webhook: _Optional[_Union[Webhook, _Mapping]] = ...) -> None: ...
 
 class StageEvent(_message.Message):
     __slots__ = ("name", "finished", "duration_ms")

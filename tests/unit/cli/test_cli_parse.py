@@ -8,7 +8,8 @@ import pytest
 
 from omnirt.cli.main import build_parser, main
 from omnirt.cli.request_args import request_from_args
-from omnirt.types import Adapter, GenerateRequest, MediaInput, MediaRole, Task
+from omnirt.errors import InvalidRequest
+from omnirt.types import Adapter, GenerateRequest, MediaInput, MediaRole, Task, Webhook, WebhookEvent
 
 
 def _request(*argv: str) -> GenerateRequest:
@@ -105,3 +106,16 @@ def test_help_and_version_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert "generate" in capsys.readouterr().out
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == "omnirtctl 0.1.0"
+
+
+def test_webhook_flags_build_the_requests_webhook() -> None:
+    req = _request(
+        "--model", "null", "--webhook", "https://h.example/x", "--webhook-events", "completed, failed"
+    )
+    assert req.webhook == Webhook("https://h.example/x", [WebhookEvent.COMPLETED, WebhookEvent.FAILED])
+    assert _request("--model", "null", "--webhook", "https://h.example/x").webhook == Webhook(
+        "https://h.example/x"
+    )
+    with pytest.raises(InvalidRequest) as caught:
+        _request("--model", "null", "--webhook", "https://h.example/x", "--webhook-events", "done")
+    assert caught.value.field == "webhook.events"

@@ -30,6 +30,8 @@ def test_all_is_pinned() -> None:
         "RunReport",
         "Task",
         "ValidationResult",
+        "Webhook",
+        "WebhookEvent",
         "WorkerInfo",
         "__version__",
         "errors",

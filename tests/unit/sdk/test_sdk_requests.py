@@ -8,7 +8,17 @@ import pytest
 
 from omnirt import errors
 from omnirt.client import artifact_file_name, build_request, media_input
-from omnirt.types import Adapter, Artifact, GenerateRequest, MediaInput, MediaKind, MediaRole, Task
+from omnirt.types import (
+    Adapter,
+    Artifact,
+    GenerateRequest,
+    MediaInput,
+    MediaKind,
+    MediaRole,
+    Task,
+    Webhook,
+    WebhookEvent,
+)
 
 
 def test_keywords_build_a_request_and_none_means_unset() -> None:
@@ -62,3 +72,17 @@ def test_artifact_file_names_never_escape_the_folder() -> None:
     assert artifact_file_name("job-9", art) == "x.png"
     art.file_name = ""
     assert artifact_file_name("job-9", art) == "job-9-1.png"
+
+
+def test_webhook_keywords() -> None:
+    req = build_request(model="null", webhook="https://h.example/x", webhook_events=["completed", "failed"])
+    assert req.webhook == Webhook("https://h.example/x", [WebhookEvent.COMPLETED, WebhookEvent.FAILED])
+    hook = Webhook("https://h.example/y", progress_interval_ms=500)
+    req = build_request(model="null", webhook=hook, webhook_events="progress")
+    assert req.webhook == Webhook("https://h.example/y", [WebhookEvent.PROGRESS], 500)
+    assert hook.events == []  # the caller's Webhook is not changed
+    with pytest.raises(errors.InvalidRequest) as caught:
+        build_request(model="null", webhook="https://h.example/x", webhook_events=["finished"])
+    assert caught.value.field == "webhook.events"
+    with pytest.raises(TypeError, match="webhook="):
+        build_request(model="null", webhook_events=["completed"])
