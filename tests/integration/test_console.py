@@ -1,11 +1,13 @@
 """The web console end to end in headless Chromium, against a real controller (`--http`,
-`--auth-keys`) and a real worker serving tiny-sd and tiny-talking-head (one session slot).
+`--auth-keys`) and a real worker serving tiny-sd, tiny-wan, tiny-vits and tiny-talking-head (one
+session slot).
 
 A user types a key, generates an image and watches it (progress to the last step, a live
 preview, the result, its download), cancels a queued job from the queue, sees the workers as an
 admin (drain offered) and as a user (the 403 shown, no drain), and runs a realtime session from
 Chromium's fake microphone. Screenshots go to test-artifacts/console/. The browser is Debian's
-`chromium` (scripts/test.sh installs it); without one, the browser tests skip, saying so.
+`chromium` (scripts/test.sh installs it); without one, the browser tests skip, saying so. A tiny-wan
+video and a tiny-vits clip must play in the browser (their metadata loads, with a duration).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def controller(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 def worker(controller: Controller, log_dir: Path, model_dir: Path) -> Iterator[Worker]:
-    models = ("--models", "tiny-sd,tiny-talking-head", "--session-slots", "1")
+    models = ("--models", "tiny-sd,tiny-wan,tiny-vits,tiny-talking-head", "--session-slots", "1")
     daemon = Worker(log_dir, controller.address, "w-console", model_dir, *models).start()
     controller.wait_worker("w-console", timeout=120)
     yield daemon
@@ -241,6 +243,36 @@ def test_an_uploaded_image_drives_an_image2image_job(page: Page, tmp_path: Path)
     page.wait_for_selector("#j-results img.result", timeout=WAIT_MS)
     page.wait_for_selector("[data-field=State]:has-text('succeeded')")
     assert page.is_hidden("#j-preview-box")  # previews were not asked for
+
+
+@pytest.mark.parametrize(
+    ("model", "fields", "player"),
+    [
+        ("tiny-wan", {"#g-frames": "5", "#g-steps": "2", "#g-width": "32", "#g-height": "32"}, "video"),
+        ("tiny-vits", {}, "audio"),
+    ],
+)
+def test_a_video_or_audio_result_plays_in_the_browser(
+    page: Page, model: str, fields: dict[str, str], player: str
+) -> None:
+    """The result's player is one the browser can decode: its metadata loads and has a duration."""
+    use_key(page, "alice")
+    page.wait_for_selector(f"#g-model option[value={model}]", state="attached")
+    page.select_option("#g-model", model)
+    page.fill("#g-prompt", "hello there")
+    for selector, value in fields.items():
+        page.fill(selector, value)
+    page.uncheck("#g-previews")
+    page.click("#g-submit")
+    element = page.wait_for_selector(f"#j-results {player}", timeout=WAIT_MS)
+    assert element.get_attribute("src").startswith("blob:")
+    page.wait_for_function(
+        "s => { const p = document.querySelector(s); return p.readyState >= 1 && p.duration > 0; }",
+        arg=f"#j-results {player}",
+        timeout=WAIT_MS,
+    )
+    page.wait_for_selector("[data-field=State]:has-text('succeeded')")
+    shot(page, f"result-{player}")
 
 
 def test_the_queue_shows_a_job_and_cancels_it(page: Page, http: httpx.Client) -> None:
