@@ -420,3 +420,23 @@ def test_kustomize_base_has_the_charts_probes_and_budgets() -> None:
         assert any(b["spec"]["selector"]["matchLabels"].items() <= labels.items() for b in budgets), (
             deployment["metadata"]["name"]
         )
+
+
+def test_the_artifact_store_and_webhooks_reach_every_daemon_that_needs_them() -> None:
+    """One S3 store for the controllers and every pool (workers upload only to their controller's
+    store), its credentials from one Secret; the webhook flags and master secret on the controllers."""
+    daemons = containers(kind("Deployment"))
+    stores = {cfg.artifact_store for _, _, cfg in daemons}
+    assert stores == {"s3://omnirt-artifacts/prod"}, stores
+    for deployment, c, cfg in daemons:
+        env = {e["name"]: e for e in c.get("env", [])}
+        assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "omnirt-s3"
+        assert cfg.artifact_store_endpoint == "http://minio.storage:9000", deployment["metadata"]["name"]
+    ((deployment, c, controller),) = [t for t in daemons if isinstance(t[2], ControllerConfig)]
+    assert set(controller.webhook_allow) == {"10.20.0.0/16", "hooks.internal"}
+    assert controller.webhook_base_url == "https://omnirt.example.com"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volume = mounts[str(Path(controller.webhook_secret_file).parent)]
+    (source,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == volume]
+    assert source["secret"]["secretName"] == "omnirt-webhook-secret"
+    assert Path(controller.webhook_secret_file).name == "secret"

@@ -65,3 +65,36 @@ omnirt.io/pool: {{ .pool }}
 {{- define "omnirt.workerTarget" -}}
 {{- printf "%s:%v" (include "omnirt.controller" .) (.Values.controller.workerPort | default .Values.controller.grpcPort) }}
 {{- end }}
+
+{{/* --artifact-store and its settings (docs/artifacts.md), for the controller and every pool. */}}
+{{- define "omnirt.artifactStoreArgs" -}}
+{{- with .Values.artifactStore }}
+{{- if .url }}
+- --artifact-store={{ .url }}
+{{- with .endpoint }}
+- --artifact-store-endpoint={{ . }}
+{{- end }}
+{{- with .region }}
+- --artifact-store-region={{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The S3 credentials, from a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. */}}
+{{- define "omnirt.artifactStoreEnv" -}}
+{{- with .Values.artifactStore }}
+{{- if and .url .credentialsSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .credentialsSecret }}
+      key: AWS_ACCESS_KEY_ID
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .credentialsSecret }}
+      key: AWS_SECRET_ACCESS_KEY
+{{- end }}
+{{- end }}
+{{- end }}
