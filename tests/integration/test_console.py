@@ -74,7 +74,7 @@ def controller(log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 def worker(controller: Controller, log_dir: Path, model_dir: Path) -> Iterator[Worker]:
-    models = ("--models", "tiny-sd,tiny-wan,tiny-vits,tiny-talking-head", "--session-slots", "1")
+    models = ("--models", "tiny-sd,tiny-wan,tiny-vits,tiny-talking-head,null", "--session-slots", "1")
     daemon = Worker(log_dir, controller.address, "w-console", model_dir, *models).start()
     controller.wait_worker("w-console", timeout=120)
     yield daemon
@@ -289,6 +289,24 @@ def test_the_queue_shows_a_job_and_cancels_it(page: Page, http: httpx.Client) ->
     page.wait_for_selector(f"#q-jobs tr[data-job='{job_id}'][data-state=cancelled]")
     state = http.get(f"/v1/jobs/{job_id}", headers=auth("alice")).json()["job"]["state"]
     assert state == "JOB_STATE_CANCELLED"
+
+
+def test_the_queue_cancels_a_running_job(page: Page, http: httpx.Client) -> None:
+    body = {
+        "model": "null",
+        "prompt": "slow",
+        "num_inference_steps": 100,
+        "extra": {"sleep_ms_per_step": 200},
+    }
+    job_id = http.post("/v1/jobs", json=body, headers=auth("alice")).json()["job"]["id"]  # 20 s
+    use_key(page, "alice")
+    page.click("#tabs [data-tab=queue]")
+    row = page.wait_for_selector(f"#q-jobs tr[data-job='{job_id}'][data-state=running]", timeout=WAIT_MS)
+    row.query_selector("button.cancel").click()
+    page.wait_for_selector(f"#q-jobs tr[data-job='{job_id}']", state="detached", timeout=WAIT_MS)
+    job = http.get(f"/v1/jobs/{job_id}", headers=auth("alice")).json()["job"]
+    assert job["state"] == "JOB_STATE_CANCELLED", job
+    assert int(job.get("progress", {}).get("step", 0)) < 100, "stopped at a step, not run to the end"
 
 
 def test_workers_show_warm_models_and_drain_to_admins_only(page: Page, http: httpx.Client) -> None:
