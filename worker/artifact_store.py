@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from omnirt._internal.object_store import ObjectStore, StoreLocation, StoreSettings
+from omnirt._internal.object_store import ObjectStore, StoreSettings, failure_reason
 from omnirt.types import GenerateResult
 from omnirt.worker.config import WorkerConfig
 
@@ -23,15 +23,14 @@ class ArtifactUploader:
     """The worker's side of the artifact store: offloads results while the controller agrees."""
 
     def __init__(self, config: WorkerConfig) -> None:
-        self.location = StoreLocation.parse(config.artifact_store)
-        self.store = ObjectStore(
-            StoreSettings(
-                self.location,
-                endpoint=config.artifact_store_endpoint,
-                region=config.artifact_store_region,
-                multipart_threshold_bytes=config.artifact_store_multipart_threshold_bytes,
-            )
+        settings = StoreSettings.of(
+            config.artifact_store,
+            config.artifact_store_endpoint,
+            config.artifact_store_region,
+            config.artifact_store_multipart_threshold_bytes,
         )
+        self.location = settings.location
+        self.store = ObjectStore(settings)
         # What the controller's Welcome said; uploads happen only while it is this store.
         self.controller_store = ""
 
@@ -63,7 +62,7 @@ class ArtifactUploader:
             try:
                 await asyncio.to_thread(self.store.upload, key, artifact.data, artifact.mime_type)
             except Exception as exc:  # any store failure: the bytes take the stream instead
-                reason = f"{type(exc).__name__}: {exc}"[:300]
+                reason = failure_reason(exc)
                 log.warning("artifact store %s failed for job %s: %s", self.location, job_id, reason)
                 indexes = ", ".join(str(a.index) for a in pending[n:])
                 if result.report is not None:

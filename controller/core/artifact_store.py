@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from omnirt._internal.object_store import ObjectStore, StoreLocation, StoreSettings
+from omnirt._internal.object_store import ObjectStore, StoreSettings, failure_reason
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.errors import Unavailable
@@ -33,15 +33,12 @@ SWEEP_GRACE_S = 2.0
 class ArtifactStore:
     """One controller's view of the store: references, presigned URLs, reads and deletes."""
 
-    def __init__(
-        self, config: ControllerConfig, store_factory: Callable[[StoreSettings], ObjectStore] = ObjectStore
-    ) -> None:
-        self.location = StoreLocation.parse(config.artifact_store)
-        self.store = store_factory(
-            StoreSettings(
-                self.location, endpoint=config.artifact_store_endpoint, region=config.artifact_store_region
-            )
+    def __init__(self, config: ControllerConfig) -> None:
+        settings = StoreSettings.of(
+            config.artifact_store, config.artifact_store_endpoint, config.artifact_store_region
         )
+        self.location = settings.location
+        self.store = ObjectStore(settings)
         # Presigned URLs never outlive the job (nor S3's own 7-day limit on SigV4 URLs).
         self.url_ttl_s = int(min(config.artifact_url_ttl_s, config.job_ttl_s, 7 * 86400))
         self.job_ttl_s = config.job_ttl_s
@@ -89,14 +86,16 @@ class ArtifactStore:
         try:
             body = await asyncio.to_thread(self.store.read, key)
         except Exception as exc:
-            raise Unavailable(f"artifact store {self} cannot serve {object_uri}: {_reason(exc)}") from None
+            raise Unavailable(
+                f"artifact store {self} cannot serve {object_uri}: {failure_reason(exc)}"
+            ) from None
         try:
             while True:
                 try:
                     chunk = await asyncio.to_thread(next, body, b"")
                 except Exception as exc:  # the store went away mid-object
                     raise Unavailable(
-                        f"artifact store {self} failed reading {object_uri}: {_reason(exc)}"
+                        f"artifact store {self} failed reading {object_uri}: {failure_reason(exc)}"
                     ) from None
                 if not chunk:
                     return
@@ -141,7 +140,7 @@ class ArtifactStore:
             deleted = await asyncio.to_thread(self.store.delete_job, job_id)
             log.debug("deleted %d object(s) of expired job %s", deleted, job_id)
         except Exception as exc:
-            log.warning("cannot delete the objects of job %s from %s: %s", job_id, self, _reason(exc))
+            log.warning("cannot delete the objects of job %s from %s: %s", job_id, self, failure_reason(exc))
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -150,12 +149,8 @@ class ArtifactStore:
                 if deleted:
                     log.info("deleted %d expired object(s) from %s", deleted, self)
             except Exception as exc:
-                log.warning("artifact store %s sweep failed: %s", self, _reason(exc))
+                log.warning("artifact store %s sweep failed: %s", self, failure_reason(exc))
             await asyncio.sleep(self.sweep_s)
-
-
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def object_chunks(store: ArtifactStore | None, job_id: str, object_uri: str) -> AsyncIterator[bytes]:

@@ -114,6 +114,22 @@ class StoreSettings:
     region: str = ""
     multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES
 
+    @classmethod
+    def of(
+        cls,
+        url: str,
+        endpoint: str = "",
+        region: str = "",
+        multipart_threshold_bytes: int = DEFAULT_MULTIPART_THRESHOLD_BYTES,
+    ) -> StoreSettings:
+        """The settings of a daemon's `--artifact-store*` flags (ValueError naming a bad URL)."""
+        return cls(StoreLocation.parse(url), endpoint, region, multipart_threshold_bytes)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A store failure in one bounded line (logs, report warnings, error messages)."""
+    return f"{type(exc).__name__}: {exc}"[:300]
+
 
 class ObjectStore:
     """Blocking operations on one store's objects (boto3's S3 client)."""

@@ -115,24 +115,21 @@ class StepMonitor:
         if self.stop.all_stopped(self.job_ids):
             raise StopRun()
         if self.previews is not None and self.previews.due(step, self.total_steps):
-            self._preview(pipe, step, callback_kwargs.get("latents"))
+            latents = callback_kwargs.get("latents")
+            send_previews(
+                self.recorder,
+                self.stop,
+                self.previews,
+                pipe,
+                latents,
+                step,
+                self.total_steps,
+                self.job_ids,
+                self.outputs,
+            )
         if step >= self.total_steps:
             self._close_denoise(now)
         return callback_kwargs
-
-    def _preview(self, pipe: Any, step: int, latents: Any) -> None:
-        assert self.previews is not None
-        send_previews(
-            self.recorder,
-            self.stop,
-            self.previews,
-            pipe,
-            latents,
-            step,
-            self.total_steps,
-            self.job_ids,
-            self.outputs,
-        )
 
     def _close_denoise(self, at: float) -> None:
         self.denoise_closed = True
