@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from worker_testing import recording_produced_frames
 
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
@@ -33,3 +35,11 @@ def live_executor(model_dir: Path, executor: LegacyCallExecutor) -> LegacyCallEx
         model_dir=str(model_dir), worker_id="w-live", torch_threads=1, progress_interval_ms=0
     )
     return LegacyCallExecutor(config, cache=executor.cache)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def produced_frames() -> Iterator[None]:
+    """Every video encoded in the worker tests' process keeps the frames it was made from, for
+    comparisons before the lossy encode (`worker_testing.produced_frames`)."""
+    with recording_produced_frames():
+        yield

@@ -24,6 +24,7 @@ from worker_testing import (
     only_result,
     pixel_difference,
     png_bytes,
+    produced_frames,
     refusal,
     run_assignment,
     run_family,
@@ -170,13 +171,15 @@ def test_two_image2video_outputs_with_the_vae_decoding_one_at_a_time(
     assert [video.seed for video in result.artifacts] == [7, 8]
     alone = only_result(run_i2v(executor, 1, seed=8))
     # Each as it is alone, up to float sums: the transformer runs a batch of 2, and some CPUs'
-    # kernels add in another order for it (seen: at most 4/255 on 2% of the decoded pixels).
+    # kernels add in another order for it. Compared before the MP4 encode (which turned that into
+    # 4/255 on 2% of the decoded pixels): at most 1/255 under ATEN_CPU_CAPABILITY=default, avx2
+    # and avx512; 3/255 is the project's batch-of-N bound.
     for made, single in (
         (result.artifacts[0], i2v["first"].artifacts[0]),
         (result.artifacts[1], alone.artifacts[0]),
     ):
-        difference = np.abs(decoded_frames(made.data).astype(np.int16) - decoded_frames(single.data))
-        assert difference.max() <= 8 and (difference > 0).mean() < 0.05
+        difference = np.abs(produced_frames(made).astype(np.int16) - produced_frames(single))
+        assert difference.max() <= 3 and (difference > 0).mean() < 0.01
 
 
 # ---- steps: the pipelines take no step callback; their progress bar's update ends a step -------

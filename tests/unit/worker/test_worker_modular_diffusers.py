@@ -19,12 +19,12 @@ from worker_testing import (
     IMAGE,
     MASK,
     Family,
-    decoded_frames,
     make_assignment,
     noise_image,
     only_result,
     pixels,
     png_bytes,
+    produced_frames,
     refusal,
     run_assignment,
     run_family,
@@ -184,7 +184,7 @@ def test_sd3_wan_and_ltx_blocks_make_what_legacy_call_makes(
     theirs = only_result(run_family(executor, family, task, inputs=inputs, negative_prompt="blurry"))
     assert ours.report is not None and ours.report.pipeline_class.endswith("ModularPipeline")
     if t.Task(task).value.endswith("video"):
-        made, expected = (decoded_frames(r.artifacts[0].data).astype(np.int16) for r in (ours, theirs))
+        made, expected = (produced_frames(r.artifacts[0]).astype(np.int16) for r in (ours, theirs))
         assert made.shape[0] == family.defaults["num_frames"]
     else:
         made, expected = pixels(ours.artifacts[0]), pixels(theirs.artifacts[0])

@@ -20,10 +20,10 @@ from worker_testing import (
     IMAGE,
     TASKS,
     Family,
-    decoded_frames,
     noise_image,
     only_result,
     png_bytes,
+    produced_frames,
     refusal,
     run_assignment,
     run_family,
@@ -150,7 +150,7 @@ def component(modular: ModularExecutor, family: Family, name: str) -> Any:
 
 
 def frames(result: t.GenerateResult) -> np.ndarray:
-    return decoded_frames(result.artifacts[0].data).astype(np.int16)
+    return produced_frames(result.artifacts[0]).astype(np.int16)
 
 
 CASES = [
@@ -202,7 +202,8 @@ def test_same_seed_same_bytes_other_seed_other_bytes(
 def test_image2video_depends_on_its_image(modular: ModularExecutor, wan21_i2v: Path, family: Family) -> None:
     source = wan21_i2v if family is WAN21_I2V else None
     one, two = (only_result(run(modular, family, source=source, inputs=x)) for x in (PICTURE, OTHER_PICTURE))
-    assert np.abs(frames(one) - frames(two)).mean() > 1
+    # Raw frames: the tiny Wan 2.2 expert moves them by 0.6/255 on average (an ignored image: 0).
+    assert np.abs(frames(one) - frames(two)).mean() > 0.1
 
 
 @pytest.mark.parametrize("family", [WAN22, WAN22_I2V], ids=lambda f: f.model)

@@ -6,7 +6,7 @@ guidance: two calls per step, cond then uncond), then Wan again with Ulysses con
 (a load-time setting: a new group). Every output is compared with what legacy_call makes in
 this process for the same request and seed.
 
-Tolerance: outputs equal legacy_call's within 2/255 per pixel (images) or per decoded frame
+Tolerance: outputs equal legacy_call's within 2/255 per pixel (images) or per produced frame
 value (videos): the split runs a batch of N where the pipeline runs 2N, and batched kernels may
 sum in another order (about 1e-7 relative), which a few steps and the VAE amplify to at most a
 step of the uint8 rounding; a wrong half, a swapped cond/uncond or a misaligned seed moves
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-from worker_testing import TASKS, Family, decoded_frames, only_result, pixels, refusal, run_family
+from worker_testing import TASKS, Family, only_result, pixels, produced_frames, refusal, run_family
 
 from omnirt import types as t
 from omnirt.v1 import models_pb2, types_pb2
@@ -117,7 +117,7 @@ def legacy(executor: LegacyCallExecutor, family: Family, **fields: Any) -> t.Gen
 
 
 def frames(result: t.GenerateResult) -> np.ndarray:
-    return decoded_frames(result.artifacts[0].data).astype(np.float32)
+    return produced_frames(result.artifacts[0]).astype(np.float32)
 
 
 def split_stats(result: t.GenerateResult) -> list[dict[str, Any]]:

@@ -6,6 +6,9 @@ import asyncio
 import hashlib
 import io
 import textwrap
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,6 +208,45 @@ def decoded_frames(data: bytes) -> np.ndarray:
     """A video's frames as one (frames, height, width, 3) uint8 array."""
     with av.open(io.BytesIO(data)) as container:
         return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+
+
+# What each video this process encoded was made from: id(encoded bytes) -> (those bytes, the
+# frames), the newest 512. By identity, not digest: two pipelines' frames that differ by 1/255
+# can encode to the same MP4 bytes.
+_PRODUCED: OrderedDict[int, tuple[bytes, np.ndarray]] = OrderedDict()
+
+
+@contextmanager
+def recording_produced_frames() -> Iterator[None]:
+    """Record what every video encoded in this process was made from (`produced_frames`).
+
+    An "equals legacy_call" comparison must look at what the pipelines produced, not at frames
+    decoded from two lossy MP4 encodings: x264 turns a 1/255 difference between two CPUs' float
+    kernels into 12/255 in the decoded frames (seen on an Intel Xeon against a bound of 2).
+    """
+    from omnirt.worker.export import video
+
+    encode: Callable[[Any, str, float], bytes] = video.encode_video
+
+    def recorded(frames: Any, fmt: str, fps: float) -> bytes:
+        data = encode(frames, fmt, fps)
+        _PRODUCED[id(data)] = (data, np.array(frames, copy=True))
+        while len(_PRODUCED) > 512:
+            _PRODUCED.popitem(last=False)
+        return data
+
+    video.encode_video = recorded
+    try:
+        yield
+    finally:
+        video.encode_video = encode
+
+
+def produced_frames(artifact: t.Artifact) -> np.ndarray:
+    """The (frames, height, width, 3) uint8 frames a video artifact was encoded from."""
+    data, frames = _PRODUCED.get(id(artifact.data), (b"", None))
+    assert data is artifact.data and frames is not None, "the video was not encoded in this process"
+    return frames
 
 
 def pixel_difference(a: t.GenerateResult, b: t.GenerateResult) -> float:
