@@ -30,9 +30,9 @@ import grpc
 import omnirt
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.worker.modes.null import null_artifact
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 
 from . import _machine
 from ._daemons import Controller, proc_cpu_s, proc_status_kib, run_benchmark

@@ -17,6 +17,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from omnirt._internal.protocol.v1 import gateway_pb2, gateway_pb2_grpc
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.catalog import Catalog
@@ -48,7 +49,6 @@ from omnirt.v1 import (
     realtime_pb2,
     realtime_pb2_grpc,
 )
-from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 
 if TYPE_CHECKING:
     from omnirt.controller.http import HttpGateway

@@ -1,8 +1,9 @@
 """Regenerate the committed Python code from proto/ (run after any .proto change).
 
 `proto/omnirt/v1` becomes the package `omnirt.v1` (folder `sdk/v1`) and
-`proto/omnirt/worker/v1` becomes `omnirt.worker.v1` (folder `worker/v1`), so the proto
-path equals the import path and the generated imports work unchanged.
+`proto/omnirt/_internal/protocol/v1` (the worker protocol, proto package `omnirt.worker.v1`)
+becomes `omnirt._internal.protocol.v1` (folder `sdk/_internal/protocol/v1`), where both daemons
+stand: the proto path equals the import path, so the generated imports work unchanged.
 CI runs this and fails when the committed output differs (`--check`).
 """
 
@@ -21,7 +22,10 @@ from grpc_tools import protoc
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = ROOT / "proto"
 # proto package folder -> committed folder
-TARGETS = {Path("omnirt/v1"): ROOT / "sdk" / "v1", Path("omnirt/worker/v1"): ROOT / "worker" / "v1"}
+TARGETS = {
+    Path("omnirt/v1"): ROOT / "sdk" / "v1",
+    Path("omnirt/_internal/protocol/v1"): ROOT / "sdk" / "_internal" / "protocol" / "v1",
+}
 INIT = '"""Generated from proto/{pkg}; do not edit (scripts/gen_proto.py)."""\n'
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 # Source folder -> import name (pyproject.toml package-dir).
 ROOTS = {"sdk": "omnirt", "controller": "omnirt.controller", "worker": "omnirt.worker", "cli": "omnirt.cli"}
 # Generated protobuf packages: indexed (so imports of them resolve), never held to the rules.
-GENERATED = ("omnirt.v1", "omnirt.worker.v1")
+GENERATED = ("omnirt.v1", "omnirt._internal.protocol.v1")
 # The worker's model stack: what `pip install omnirt[controller]` (or the bare SDK) does not install.
 MODEL_STACK = frozenset(
     {
@@ -201,12 +201,10 @@ RULES = (
     ),
     Rule(
         "controller->sdk",
-        "the controller imports the SDK and the shared internals; of the worker only its protocol "
-        "(omnirt.worker.v1); never the CLI",
+        "the controller imports the SDK and the shared internals (the worker protocol included: "
+        "omnirt._internal.protocol), never omnirt.worker or the CLI",
         lambda m: layer(m) == "controller",
-        lambda imp: (
-            (within(imp.name, WORKER) and not within(imp.name, "omnirt.worker.v1")) or within(imp.name, CLI)
-        ),
+        lambda imp: within(imp.name, WORKER, CLI),
     ),
     Rule(
         "worker->sdk",

@@ -50,6 +50,7 @@ import omnirt
 from omnirt import types as t
 from omnirt._internal import convert as _convert
 from omnirt._internal.limits import MAX_MESSAGE_BYTES, STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
+from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker import protocol, redact
 from omnirt.worker.artifact_store import ArtifactUploader
@@ -73,7 +74,6 @@ from omnirt.worker.protocol import (
 from omnirt.worker.runtime.memory import current_rss_bytes
 from omnirt.worker.sessions.host import SessionHost
 from omnirt.worker.telemetry import WorkerTelemetry
-from omnirt.worker.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
 

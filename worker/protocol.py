@@ -17,8 +17,8 @@ from google.protobuf.message import DecodeError
 
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import types_pb2
-from omnirt.worker.v1 import gateway_pb2
 
 # The Connect stream's path, for a call that reads raw bytes (see controller_messages).
 CONNECT_METHOD = "/{}/Connect".format(

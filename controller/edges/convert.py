@@ -5,6 +5,7 @@ the store's bytes)."""
 from __future__ import annotations
 
 from omnirt._internal import convert as c
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.encoded import EncodedJob
 from omnirt.controller.core.jobs import artifact_reference
@@ -20,7 +21,6 @@ from omnirt.controller.core.router import (
 )
 from omnirt.types import GenerateResult, Job, ModelSpec, WorkerInfo, WorkerState
 from omnirt.v1 import generation_pb2, models_pb2, types_pb2
-from omnirt.worker.v1 import gateway_pb2 as pb
 
 # Converted ModelSpecs by spec object: every assignment carries its model's spec, and catalog
 # specs do not change once loaded. The entry holds the spec, so its id is not reused while cached.

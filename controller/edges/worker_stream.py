@@ -13,6 +13,8 @@ import grpc
 
 from omnirt._internal import convert as c
 from omnirt._internal.limits import STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.engine_client import EngineClient
@@ -29,8 +31,6 @@ from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.servicer import worker_session
 from omnirt.errors import Unavailable
 from omnirt.types import JobError
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 
 log = logging.getLogger("omnirt.controller.edges.worker_stream")
 _CLOSE = object()

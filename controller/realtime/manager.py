@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnirt._internal import convert as c
+from omnirt._internal.protocol.v1 import gateway_pb2 as gw
 from omnirt.controller.core.bounds import bad, check_extra, check_labels, check_length, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.router import SessionOffer
@@ -44,7 +45,6 @@ from omnirt.errors import (
 from omnirt.types import ModelSpec, WorkerInfo
 from omnirt.v1 import realtime_pb2 as rt
 from omnirt.v1 import types_pb2
-from omnirt.worker.v1 import gateway_pb2 as gw
 
 log = logging.getLogger("omnirt.controller.realtime")
 

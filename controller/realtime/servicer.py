@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from omnirt._internal.protocol.v1 import gateway_pb2 as gw
 from omnirt.controller.edges.auth import caller
 from omnirt.controller.observability import tracing
 from omnirt.controller.realtime.manager import (
@@ -33,7 +34,6 @@ from omnirt.controller.realtime.manager import (
 from omnirt.errors import InvalidRequest
 from omnirt.v1 import realtime_pb2 as rt
 from omnirt.v1 import realtime_pb2_grpc
-from omnirt.worker.v1 import gateway_pb2 as gw
 
 HALF_CLOSE_GRACE_S = 0.2
 

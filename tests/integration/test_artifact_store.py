@@ -30,11 +30,11 @@ import grpc
 import pytest
 
 from omnirt._internal.object_store import ObjectStore, StoreLocation, StoreSettings
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.controller.edges.auth import key_digest
 from omnirt.testing import S3Server
 from omnirt.v1 import generation_pb2, generation_pb2_grpc, types_pb2
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Controller, Worker, job_store, wait_for
 
 BUCKET = "omnirt-test"

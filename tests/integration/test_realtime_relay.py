@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 import pytest
 
+from omnirt._internal.protocol.v1 import gateway_pb2 as gw
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.v1 import realtime_pb2 as rt
 from omnirt.v1 import realtime_pb2_grpc, types_pb2
-from omnirt.worker.v1 import gateway_pb2 as gw
-from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Controller
 
 MODEL = "tiny-talking-head"

@@ -33,9 +33,9 @@ from PIL import Image
 
 import omnirt
 from omnirt import errors
+from omnirt._internal.protocol.v1 import gateway_pb2, gateway_pb2_grpc
 from omnirt.controller.edges.auth import key_digest
 from omnirt.types import EventKind, Job, JobEvent, JobState
-from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.certs import Issued, make_ca, make_cert
 from tests.daemons import Controller, Daemon, RedisServer, Worker, free_port, wait_for
 

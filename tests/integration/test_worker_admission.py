@@ -21,11 +21,11 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 import omnirt
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.testing import Daemon
 from omnirt.types import EventKind, JobState
 from omnirt.v1 import cluster_pb2, cluster_pb2_grpc
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.certs import Issued, make_ca, make_cert
 from tests.daemons import Controller, Worker, free_port, wait_for
 from tests.integration.test_worker_identity import HalfDeadProxy

@@ -20,9 +20,9 @@ import pytest
 import redis
 
 import omnirt
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.types import EventKind, JobState
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Controller, RedisServer, Worker, free_port, job_store, wait_for
 
 # About 5 s of steps.

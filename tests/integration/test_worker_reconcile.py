@@ -21,9 +21,9 @@ import pytest
 import omnirt
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.types import EventKind, JobState
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Controller, RedisServer, Worker, job_store, wait_for
 
 # About 16 s of steps: long enough to outlive a kill, a lease expiry and a restart.

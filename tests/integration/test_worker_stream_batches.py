@@ -23,11 +23,11 @@ import pytest
 import omnirt
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.controller.core.catalog import Catalog
 from omnirt.types import EventKind, JobState
 from omnirt.v1 import generation_pb2, generation_pb2_grpc
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Controller, Worker
 
 JOBS = 12

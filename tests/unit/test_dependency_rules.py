@@ -56,7 +56,9 @@ CLEAN = {
     "controller/core/__init__.py": "",
     "controller/core/jobs.py": "from omnirt import types\n",
     "controller/edges/__init__.py": "",
-    "controller/edges/servicers.py": "from omnirt.v1 import types_pb2\nimport omnirt.worker.v1.gateway_pb2\n",
+    "controller/edges/servicers.py": (
+        "from omnirt.v1 import types_pb2\nimport omnirt._internal.protocol.v1.gateway_pb2\n"
+    ),
     "controller/engines/__init__.py": "",
     "controller/engines/memory/__init__.py": "",
     "controller/engines/memory/engine.py": "from omnirt.controller.core import jobs\nfrom . import store\n",
@@ -64,9 +66,10 @@ CLEAN = {
     "controller/engines/redis/__init__.py": "",
     "controller/engines/redis/engine.py": "from ...core import jobs\n",
     "worker/__init__.py": "",
-    "worker/v1/__init__.py": "",
-    "worker/v1/gateway_pb2.py": "from google.protobuf import descriptor\n",
-    "worker/protocol.py": "from omnirt.worker.v1 import gateway_pb2\n",
+    "sdk/_internal/protocol/__init__.py": "",
+    "sdk/_internal/protocol/v1/__init__.py": "",
+    "sdk/_internal/protocol/v1/gateway_pb2.py": "from google.protobuf import descriptor\n",
+    "worker/protocol.py": "from omnirt._internal.protocol.v1 import gateway_pb2\n",
     "worker/modes/__init__.py": "",
     "worker/modes/base.py": """\
         import importlib
@@ -167,7 +170,7 @@ BREAKS = {
         {("engines-apart", "controller/engines/memory/engine.py", 1)},
     ),
     "a worker mode imports protobuf": (
-        {"worker/modes/null.py": "import torch\nfrom omnirt.worker.v1 import gateway_pb2\n"},
+        {"worker/modes/null.py": "import torch\nfrom omnirt._internal.protocol.v1 import gateway_pb2\n"},
         {("modes-no-pb2", "worker/modes/null.py", 2)},
     ),
 }

@@ -44,6 +44,7 @@ import grpc
 import numpy as np
 
 from omnirt import types as t
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.worker.log import job_context
 from omnirt.worker.modes.base import Executor
 from omnirt.worker.modes.report import trace_id
@@ -59,7 +60,6 @@ from omnirt.worker.sessions.api import (
     StreamingSession,
 )
 from omnirt.worker.sessions.stats import SessionStats
-from omnirt.worker.v1 import gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 

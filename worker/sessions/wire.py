@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import realtime_pb2
 from omnirt.worker.sessions.api import Geometry
-from omnirt.worker.v1 import gateway_pb2
 
 AUDIO_FORMAT = "pcm_s16le"
 

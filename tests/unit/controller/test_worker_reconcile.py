@@ -8,12 +8,12 @@ import time
 
 import pytest
 
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
 from omnirt.controller.edges.worker_stream import StreamLink, WorkerGateway
 from omnirt.controller.engines.memory.client import MemoryEngineClient
 from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import AlreadyExists
 from omnirt.types import JobError, JobState, WorkerInfo
-from omnirt.worker.v1 import gateway_pb2 as pb
 from tests.unit.controller.test_engine import InProcessLink, make_engine, request
 
 

@@ -11,6 +11,7 @@ from options_testing import run_job
 from worker_testing import run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
@@ -20,7 +21,6 @@ from omnirt.worker.runtime import backends
 from omnirt.worker.runtime.adapters import loaded_adapters
 from omnirt.worker.tiny.lora import build_tiny_lora
 from omnirt.worker.tiny.registry import ensure_builtin
-from omnirt.worker.v1 import gateway_pb2
 
 CPU = backends.Placement("cpu", "cpu", "float32")
 SD = t.ModelSpec(id="tiny-sd", source="builtin:tiny-sd", pipeline_class="StableDiffusionPipeline")

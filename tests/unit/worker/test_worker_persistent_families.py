@@ -29,6 +29,7 @@ from PIL import Image
 from worker_testing import TASKS, Family, only_result, pixels, produced_frames, refusal, run_family
 
 from omnirt import types as t
+from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
@@ -36,7 +37,6 @@ from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor, launch_spec
 from omnirt.worker.modes.persistent.launch import GroupError
 from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
-from omnirt.worker.v1 import gateway_pb2
 
 MAX_DIFF = 2
 SD3 = Family(

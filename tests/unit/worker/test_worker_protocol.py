@@ -9,16 +9,16 @@ import sys
 import pytest
 
 from omnirt import types as t
+from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker import protocol
 from omnirt.worker.daemon import backoff_delay
 from omnirt.worker.outbox import MAX_RESULT_ATTEMPTS, Outbox
-from omnirt.worker.v1 import gateway_pb2
 
 
 def test_importing_the_worker_package_stays_light() -> None:
     code = (
-        "import sys, omnirt.worker, omnirt.worker.v1, omnirt.worker.main, omnirt.worker.daemon;"
+        "import sys, omnirt.worker, omnirt._internal.protocol.v1, omnirt.worker.main, omnirt.worker.daemon;"
         "heavy = [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules];"
         "print(','.join(heavy))"
     )

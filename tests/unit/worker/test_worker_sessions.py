@@ -26,9 +26,9 @@ import pytest
 from google.protobuf import struct_pb2
 from PIL import Image
 
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
+from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.v1 import models_pb2, realtime_pb2, types_pb2
-from omnirt.worker.v1 import gateway_pb2 as pb
-from omnirt.worker.v1 import gateway_pb2_grpc
 from tests.daemons import Worker, wait_for
 
 CHUNK, RATE, FRAMES, SIZE = 17920, 16000, 28, 64

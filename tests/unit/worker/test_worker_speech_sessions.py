@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from google.protobuf import struct_pb2
 
+from omnirt._internal.protocol.v1 import gateway_pb2 as pb
 from omnirt.v1 import models_pb2, realtime_pb2
-from omnirt.worker.v1 import gateway_pb2 as pb
 from tests.unit.worker.test_worker_sessions import Gateway, Peer, chunks, hosted, last, speech
 
 SPEECH_CHUNK, RATE = 8000, 16000

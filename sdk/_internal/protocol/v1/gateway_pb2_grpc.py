@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from omnirt.worker.v1 import gateway_pb2 as omnirt_dot_worker_dot_v1_dot_gateway__pb2
+from omnirt._internal.protocol.v1 import gateway_pb2 as omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in omnirt/worker/v1/gateway_pb2_grpc.py depends on'
+        + ' but the generated code in omnirt/_internal/protocol/v1/gateway_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,13 +37,13 @@ class WorkerGatewayServiceStub:
         """
         self.Connect = channel.stream_stream(
                 '/omnirt.worker.v1.WorkerGatewayService/Connect',
-                request_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectRequest.SerializeToString,
-                response_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectResponse.FromString,
+                request_serializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.ConnectRequest.SerializeToString,
+                response_deserializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.ConnectResponse.FromString,
                 _registered_method=True)
         self.WorkerSession = channel.stream_stream(
                 '/omnirt.worker.v1.WorkerGatewayService/WorkerSession',
-                request_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionRequest.SerializeToString,
-                response_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionResponse.FromString,
+                request_serializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.WorkerSessionRequest.SerializeToString,
+                response_deserializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.WorkerSessionResponse.FromString,
                 _registered_method=True)
 
 
@@ -73,13 +73,13 @@ def add_WorkerGatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectRequest.FromString,
-                    response_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectResponse.SerializeToString,
+                    request_deserializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.ConnectRequest.FromString,
+                    response_serializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.ConnectResponse.SerializeToString,
             ),
             'WorkerSession': grpc.stream_stream_rpc_method_handler(
                     servicer.WorkerSession,
-                    request_deserializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionRequest.FromString,
-                    response_serializer=omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionResponse.SerializeToString,
+                    request_deserializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.WorkerSessionRequest.FromString,
+                    response_serializer=omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.WorkerSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -108,8 +108,8 @@ class WorkerGatewayService:
             request_iterator,
             target,
             '/omnirt.worker.v1.WorkerGatewayService/Connect',
-            omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectRequest.SerializeToString,
-            omnirt_dot_worker_dot_v1_dot_gateway__pb2.ConnectResponse.FromString,
+            omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.ConnectRequest.SerializeToString,
+            omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.ConnectResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -135,8 +135,8 @@ class WorkerGatewayService:
             request_iterator,
             target,
             '/omnirt.worker.v1.WorkerGatewayService/WorkerSession',
-            omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionRequest.SerializeToString,
-            omnirt_dot_worker_dot_v1_dot_gateway__pb2.WorkerSessionResponse.FromString,
+            omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.WorkerSessionRequest.SerializeToString,
+            omnirt_dot___internal_dot_protocol_dot_v1_dot_gateway__pb2.WorkerSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
