@@ -20,13 +20,13 @@ import time
 from typing import Any
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines.previews import PreviewMaker
-from omnirt.worker.protocol import assignment_from_proto
 
 SETTINGS: dict[str, Any] = {"none": None, "every 5": 5, "every 1": 1}
 MODELS = {"tiny-sd": ("sd", "StableDiffusionPipeline"), "tiny-wan": ("wan", "WanPipeline")}

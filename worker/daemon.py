@@ -50,9 +50,26 @@ import omnirt
 from omnirt import types as t
 from omnirt._internal import convert as _convert
 from omnirt._internal.limits import MAX_MESSAGE_BYTES, STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
+from omnirt._internal.protocol import convert as wire
+from omnirt._internal.protocol import tolerant
+from omnirt._internal.protocol.messages import (
+    Assignment,
+    AssignmentEvent,
+    AssignmentResult,
+    CancelAssignment,
+    ControllerMessage,
+    Drain,
+    Heartbeat,
+    Hello,
+    ItemOutcome,
+    LoadModel,
+    SessionOffer,
+    UnloadModel,
+    Welcome,
+)
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, models_pb2_grpc
-from omnirt.worker import protocol, redact
+from omnirt.worker import redact
 from omnirt.worker.artifact_store import ArtifactUploader
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
@@ -61,16 +78,6 @@ from omnirt.worker.model_requests import ModelRequests
 from omnirt.worker.modes.base import CancelFlags, Executor, create_executor
 from omnirt.worker.modes.report import trace_id
 from omnirt.worker.outbox import Outbox
-from omnirt.worker.protocol import (
-    Assignment,
-    CancelRequest,
-    DrainRequest,
-    ItemOutcome,
-    LoadModelRequest,
-    SessionOffer,
-    UnloadModelRequest,
-    Welcome,
-)
 from omnirt.worker.runtime.memory import current_rss_bytes
 from omnirt.worker.sessions.host import SessionHost
 from omnirt.worker.telemetry import WorkerTelemetry
@@ -179,7 +186,7 @@ class WorkerDaemon:
             lambda: self.executor,
             self._running_of,
             self._model_refusal,
-            self._outbox.put,
+            lambda answer: self._outbox.put(wire.to_controller(answer)),
             self._queue_heartbeat,
             config.model_dir,
         )
@@ -376,10 +383,10 @@ class WorkerDaemon:
         describing: asyncio.Task[None] | None = None
         self._credentials.refresh()  # a rotated token or renewed certificate is used from now on
         async with self._credentials.channel(CHANNEL_OPTIONS) as channel:
-            # Raw bytes in: the read loop parses each message itself (protocol.controller_messages),
+            # Raw bytes in: the read loop parses each message itself (tolerant.controller_messages),
             # so one the worker cannot decode fails its own jobs, not the stream and all it runs.
             connect: Any = channel.stream_stream(
-                protocol.CONNECT_METHOD,
+                wire.CONNECT_METHOD,
                 request_serializer=gateway_pb2.ConnectRequest.SerializeToString,
                 response_deserializer=None,
             )
@@ -390,7 +397,7 @@ class WorkerDaemon:
                     first = await call.read()
                 if first is STREAM_END:
                     raise ConnectionError("the controller closed the stream before Welcome")
-                messages = protocol.controller_messages(first)
+                messages = tolerant.controller_messages(first)
                 welcome = self._parse(messages[0]) if messages else None
                 if not isinstance(welcome, Welcome):
                     raise ConnectionError(f"expected Welcome, got {type(welcome).__name__}")
@@ -450,24 +457,22 @@ class WorkerDaemon:
             msg = await call.read()
             if msg is STREAM_END:
                 return
-            for one in protocol.controller_messages(msg):
+            for one in tolerant.controller_messages(msg):
                 self._handle(self._parse(one))
 
-    def _parse(
-        self, one: gateway_pb2.ConnectResponse | protocol.Undecodable
-    ) -> protocol.ControllerMessage | None:
+    def _parse(self, one: gateway_pb2.ConnectResponse | tolerant.Undecodable) -> ControllerMessage | None:
         """What the controller sent; an assignment that cannot be read is answered with an error."""
-        if isinstance(one, protocol.Undecodable):
+        if isinstance(one, tolerant.Undecodable):
             log.error("cannot decode a controller message (assignment %r): %s", one.assignment_id, one.reason)
             self._refuse_raw(
                 one.assignment_id, one.job_ids, f"the worker cannot decode the assignment: {one.reason}"
             )
             return None
         try:
-            return protocol.controller_message(one)
+            return wire.from_controller(one)
         except Exception as exc:
             log.exception("cannot read a controller message")
-            assignment_id, job_ids = protocol.assignment_job_ids(one)
+            assignment_id, job_ids = tolerant.assignment_job_ids(one)
             self._refuse_raw(assignment_id, job_ids, f"the worker cannot read the assignment: {exc}")
             return None
 
@@ -476,11 +481,13 @@ class WorkerDaemon:
             # Messages queued while a write is in flight go up together as one batch (when the
             # controller reads batches).
             limit = STREAM_BATCH_MAX_MESSAGES if self._batch_writes else 1
-            items = await self._outbox.get_many(limit, STREAM_BATCH_MAX_BYTES, protocol.message_size)
+            items = await self._outbox.get_many(
+                limit, STREAM_BATCH_MAX_BYTES, gateway_pb2.ConnectRequest.ByteSize
+            )
             if len(items) == 1:
                 message = items[0].message
             else:
-                message = protocol.batch_message([item.message for item in items])
+                message = wire.batch_to_controller([item.message for item in items])
             try:
                 await call.write(message)
             except BaseException:
@@ -499,8 +506,8 @@ class WorkerDaemon:
             await asyncio.sleep(self._heartbeat_s)
             self._queue_heartbeat()
 
-    def _hello(self) -> Any:
-        return protocol.hello_message(
+    def _hello(self) -> gateway_pb2.ConnectRequest:
+        hello = Hello(
             worker_id=self.worker_id,
             execution_mode=self.config.mode,
             backend=self.executor.backend,
@@ -513,20 +520,21 @@ class WorkerDaemon:
             instance_id=self._instance_id,
             session_slots=self.config.session_slots,
         )
+        return wire.to_controller(hello)
 
     def _queue_heartbeat(self) -> None:
         if self._call is None or self._closing:
             return
-        beat = protocol.heartbeat_message(
+        beat = Heartbeat(
             busy_slots=self._busy,
             loaded_models=self.executor.loaded_models(),
             memory_bytes=current_rss_bytes(),
             draining=self._draining,
-            running=self._active,
+            running=dict(self._active),
             sessions=list(self._sessions),
             model_bytes=self.executor.model_memory(),
         )
-        self._outbox.put(beat)
+        self._outbox.put(wire.to_controller(beat))
 
     # ---- preload -------------------------------------------------------------------------
 
@@ -598,20 +606,20 @@ class WorkerDaemon:
 
     # ---- controller messages -------------------------------------------------------------
 
-    def _handle(self, msg: protocol.ControllerMessage | None) -> None:
+    def _handle(self, msg: ControllerMessage | None) -> None:
         if isinstance(msg, Assignment):
             self._accept(msg)
-        elif isinstance(msg, CancelRequest):
+        elif isinstance(msg, CancelAssignment):
             if msg.job_id in self._active:
                 log.info("job %s: stop requested (%s)", msg.job_id, msg.reason or "CANCELLED")
                 self._flags.request(msg.job_id, msg.reason or "CANCELLED")
             else:
                 log.debug("cancel for job %s, which is not running here", msg.job_id)
-        elif isinstance(msg, DrainRequest):
+        elif isinstance(msg, Drain):
             self.request_drain(f"controller: {msg.reason}" if msg.reason else "controller")
         elif isinstance(msg, SessionOffer):
             self._offer_session(msg)
-        elif isinstance(msg, (LoadModelRequest, UnloadModelRequest)):
+        elif isinstance(msg, (LoadModel, UnloadModel)):
             self._model_requests.handle(msg, self._draining)
         elif isinstance(msg, Welcome):
             self._on_welcome(msg)
@@ -789,24 +797,28 @@ class WorkerDaemon:
         # State events stay here: the controller owns job states and ignores them.
         if self._call is not None and event.kind is not t.EventKind.STATE:
             assignment_id = self._active.get(event.job_id, assignment_id)  # it may have been adopted
-            self._outbox.put(protocol.event_message(assignment_id, event))
+            self._outbox.put(wire.to_controller(AssignmentEvent(assignment_id, event)))
 
     def _send_result(self, assignment_id: str, outcome: ItemOutcome) -> Any:
         try:
-            msg = protocol.result_message(assignment_id, outcome)
-            size = protocol.message_size(msg)
+            msg = wire.to_controller(AssignmentResult(assignment_id, outcome))
+            size = msg.ByteSize()
         except Exception as exc:  # a result that cannot be encoded still ends its job
             log.exception("cannot encode the result of job %s", outcome.job_id)
             error = t.JobError(
                 "INTERNAL", f"the worker cannot encode the result: {type(exc).__name__}: {exc}"
             )
-            msg = protocol.result_message(assignment_id, ItemOutcome(outcome.job_id, error=error))
+            msg = wire.to_controller(
+                AssignmentResult(assignment_id, ItemOutcome(outcome.job_id, error=error))
+            )
             size = 0
         if size > MAX_MESSAGE_BYTES:
             error = t.JobError(
                 "RESOURCE_EXHAUSTED",
                 f"the result is {size} bytes, over the {MAX_MESSAGE_BYTES}-byte stream message limit",
             )
-            msg = protocol.result_message(assignment_id, ItemOutcome(outcome.job_id, error=error))
+            msg = wire.to_controller(
+                AssignmentResult(assignment_id, ItemOutcome(outcome.job_id, error=error))
+            )
         self._outbox.put(msg, durable=True)
         return msg

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 
 from omnirt import types as t
-from omnirt.worker import protocol, redact
+from omnirt._internal.protocol.messages import LoadModel, ModelLoaded, UnloadModel
+from omnirt.worker import redact
 from omnirt.worker.modes.base import Executor, ModelInUse
-from omnirt.worker.protocol import LoadModelRequest, UnloadModelRequest
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class ModelRequests:
         executor: Callable[[], Executor],
         running_of: Callable[[str], list[asyncio.Task[None]]],
         refusal: Callable[[t.ModelSpec], t.JobError | None],
-        send: Callable[[object], None],
+        send: Callable[[ModelLoaded], None],
         heartbeat: Callable[[], None],
         model_dir: str,
     ) -> None:
@@ -51,14 +51,14 @@ class ModelRequests:
         self._model_dir = model_dir
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def handle(self, request: LoadModelRequest | UnloadModelRequest, draining: bool) -> None:
+    def handle(self, request: LoadModel | UnloadModel, draining: bool) -> None:
         """Start working on `request` (answered when done)."""
-        if draining and isinstance(request, LoadModelRequest):
+        if draining and isinstance(request, LoadModel):
             self._answer(
                 request.request_id, request.model.id, t.JobError("UNAVAILABLE", "the worker is draining")
             )
             return
-        work = self._load(request) if isinstance(request, LoadModelRequest) else self._unload(request)
+        work = self._load(request) if isinstance(request, LoadModel) else self._unload(request)
         task = asyncio.create_task(work, name=f"omnirt-model-{request.request_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -68,7 +68,7 @@ class ModelRequests:
         for task in list(self._tasks):
             task.cancel()
 
-    async def _load(self, request: LoadModelRequest) -> None:
+    async def _load(self, request: LoadModel) -> None:
         spec = request.model
         refusal = self._refusal(spec)
         if refusal is not None:
@@ -94,7 +94,7 @@ class ModelRequests:
         log.info("model %s loaded in %.0f ms", spec.id, load_ms)
         self._answer(request.request_id, spec.id, load_ms=load_ms, memory=self._memory(spec.id))
 
-    async def _unload(self, request: UnloadModelRequest) -> None:
+    async def _unload(self, request: UnloadModel) -> None:
         model_id = request.model_id
         executor = self._executor()
         while True:
@@ -142,8 +142,13 @@ class ModelRequests:
         unchanged: bool = False,
     ) -> None:
         self._heartbeat()  # first: the controller reads it before the answer
-        self._send(
-            protocol.model_loaded_message(
-                request_id, model_id, error=error, load_ms=load_ms, memory_bytes=memory, unchanged=unchanged
-            )
+        answer = ModelLoaded(
+            request_id,
+            model_id,
+            error is None,
+            error,
+            load_ms=load_ms,
+            memory_bytes=memory,
+            unchanged=unchanged,
         )
+        self._send(answer)

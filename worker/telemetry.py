@@ -30,8 +30,8 @@ from prometheus_client import (
 )
 
 from omnirt._internal.buckets import BATCH_BUCKETS, LATENCY_BUCKETS
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.types import RunReport
-from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime.memory import current_rss_bytes
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from omnirt._internal.protocol.messages import ModelLoaded
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.encoded import ResultEncoding
-from omnirt.controller.core.model_loads import WorkerAnswer
 from omnirt.controller.core.router import WorkerHandle, WorkerLink
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy
 from omnirt.controller.core.validation import Plan
@@ -172,7 +172,7 @@ class EngineClient(Protocol):
         """
         ...
 
-    async def worker_model_answer(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
+    async def worker_model_answer(self, handle: WorkerHandle, answer: ModelLoaded) -> None:
         """A worker's answer to a LoadModel or UnloadModel (an answer nobody waits for is ignored)."""
         ...
 

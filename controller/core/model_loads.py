@@ -19,9 +19,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from omnirt._internal.protocol.messages import ControllerMessage, LoadModel, ModelLoaded, UnloadModel
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.router import LoadModel, Outbound, UnloadModel, WorkerHandle, WorkerRegistry
+from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.errors import FailedPrecondition, InvalidRequest, Unavailable, WorkerNotFound
 from omnirt.types import JobError, ModelOutcome, ModelSpec, WorkerState
 
@@ -31,20 +32,6 @@ log = logging.getLogger("omnirt.controller.model_loads")
 MAX_WORKER_IDS = 1024
 # Without a call deadline a load or unload waits at most this long for its workers.
 DEFAULT_WAIT_S = 600.0
-
-
-@dataclass
-class WorkerAnswer:
-    """A worker's answer to a LoadModel or UnloadModel (ModelLoaded on the stream)."""
-
-    request_id: str
-    model_id: str
-    # Done as asked: warm (load) or no longer held (unload); else `error` says why.
-    ok: bool
-    error: JobError | None = None
-    load_ms: float = 0.0
-    memory_bytes: int = 0
-    unchanged: bool = False
 
 
 @dataclass
@@ -129,7 +116,7 @@ class ModelLoads:
 
     # ---- the worker side -----------------------------------------------------------------
 
-    def answered(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
+    def answered(self, handle: WorkerHandle, answer: ModelLoaded) -> None:
         """A worker's ModelLoaded; an answer to a request this controller no longer waits for is ignored."""
         pending = self._pending.get(answer.request_id)
         if pending is None or pending.worker_id != handle.id or pending.future.done():
@@ -214,7 +201,9 @@ class ModelLoads:
             )
         return pool
 
-    def _send(self, handle: WorkerHandle, loading: bool, make: Callable[[str], Outbound]) -> _Pending:
+    def _send(
+        self, handle: WorkerHandle, loading: bool, make: Callable[[str], ControllerMessage]
+    ) -> _Pending:
         request_id = uuid.uuid4().hex
         pending = _Pending(handle.id, loading)
         self._pending[request_id] = pending

@@ -6,87 +6,21 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
+from omnirt._internal.protocol.messages import Assignment, ControllerMessage, Drain, Hello
 from omnirt.controller.core.catalog import Catalog
 from omnirt.errors import AlreadyExists, OmniRTError, WorkerNotFound
-from omnirt.types import GenerateRequest, ModelSpec, WorkerInfo, WorkerState
+from omnirt.types import ModelSpec, WorkerInfo, WorkerState
 
 # The heartbeat count of a job whose assignment is not written yet: never judged.
 _UNSENT = sys.maxsize
 
 
-@dataclass
-class AssignmentItem:
-    """One job of an assignment."""
-
-    job_id: str
-    request: GenerateRequest
-    attempt: int
-    queue_wait_ms: float
-
-
-@dataclass
-class Assignment:
-    """One pipeline call given to a worker: one job, or a batch of compatible jobs."""
-
-    assignment_id: str
-    items: list[AssignmentItem]
-    model: ModelSpec
-    deadline_ms: int = 0
-    trace_context: dict[str, str] = field(default_factory=dict)
-    batch_group_id: str = ""
-
-
-@dataclass
-class CancelAssignment:
-    """Stop a job at its next step."""
-
-    assignment_id: str
-    job_id: str
-    reason: str = "CANCELLED"
-
-
-@dataclass
-class Drain:
-    """Finish what runs, take nothing new, exit."""
-
-    reason: str = ""
-
-
-@dataclass
-class SessionOffer:
-    """Host a realtime session: `message` is the offer as it goes on the wire (built at the
-    edge, `controller/realtime`; the router only carries it)."""
-
-    session_id: str
-    message: Any
-
-
-@dataclass
-class LoadModel:
-    """Make `model` warm; the worker answers `request_id` (ModelService.LoadModel)."""
-
-    request_id: str
-    model: ModelSpec
-
-
-@dataclass
-class UnloadModel:
-    """Free `model_id` once no job of it runs; the worker answers `request_id` (ModelService.UnloadModel)."""
-
-    request_id: str
-    model_id: str
-    deadline_ms: int = 0
-
-
-Outbound = Assignment | CancelAssignment | Drain | SessionOffer | LoadModel | UnloadModel
-
-
 class WorkerLink(Protocol):
     """How the controller reaches one worker: the gRPC stream, or an in-process queue in unit tests."""
 
-    def send(self, message: Outbound) -> None:
+    def send(self, message: ControllerMessage) -> None:
         """Queue a message for the worker (never blocks)."""
 
     def close(self) -> None:
@@ -318,6 +252,24 @@ class WorkerRegistry:
 
     def serving_count(self, spec: ModelSpec) -> int:
         return len(self.candidates(spec))
+
+
+def worker_info(hello: Hello) -> WorkerInfo:
+    """A worker as its Hello announced it (READY)."""
+    return WorkerInfo(
+        id=hello.worker_id,
+        state=WorkerState.READY,
+        execution_mode=hello.execution_mode,
+        backend=hello.backend,
+        models=list(hello.models),
+        loaded_models=list(hello.loaded_models),
+        slots=hello.slots,
+        hostname=hello.hostname,
+        pid=hello.pid,
+        version=hello.version,
+        labels=dict(hello.labels),
+        instance_id=hello.instance_id,
+    )
 
 
 def id_taken(holder: WorkerInfo) -> AlreadyExists:

@@ -13,19 +13,21 @@ import grpc
 
 from omnirt._internal import convert as c
 from omnirt._internal.limits import STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
+from omnirt._internal.protocol import convert as wire
+from omnirt._internal.protocol.messages import (
+    Assignment,
+    AssignmentEvent,
+    ControllerMessage,
+    ModelLoaded,
+    Welcome,
+)
 from omnirt._internal.protocol.v1 import gateway_pb2 as pb
 from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.engine_client import EngineClient
-from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
-from omnirt.controller.edges.convert import (
-    WireResult,
-    accept_stored,
-    model_answer_from_proto,
-    outbound_to_proto,
-    worker_from_hello,
-)
+from omnirt.controller.core.router import WorkerHandle, WorkerLink, worker_info
+from omnirt.controller.edges.convert import WireResult, accept_stored
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.servicer import worker_session
@@ -40,7 +42,7 @@ class StreamLink:
     """WorkerLink over the Connect stream: messages wait in a queue the response stream drains."""
 
     def __init__(self) -> None:
-        # Outbound messages, or (converted, Outbound) for one that did not fit in the last batch.
+        # Messages, or (converted, message) for one that did not fit in the last batch.
         self._pending: deque[object] = deque()
         self._ready = asyncio.Event()
         # The worker's handle (told when its assignments are written: until then its heartbeats
@@ -51,7 +53,7 @@ class StreamLink:
     def attach(self, handle: WorkerHandle) -> None:
         self._handle = handle
 
-    def send(self, message: Outbound) -> None:
+    def send(self, message: ControllerMessage) -> None:
         if self._handle is not None and isinstance(message, Assignment):
             self._handle.in_transit(message)
         self._pending.append(message)
@@ -100,7 +102,7 @@ class StreamLink:
             if isinstance(head, tuple):  # converted already: it did not fit in the last batch
                 message, outbound = head
             else:
-                message, outbound = outbound_to_proto(head), head  # type: ignore[arg-type]
+                message, outbound = wire.to_worker(head), head  # type: ignore[arg-type]
             if max_messages > 1:
                 total += message.ByteSize()
                 if taken and total > STREAM_BATCH_MAX_BYTES:
@@ -159,7 +161,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         if first is None or first.WhichOneof("message") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be Hello")
             return
-        hello = first.hello
+        hello = wire.hello_from_proto(first.hello)
         if not hello.worker_id or hello.slots == 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a worker_id and slots > 0")
             return
@@ -170,7 +172,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                 context.invocation_metadata() or (), context.auth_context(), context.peer(), hello.worker_id
             )
         link = StreamLink()
-        handle = await self.engine.worker_connected(worker_from_hello(hello), link)  # AlreadyExists
+        handle = await self.engine.worker_connected(worker_info(hello), link)  # AlreadyExists
         handle.loads_models = hello.loads_models  # it answers LoadModel / UnloadModel
         hosting = (
             self.sessions.worker_joined(handle.info, hello.session_slots, link.send)
@@ -180,8 +182,8 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         reader = asyncio.create_task(self._read(request_iterator, handle, link, hello.reports_running))
         config = self.engine.config
         try:
-            yield pb.ConnectResponse(
-                welcome=pb.Welcome(
+            yield wire.to_worker(
+                Welcome(
                     worker_id=handle.id,
                     heartbeat_interval_ms=config.heartbeat_interval_ms,
                     lease_timeout_ms=config.lease_timeout_ms,
@@ -197,7 +199,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                 if len(messages) == 1:
                     yield messages[0]
                 else:
-                    yield pb.ConnectResponse(batch=pb.ConnectResponseBatch(messages=messages))
+                    yield wire.batch_to_worker(messages)
                 link.written()  # the write went out (grpc.aio resumes the generator then)
         finally:
             reader.cancel()
@@ -230,60 +232,52 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             link.close()
 
     async def _handle(self, handle: WorkerHandle, message: pb.ConnectRequest, reports_running: bool) -> None:
-        kind = message.WhichOneof("message")
-        if kind == "batch":
-            beat = None
-            for one in message.batch.messages:
-                inner = one.WhichOneof("message")
-                if inner == "heartbeat":
-                    # Only the last of a batch counts, once the rest is read: heartbeats queued
-                    # while the worker could not write may all predate an assignment it has not
-                    # read yet, and must not count as that many heartbeats leaving it out.
-                    beat = one
-                elif inner != "batch":  # never nested (a bad worker must not recurse)
-                    await self._handle(handle, one, reports_running)
-            if beat is not None:
-                await self._handle(handle, beat, reports_running)
-        elif kind == "heartbeat":
-            hb = message.heartbeat
+        beat = None
+        for one in wire.unbatched_requests(message):  # a batch's in order; never nested
+            kind = one.WhichOneof("message")
+            if kind == "heartbeat":
+                # Only the last of a batch counts, once the rest is read: heartbeats queued
+                # while the worker could not write may all predate an assignment it has not
+                # read yet, and must not count as that many heartbeats leaving it out.
+                beat = one.heartbeat
+            elif kind == "result":
+                await self._result(handle, one.result)
+            else:
+                try:
+                    read = wire.from_worker(one)
+                except Exception:  # one message this controller cannot read costs itself, not the stream
+                    log.warning(
+                        "ignoring an unreadable %s from worker",
+                        kind,
+                        exc_info=True,
+                        extra={"worker_id": handle.id},
+                    )
+                    continue
+                if isinstance(read, AssignmentEvent):
+                    await self.engine.worker_event(handle, read.assignment_id, read.event)
+                elif isinstance(read, ModelLoaded):
+                    await self.engine.worker_model_answer(handle, read)
+        if beat is not None:
+            hb = wire.heartbeat_from_proto(beat)
             # None from a worker that does not list its jobs (older): nothing is reconciled.
-            running = {(r.job_id, r.assignment_id) for r in hb.running} if reports_running else None
-            model_bytes = {m.model_id: m.memory_bytes for m in hb.loaded} if handle.loads_models else None
-            await self.engine.worker_heartbeat(
-                handle, list(hb.loaded_models), hb.draining, running, model_bytes
-            )
+            running = set(hb.running.items()) if reports_running else None
+            model_bytes = hb.model_bytes if handle.loads_models else None
+            await self.engine.worker_heartbeat(handle, hb.loaded_models, hb.draining, running, model_bytes)
             if self.sessions is not None:
-                self.sessions.worker_beat(handle.id, list(hb.loaded_models), hb.draining)
-        elif kind == "model_loaded":
-            await self.engine.worker_model_answer(handle, model_answer_from_proto(message.model_loaded))
-        elif kind == "event":
-            try:
-                event = c.event_from_proto(message.event.event)
-            except Exception:  # one event this controller cannot read costs itself, not the stream
-                log.warning(
-                    "ignoring an unreadable event from worker", exc_info=True, extra={"worker_id": handle.id}
-                )
-                return
-            await self.engine.worker_event(handle, message.event.assignment_id, event)
-        elif kind == "result":
-            r = message.result
-            outcome = r.WhichOneof("outcome")
-            try:
-                refused = accept_stored(r.result, r.job_id, self.artifacts) if outcome == "result" else ""
-                if refused:  # fails this job alone, saying where the worker put the bytes
-                    log.warning(refused, extra={"worker_id": handle.id, "job_id": r.job_id})
-                    outcome = "error"
-                    r.error.CopyFrom(c.error_to_proto(JobError("INTERNAL", refused[:1000])))
-                result = c.result_from_proto(r.result) if outcome == "result" else None
-                error = c.error_from_proto(r.error) if outcome == "error" else None
-            except Exception as exc:  # fails this job alone: the stream carries the others' results
-                log.exception(
-                    "unreadable result from worker", extra={"worker_id": handle.id, "job_id": r.job_id}
-                )
-                reason = f"the controller cannot read the worker's result: {type(exc).__name__}: {exc}"
-                result, error = None, JobError("INTERNAL", reason[:300])
-            if result is None and error is None:
-                error = JobError("INTERNAL", "worker sent a result without an outcome")
-            # The message goes along opaquely: the memory store may keep its bytes as they came.
-            sent = WireResult(r.result) if result is not None else None
-            await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error, sent)
+                self.sessions.worker_beat(handle.id, hb.loaded_models, hb.draining)
+
+    async def _result(self, handle: WorkerHandle, r: pb.AssignmentResult) -> None:
+        """One job's end. The message goes along opaquely: the memory store may keep its bytes."""
+        try:
+            refused = accept_stored(r.result, r.job_id, self.artifacts) if r.HasField("result") else ""
+            if refused:  # fails this job alone, saying where the worker put the bytes
+                log.warning(refused, extra={"worker_id": handle.id, "job_id": r.job_id})
+                r.error.CopyFrom(c.error_to_proto(JobError("INTERNAL", refused[:1000])))
+            outcome = wire.result_from_proto(r).outcome
+            result, error = outcome.result, outcome.error
+        except Exception as exc:  # fails this job alone: the stream carries the others' results
+            log.exception("unreadable result from worker", extra={"worker_id": handle.id, "job_id": r.job_id})
+            reason = f"the controller cannot read the worker's result: {type(exc).__name__}: {exc}"
+            result, error = None, JobError("INTERNAL", reason[:300])
+        sent = WireResult(r.result) if result is not None else None
+        await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error, sent)

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnirt._internal import convert as c
+from omnirt._internal.protocol import convert as wire
+from omnirt._internal.protocol.messages import SessionOffer
 from omnirt._internal.protocol.v1 import gateway_pb2 as gw
 from omnirt.controller.core.bounds import bad, check_extra, check_labels, check_length, echo
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.router import SessionOffer
 from omnirt.controller.observability import tracing
 from omnirt.controller.realtime.pipe import Pipe
 from omnirt.controller.realtime.registry import RedisSessions, SessionRecord
@@ -192,20 +193,10 @@ class SessionManager:
         worker.sessions.add(session.id)
         self._count("opened", spec.id)
         try:
-            resolved = rt.SessionOpen()
-            resolved.CopyFrom(request)
-            resolved.model = spec.id
+            settings = wire.session_settings_from_proto(request)
+            settings.model = spec.id
             deadline = int((time.time() + self.max_duration_s) * 1000) if self.max_duration_s else 0
-            offer = gw.ConnectResponse(
-                session_offer=gw.SessionOffer(
-                    session_id=session.id,
-                    model=c.model_to_proto(spec),
-                    open=resolved,
-                    trace_context=trace_context,
-                    deadline_ms=deadline,
-                )
-            )
-            worker.send(SessionOffer(session.id, offer))
+            worker.send(SessionOffer(session.id, spec, settings, trace_context, deadline))
             try:
                 async with asyncio.timeout(ATTACH_TIMEOUT_S):
                     await session.attached.wait()

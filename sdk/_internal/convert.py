@@ -188,12 +188,7 @@ def request_to_proto(req: t.GenerateRequest) -> types_pb2.GenerateRequest:
     for name in _OPTIONAL_REQUEST_FIELDS:
         _set_opt(msg, name, getattr(req, name))
     for item in req.inputs:
-        media = msg.inputs.add(role=_enum_to_proto(types_pb2.MediaRole, "MEDIA_ROLE_", item.role))
-        media.mime_type = item.mime_type
-        if item.uri:
-            media.uri = item.uri
-        else:
-            media.data = item.data
+        media_to_proto(item, msg.inputs.add())
     for adapter in req.adapters:
         msg.adapters.add(name=adapter.name, scale=adapter.scale)
     if req.extra:
@@ -201,6 +196,22 @@ def request_to_proto(req: t.GenerateRequest) -> types_pb2.GenerateRequest:
     if req.webhook is not None:
         msg.webhook.CopyFrom(webhook_to_proto(req.webhook))
     return msg
+
+
+def media_to_proto(item: t.MediaInput, target: types_pb2.MediaInput) -> None:
+    """Fill `target` (a new `omnirt.v1.MediaInput`) from `item`: its URI, else its bytes."""
+    target.role = _enum_to_proto(types_pb2.MediaRole, "MEDIA_ROLE_", item.role)
+    target.mime_type = item.mime_type
+    if item.uri:
+        target.uri = item.uri
+    else:
+        target.data = item.data
+
+
+def media_from_proto(media: types_pb2.MediaInput) -> t.MediaInput:
+    """`omnirt.v1.MediaInput` -> `MediaInput` (an unknown role is None: validation refuses it)."""
+    role = _enum_from_proto(types_pb2.MediaRole, "MEDIA_ROLE_", t.MediaRole, media.role)
+    return t.MediaInput(role=role, data=media.data, uri=media.uri, mime_type=media.mime_type)
 
 
 def webhook_to_proto(w: t.Webhook) -> types_pb2.Webhook:
@@ -240,9 +251,7 @@ def request_from_proto(msg: types_pb2.GenerateRequest) -> t.GenerateRequest:
     )
     for name in _OPTIONAL_REQUEST_FIELDS:
         setattr(req, name, _opt(msg, name))
-    for media in msg.inputs:
-        role = _enum_from_proto(types_pb2.MediaRole, "MEDIA_ROLE_", t.MediaRole, media.role)
-        req.inputs.append(t.MediaInput(role=role, data=media.data, uri=media.uri, mime_type=media.mime_type))
+    req.inputs.extend(media_from_proto(media) for media in msg.inputs)
     if msg.HasField("webhook"):
         req.webhook = webhook_from_proto(msg.webhook)
     return req

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopCheck, stop_error
@@ -34,7 +35,6 @@ from omnirt.worker.pipelines.args import (
     resolved_config,
 )
 from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache, ModelLoadError
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.runtime import adapters, backends, step_cache
 from omnirt.worker.runtime import options as runtime_options
 from omnirt.worker.runtime.memory import PeakMemory

@@ -2,8 +2,8 @@
 
 The daemon owns the connection and hands each `Assignment` to its executor, which returns
 one `ItemOutcome` per job and reports progress through an event sink. Executors work on
-plain dataclasses (`omnirt.types`, `omnirt.worker.protocol`), never on protobuf messages.
-Implementations are imported lazily by name so that importing this module stays light.
+plain dataclasses (`omnirt.types`, `omnirt._internal.protocol.messages`), never on protobuf
+messages. Implementations are imported lazily by name so that importing this module stays light.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from omnirt import types as t
 from omnirt._internal.modes import EXECUTION_MODES, ExecutionMode
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.sessions.api import OpenRequest, SessionRefused, StreamingSession
 
 if TYPE_CHECKING:

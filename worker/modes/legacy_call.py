@@ -26,6 +26,7 @@ from typing import Any
 
 from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes import null as null_model
@@ -48,7 +49,6 @@ from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs, call_parameters
 from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.pipelines.previews import PreviewMaker
-from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, backends, inference_mode, quantization, step_cache
 from omnirt.worker.runtime import options as runtime_options
 from omnirt.worker.sessions import speech_session, talking_head_session

@@ -25,12 +25,12 @@ from typing import Any
 from omnirt import types as t
 from omnirt._internal import defaults
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.export import image as export
 from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopCheck, stop_error
 from omnirt.worker.modes.events import RunRecorder
 from omnirt.worker.modes.report import run_report
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, resolved_config
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.runtime import backends
 from omnirt.worker.runtime.memory import current_rss_bytes
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import omnirt
 from omnirt import types as t
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.worker.modes.events import RunRecorder
-from omnirt.worker.protocol import Assignment, AssignmentItem
 
 
 def trace_id(trace_context: Mapping[str, str]) -> str:

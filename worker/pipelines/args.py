@@ -20,12 +20,12 @@ from typing import Any
 from omnirt import types as t
 from omnirt._internal import batching, defaults
 from omnirt._internal.limits import ECHO_CHARS
+from omnirt._internal.protocol.messages import AssignmentItem
 from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.worker.export import video as video_export
 from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.pipelines import media_inputs, speech
 from omnirt.worker.pipelines import tasks as task_pipelines
-from omnirt.worker.protocol import AssignmentItem
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 

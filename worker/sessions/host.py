@@ -44,11 +44,11 @@ import grpc
 import numpy as np
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import SessionOffer, SessionSettings
 from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.worker.log import job_context
 from omnirt.worker.modes.base import Executor
 from omnirt.worker.modes.report import trace_id
-from omnirt.worker.protocol import SessionOffer, SessionSettings
 from omnirt.worker.redact import public_error
 from omnirt.worker.sessions import media, wire
 from omnirt.worker.sessions.api import (

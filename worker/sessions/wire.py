@@ -1,7 +1,7 @@
 """A realtime session's WorkerSession stream: its messages <-> plain values.
 
 The one module of the session relay that reads or builds WorkerSession protobuf messages
-(`omnirt.worker.protocol` does the same for the Connect stream); `host.py` works on the values
+(`omnirt._internal.protocol` does the same for the Connect stream); `host.py` works on the values
 below, `Geometry` and `SessionReport`.
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from omnirt._internal.protocol.messages import ModelLoaded
 from omnirt.controller.core.encoded import ResultEncoding
-from omnirt.controller.core.model_loads import WorkerAnswer
 from omnirt.controller.core.router import WorkerHandle, WorkerLink
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy
 from omnirt.controller.core.validation import Plan
@@ -110,7 +110,7 @@ class MemoryEngineClient:
     ) -> tuple[ModelSpec, list[ModelOutcome]]:
         return await self.engine.model_loads.unload(name, worker_ids, wait_s)
 
-    async def worker_model_answer(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
+    async def worker_model_answer(self, handle: WorkerHandle, answer: ModelLoaded) -> None:
         self.engine.model_loads.answered(handle, answer)
 
     async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:

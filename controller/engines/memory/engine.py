@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Hashable
 
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem, CancelAssignment
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_key, batch_limit, window_due
 from omnirt.controller.core.bounds import check_id, echo
@@ -30,9 +31,6 @@ from omnirt.controller.core.jobs import (
 )
 from omnirt.controller.core.model_loads import ModelLoads
 from omnirt.controller.core.router import (
-    Assignment,
-    AssignmentItem,
-    CancelAssignment,
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
@@ -527,8 +525,8 @@ class Engine:
         handle.link.send(
             Assignment(
                 assignment_id,
-                items,
                 record.plan.spec,
+                items,
                 # A batch carries each job's own deadline in its request.
                 deadline_ms=record.job.deadline_ms if len(batch) == 1 else 0,
                 trace_context=self.tracing.assignment_context(batch),

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import redis.exceptions
 
+from omnirt._internal.protocol.messages import CancelAssignment, ModelLoaded
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_key, batch_key_id, batch_limit
 from omnirt.controller.core.bounds import check_id, echo
@@ -35,9 +36,8 @@ from omnirt.controller.core.jobs import (
     utcnow,
     waiting_reason,
 )
-from omnirt.controller.core.model_loads import ModelLoads, WorkerAnswer
+from omnirt.controller.core.model_loads import ModelLoads
 from omnirt.controller.core.router import (
-    CancelAssignment,
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
@@ -488,7 +488,7 @@ class RedisEngine:
     ) -> tuple[ModelSpec, list[ModelOutcome]]:
         return await self.model_loads.unload(name, worker_ids, wait_s)
 
-    async def worker_model_answer(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
+    async def worker_model_answer(self, handle: WorkerHandle, answer: ModelLoaded) -> None:
         self.model_loads.answered(handle, answer)
 
     def gauge_snapshot(self) -> Gauges:

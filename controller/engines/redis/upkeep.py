@@ -14,11 +14,12 @@ from typing import Protocol
 
 import redis.exceptions
 
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_limit
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import JobRecord, utcnow
-from omnirt.controller.core.router import Assignment, AssignmentItem, WorkerHandle, WorkerRegistry
+from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.core.validation import Plan
 from omnirt.controller.engines.redis.store import Claimed, RedisJobStore, raise_lost_cancel
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
@@ -214,8 +215,8 @@ class RedisUpkeep:
         handle.link.send(
             Assignment(
                 assignment_id,
-                items,
                 spec,
+                items,
                 deadline_ms=claimed[0].request.deadline_ms if len(claimed) == 1 else 0,
                 trace_context=self.tracing.assignment_context(batch),
                 batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(claimed) > 1 else "",

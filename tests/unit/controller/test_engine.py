@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from omnirt._internal.protocol.messages import Assignment, CancelAssignment, ControllerMessage
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.router import Assignment, CancelAssignment, Outbound
 from omnirt.controller.engines.memory.engine import Engine
 from omnirt.errors import InvalidRequest, QueueFull
 from omnirt.types import GenerateRequest, GenerateResult, JobError, JobState, WorkerInfo
@@ -18,10 +18,10 @@ class InProcessLink:
     """WorkerLink that records what the controller sends."""
 
     def __init__(self) -> None:
-        self.sent: list[Outbound] = []
+        self.sent: list[ControllerMessage] = []
         self.closed = False
 
-    def send(self, message: Outbound) -> None:
+    def send(self, message: ControllerMessage) -> None:
         self.sent.append(message)
 
     def close(self) -> None:

@@ -18,9 +18,9 @@ import pytest
 from worker_testing import Family, only_result, refusal, run_family
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.v1 import types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome
 
 RATE = 16000
 AUDIOLDM2 = Family(

@@ -12,11 +12,11 @@ import pytest
 
 from omnirt import types as t
 from omnirt._internal import batching
+from omnirt._internal.protocol.messages import AssignmentItem
 from omnirt.controller.core.batching import batch_key
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.validation import validate
 from omnirt.worker.pipelines.args import plan_item
-from omnirt.worker.protocol import AssignmentItem
 
 IMAGE = t.MediaInput(role=t.MediaRole.IMAGE, data=b"not decoded by plan_item")
 LORA = t.Adapter(name="detail", scale=0.5)

@@ -14,10 +14,11 @@ import pytest
 from worker_testing import check_seeded, check_video, run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 
 MODEL = "tiny-cogvideox"
 # 32x32 (a multiple of 16: VAE factor 8 x patch 2), 9 frames = 3 latent frames, 2 steps.

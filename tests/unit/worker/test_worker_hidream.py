@@ -15,8 +15,8 @@ import pytest
 from worker_testing import Family, check_image, check_seeded, only_result, pixels, refusal, run_family
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome
 
 # The pipeline's own area (the tiny VAE keeps the real 8x factor: 128x128 latents, 4096 tokens).
 HIDREAM = Family(

@@ -18,10 +18,11 @@ from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PRO
 from worker_testing import check_seeded, check_video, run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 from omnirt.worker.tiny import tokenizers
 
 MODEL = "tiny-hunyuan-video"

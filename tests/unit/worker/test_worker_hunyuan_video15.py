@@ -31,9 +31,9 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome
 
 # 32x32 (2x2 latents), 5 frames = 2 latent frames, 2 steps.
 DEFAULTS = {"width": 32, "height": 32, "num_frames": 5, "fps": 8.0, "num_inference_steps": 2, "seed": 7}

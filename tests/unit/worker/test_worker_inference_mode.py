@@ -16,9 +16,9 @@ import pytest
 import torch
 from options_testing import pixels, report, run_job
 
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome
 from omnirt.worker.runtime.inference_mode import takes_gradients
 
 ATTEND_AND_EXCITE = "StableDiffusionAttendAndExcitePipeline"

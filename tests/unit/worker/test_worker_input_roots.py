@@ -17,6 +17,8 @@ from PIL import Image
 from worker_testing import run_assignment, run_script_job
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
@@ -24,7 +26,6 @@ from omnirt.worker.main import load_config
 from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines import media_inputs
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 
 NOT_ALLOWED = "inputs[0].uri: file:// inputs are not allowed on this worker"
 NOT_FOUND = "inputs[0].uri: not found under the worker's input roots"

@@ -27,8 +27,8 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome
 
 # 32x32 (2x2 latents, 1x1 patches), 5 frames = 2 latent frames, 2 steps.
 KANDINSKY5 = Family(

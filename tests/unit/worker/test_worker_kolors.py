@@ -29,8 +29,8 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome
 from omnirt.worker.tiny.registry import ensure_builtin
 
 # 64x64 (8x8 latents through the tiny VAE's real 8x factor), 2 steps.

@@ -26,9 +26,9 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines.args import call_kwargs
-from omnirt.worker.protocol import ItemOutcome
 
 # 64x64 (2x2 latents), 9 frames = 2 latent frames, 2 steps.
 LTX = Family(

@@ -15,10 +15,11 @@ import pytest
 from worker_testing import check_seeded, check_video, run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 
 MODEL = "tiny-mochi"
 # 32x32 (4x4 latents, 2x2 patches), 7 frames = 2 latent frames, 2 steps.

@@ -12,13 +12,14 @@ from PIL import Image
 from worker_testing import run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags, create_executor
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular.executor import ModularExecutor
-from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
 
 TASKS = {
     "text2image": types_pb2.TASK_TEXT2IMAGE,

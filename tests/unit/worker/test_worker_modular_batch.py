@@ -17,13 +17,14 @@ from PIL import Image
 from worker_testing import run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular.executor import ModularExecutor
-from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
 
 # float32 matmuls over a batch of N and of 1 sum in another order on the CPU (~1e-6 relative);
 # after the steps and the VAE that is a couple of uint8 levels at most (as in legacy_call's

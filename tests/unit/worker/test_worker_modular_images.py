@@ -29,6 +29,8 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
@@ -36,7 +38,6 @@ from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular.block_fixes import apply_block_fixes
 from omnirt.worker.modes.modular.executor import ModularExecutor
 from omnirt.worker.modes.modular.families import modular_family
-from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
 
 SIZE: dict[str, Any] = {"width": 64, "height": 64, "num_inference_steps": 2, "guidance_scale": 4.0, "seed": 7}
 FLUX2 = Family("tiny-flux2", "Flux2Pipeline", (t.Task.TEXT2IMAGE, t.Task.IMAGE2IMAGE), SIZE)

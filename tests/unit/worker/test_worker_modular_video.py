@@ -30,13 +30,14 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular.executor import ModularExecutor
 from omnirt.worker.modes.modular.families import modular_family, supports_modular
-from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
 from omnirt.worker.tiny.registry import ensure_builtin
 
 # 32x32, 5 frames (2 latent frames), 3 steps: Wan 2.2's timesteps 1000 (high-noise expert) and

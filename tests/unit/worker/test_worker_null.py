@@ -16,11 +16,11 @@ from worker_testing import make_assignment, run_assignment
 
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.protocol.messages import Assignment
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.null import seed_colour
-from omnirt.worker.protocol import Assignment
 
 
 @pytest.fixture

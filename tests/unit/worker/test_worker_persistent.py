@@ -23,11 +23,11 @@ from PIL import Image
 from worker_testing import make_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
 from omnirt.worker.modes.persistent.launch import pid_alive
-from omnirt.worker.protocol import Assignment, ItemOutcome
 
 CFG2 = "tiny-sd-cfg2"
 CFG2_RUNTIME = {"nproc_per_node": 2.0, "restart_backoff_s": 0.2}

@@ -17,11 +17,11 @@ from PIL import Image
 from worker_testing import make_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.persistent.data_parallel import share_of
 from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
-from omnirt.worker.protocol import Assignment, ItemOutcome
 
 DP2 = "tiny-sd-dp2"
 RUNTIME = {"nproc_per_node": 2.0, "program": "data_parallel"}

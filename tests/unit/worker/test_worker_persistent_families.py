@@ -29,6 +29,8 @@ from PIL import Image
 from worker_testing import TASKS, Family, only_result, pixels, produced_frames, refusal, run_family
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
@@ -36,7 +38,6 @@ from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor, launch_spec
 from omnirt.worker.modes.persistent.launch import GroupError
-from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
 
 MAX_DIFF = 2
 SD3 = Family(

@@ -37,13 +37,14 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
-from omnirt.worker.protocol import Assignment, ItemOutcome, assignment_from_proto
 
 MAX_DIFF = 2
 SD = Family(

@@ -12,10 +12,10 @@ import pytest
 
 from omnirt import types as t
 from omnirt._internal import defaults
+from omnirt._internal.protocol.messages import AssignmentItem
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.validation import validate
 from omnirt.worker.pipelines.args import ItemPlan, plan_item
-from omnirt.worker.protocol import AssignmentItem
 
 IMAGE = t.MediaInput(role=t.MediaRole.IMAGE, data=b"not decoded by plan_item")
 

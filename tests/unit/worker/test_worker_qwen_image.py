@@ -34,10 +34,11 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 from omnirt.worker.tiny.registry import ensure_builtin
 
 # 64x64 (8x8 latents through the tiny VAE's real 8x factor, 16 packed tokens), 2 steps.

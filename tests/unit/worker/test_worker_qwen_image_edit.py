@@ -30,10 +30,10 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines import qwen_vl_processor
 from omnirt.worker.pipelines.qwen_vl_processor import ImageQwen2VLProcessor
-from omnirt.worker.protocol import ItemOutcome
 from omnirt.worker.tiny import qwen_image_edit
 from omnirt.worker.tiny.registry import ensure_builtin
 

@@ -15,13 +15,13 @@ import torch
 from PIL import Image
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
 from omnirt.worker.export import image as export
 from omnirt.worker.export import video as video_export
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines.model_cache import ModelCache, ModelLoadError
-from omnirt.worker.protocol import Assignment, AssignmentItem
 from omnirt.worker.runtime import backends
 
 TINY = t.ModelSpec(id="tiny-sd", source="builtin:tiny-sd", pipeline_class="StableDiffusionPipeline")

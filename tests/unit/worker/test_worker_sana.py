@@ -15,10 +15,11 @@ from test_worker_tasks import IMAGE, noise_image, only_result, pixels, png_bytes
 from worker_testing import check_image, check_seeded, run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 from omnirt.worker.tiny import tokenizers
 
 MODEL = "tiny-sana"

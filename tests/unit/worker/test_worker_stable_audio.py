@@ -27,12 +27,13 @@ from worker_testing import (
 )
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.export import audio as audio_export
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 
 # torchsde's Brownian tree (Stable Audio's scheduler) warns on float32 rounding of its sigma range.
 pytestmark = pytest.mark.filterwarnings("ignore:Should have:UserWarning")

@@ -18,12 +18,12 @@ from worker_testing import run_assignment
 
 from omnirt import types as t
 from omnirt._internal import convert as _convert
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.controller.core.catalog import Catalog
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags, create_executor
 from omnirt.worker.modes.subprocess import child_process, launchers
 from omnirt.worker.modes.subprocess.executor import SubprocessExecutor
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 
 
 @pytest.fixture

@@ -14,10 +14,11 @@ from test_worker_tasks import decoded_frames, noise_image, only_result, png_byte
 from worker_testing import run_assignment
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 
 MODEL = "tiny-svd"
 # 48x32 (a multiple of 8; the tiny VAE compresses 2x), 3 frames, 2 steps: about half a second.

@@ -8,10 +8,10 @@ import threading
 from pathlib import Path
 
 from omnirt import types as t
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
 from omnirt.worker.modes.base import CancelFlags, EventSink, Executor
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 
 # More slots than asyncio's default thread pool has threads on this machine.
 SLOTS = min(32, (os.cpu_count() or 1) + 4) + 2

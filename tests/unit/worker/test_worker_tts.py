@@ -20,11 +20,12 @@ from test_worker_stable_audio import decoded_audio, wav_samples
 from worker_testing import Family, only_result, refusal, run_assignment, run_family
 
 from omnirt import types as t
+from omnirt._internal.protocol.convert import assignment_from_proto
+from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.export import audio as audio_export
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.protocol import ItemOutcome, assignment_from_proto
 
 RATE, HOP = 16000, 256  # the tiny model's sample rate and samples per spectrogram frame
 VITS = Family("tiny-vits", "VitsModel", (t.Task.TEXT2AUDIO,), {"seed": 7})

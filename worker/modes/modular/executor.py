@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes import null as null_model
@@ -66,7 +67,6 @@ from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan, check_call_arguments
 from omnirt.worker.pipelines.model_cache import CachedPipeline, CacheKey, ModelCache
 from omnirt.worker.pipelines.previews import PreviewMaker
-from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, inference_mode
 from omnirt.worker.runtime import options as runtime_options
 

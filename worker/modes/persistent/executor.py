@@ -36,6 +36,7 @@ from typing import Any
 
 from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.modes.base import (
@@ -57,7 +58,6 @@ from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
-from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import backends
 from omnirt.worker.runtime import options as runtime_options
 from omnirt.worker.sessions.api import OpenRequest, StreamingSession

@@ -35,6 +35,7 @@ from typing import Any
 
 from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import (
@@ -50,7 +51,6 @@ from omnirt.worker.modes.events import RunRecorder
 from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.subprocess import child_process, job_dir, launchers
 from omnirt.worker.pipelines import media_inputs
-from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.runtime import backends
 
 log = logging.getLogger(__name__)
