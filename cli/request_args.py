@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omnirt.client import build_request
+from omnirt._internal.requests import build_request
 from omnirt.types import Adapter, GenerateRequest, Task
 
 

@@ -5,6 +5,7 @@ a status code, a readable message and trailing metadata (`omnirt-error-field`,
 `omnirt-error-subject`, `retry-after-ms`, and the standard `google.rpc.Status` details in
 `grpc-status-details-bin`); the SDK turns the status back into the same class. It reads its
 own trailers first and the standard details for what they leave out (another server's errors).
+`map_rpc_error` is what every client call and realtime session raises.
 """
 
 from __future__ import annotations
@@ -228,3 +229,23 @@ def from_rpc_error(exc: grpc.RpcError) -> OmniRTError:
         subject=meta.get(SUBJECT_KEY, ""),
         retry_after_s=int(retry) / 1000 if retry and retry.isdigit() else None,
     )
+
+
+# Messages of grpc core (not of the controller) that mean the address could not be reached.
+_TRANSPORT_FAILURES = (
+    "failed to connect",
+    "errors resolving",
+    "dns resolution failed",
+    "connection refused",
+    "connection reset",
+    "socket closed",
+    "connections to all backends failing",
+)
+
+
+def map_rpc_error(exc: grpc.RpcError, address: str) -> OmniRTError:
+    """The typed error of a failed call; an unreachable controller names its address."""
+    err = from_rpc_error(exc)
+    if isinstance(err, Unavailable) and any(s in err.message.lower() for s in _TRANSPORT_FAILURES):
+        err = Unavailable(f"cannot reach the controller at {address} ({err.message})")
+    return err

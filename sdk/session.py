@@ -26,6 +26,8 @@ import grpc
 
 from omnirt import errors
 from omnirt._internal import convert as conv
+from omnirt._internal.requests import Media, media_input
+from omnirt.types import MediaRole
 from omnirt.v1 import realtime_pb2 as rt
 from omnirt.v1 import types_pb2
 
@@ -34,7 +36,7 @@ _END = object()
 
 def session_open(
     model: str,
-    image: bytes | None,
+    image: Media | None,
     *,
     video_encoding: str = "",
     fps: float = 0.0,
@@ -45,13 +47,21 @@ def session_open(
     labels: Mapping[str, str] | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> rt.SessionOpen:
-    """The SessionOpen of `Client.open_session` / `AsyncClient.open_session`."""
+    """The SessionOpen of `Client.open_session` / `AsyncClient.open_session`.
+
+    `image` (the reference portrait) is bytes or a local file; a URI is refused.
+    """
     opened = rt.SessionOpen(
         model=model, video_encoding=video_encoding, fps=fps, width=width, height=height,
         sample_rate=sample_rate, idle_timeout_ms=idle_timeout_ms, labels=dict(labels or {}),
     )  # fmt: skip
     if image is not None:
-        opened.inputs.append(types_pb2.MediaInput(role=types_pb2.MEDIA_ROLE_IMAGE, data=image))
+        media = media_input(MediaRole.IMAGE, image)
+        if media.uri:
+            raise errors.InvalidRequest(
+                "image: a session's portrait is bytes or a file, not a URI", field="image"
+            )
+        opened.inputs.append(types_pb2.MediaInput(role=types_pb2.MEDIA_ROLE_IMAGE, data=media.data))
     if config:
         opened.config.CopyFrom(conv.struct_from_dict(dict(config)))
     return opened
@@ -77,14 +87,12 @@ class RealtimeSession:
             yield message
 
     def _next(self) -> rt.SessionResponse | None:
-        from omnirt.client import map_rpc_error
-
         try:
             return next(self._call)
         except StopIteration:
             return None
         except grpc.RpcError as exc:
-            raise map_rpc_error(exc, self._address) from None
+            raise errors.map_rpc_error(exc, self._address) from None
 
     @property
     def session_id(self) -> str:
@@ -138,6 +146,9 @@ class AsyncRealtimeSession:
 
     def __init__(self, stub: Any, metadata: Any, address: str) -> None:
         self._call = stub.Session(metadata=metadata)
+        # Read through the call's async iterator, which ends at the stream's end, rather than
+        # `read()`, whose end marker (grpc.aio.EOF) the grpc type stubs do not declare.
+        self._responses: AsyncIterator[rt.SessionResponse] = aiter(self._call)
         self._address = address
         self.progress: rt.SessionProgress | None = None
         self.closed: rt.SessionClosed | None = None
@@ -153,24 +164,16 @@ class AsyncRealtimeSession:
         return self
 
     async def _write(self, message: rt.SessionRequest) -> None:
-        from omnirt.client import map_rpc_error
-
         try:
             await self._call.write(message)
         except grpc.RpcError as exc:
-            raise map_rpc_error(exc, self._address) from None
+            raise errors.map_rpc_error(exc, self._address) from None
 
     async def _read(self) -> rt.SessionResponse | None:
-        from omnirt.client import map_rpc_error
-
         try:
-            message = await self._call.read()
+            return await anext(self._responses, None)
         except grpc.RpcError as exc:
-            raise map_rpc_error(exc, self._address) from None
-        if message is grpc.aio.EOF:  # type: ignore[attr-defined]
-            return None
-        response: rt.SessionResponse = message
-        return response
+            raise errors.map_rpc_error(exc, self._address) from None
 
     @property
     def session_id(self) -> str:

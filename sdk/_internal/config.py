@@ -12,9 +12,12 @@ import dataclasses
 import os
 import types
 import typing
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def env_name(field_name: str) -> str:
@@ -71,7 +74,7 @@ def from_args(cls: type[T], args: argparse.Namespace, environ: typing.Mapping[st
     environ = os.environ if environ is None else environ
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         value = getattr(args, f.name, None)
         tp = hints[f.name]
         if value is not None and _base_type(tp) in (list, tuple):

@@ -30,6 +30,7 @@ from omnirt.types import (
     MediaKind,
     ModelDefaults,
     ModelLimits,
+    ModelOutcome,
     ModelSpec,
     Preset,
     Progress,
@@ -251,6 +252,11 @@ class _Generation(generation_pb2_grpc.GenerationServiceServicer):
         for start in range(0, len(data), 5):
             yield generation_pb2.DownloadArtifactResponse(chunk=data[start : start + 5])
 
+    def GetWebhookSecret(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.check("GetWebhookSecret", context)
+        tenant = request.tenant or "default"
+        return generation_pb2.GetWebhookSecretResponse(secret=f"whsec_{tenant}", tenant=tenant)
+
 
 class _Models(models_pb2_grpc.ModelServiceServicer):
     def __init__(self, fake: FakeController) -> None:
@@ -271,6 +277,16 @@ class _Models(models_pb2_grpc.ModelServiceServicer):
         context.set_trailing_metadata(err.trailing_metadata())
         context.abort(err.code, err.message)
 
+    def LoadModel(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.check("LoadModel", context)
+        outcome = ModelOutcome("w-1", loaded=True, load_ms=12.5, memory_bytes=1 << 20)
+        return models_pb2.LoadModelResponse(outcomes=[conv.model_outcome_to_proto(outcome)])
+
+    def UnloadModel(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.check("UnloadModel", context)
+        outcome = ModelOutcome("w-1", unchanged=True)
+        return models_pb2.UnloadModelResponse(outcomes=[conv.model_outcome_to_proto(outcome)])
+
 
 class _Cluster(cluster_pb2_grpc.ClusterServiceServicer):
     def __init__(self, fake: FakeController) -> None:
@@ -279,6 +295,19 @@ class _Cluster(cluster_pb2_grpc.ClusterServiceServicer):
     def ListWorkers(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.check("ListWorkers", context)
         return cluster_pb2.ListWorkersResponse(workers=[conv.worker_to_proto(w) for w in WORKERS])
+
+    def DrainWorker(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.check("DrainWorker", context)
+        return cluster_pb2.DrainWorkerResponse(worker=conv.worker_to_proto(WORKERS[0]))
+
+    def ListSessions(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.fake.check("ListSessions", context)
+        session = cluster_pb2.SessionInfo(
+            session_id="s-1", model="tiny-talking-head", worker_id="w-1", tenant="acme", labels={"a": "b"}
+        )
+        session.opened_at.FromDatetime(T0)
+        wanted = [session] if request.model in ("", session.model) else []
+        return cluster_pb2.ListSessionsResponse(sessions=wanted)
 
 
 def start(fake: FakeController) -> grpc.Server:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from omnirt import errors
-from omnirt.client import artifact_file_name, build_request, media_input
+from omnirt._internal.requests import artifact_file_name, build_request, media_input, request_from_json
 from omnirt.types import (
     Adapter,
     Artifact,
@@ -86,3 +86,38 @@ def test_webhook_keywords() -> None:
     assert caught.value.field == "webhook.events"
     with pytest.raises(TypeError, match="webhook="):
         build_request(model="null", webhook_events=["completed"])
+
+
+def test_json_in_the_proto3_mapping_makes_a_request() -> None:
+    req = request_from_json(
+        {
+            "model": "tiny-sd",
+            "task": "inpaint",  # a short enum name, any case
+            "numInferenceSteps": 2,  # lowerCamelCase
+            "inputs": [{"role": "MEDIA_ROLE_MASK", "data": "AAE="}],  # bytes as base64
+            "extra": {"clip_skip": 1},
+        }
+    )
+    assert (req.model, req.task, req.num_inference_steps, req.extra) == (
+        "tiny-sd",
+        Task.INPAINT,
+        2,
+        {"clip_skip": 1},
+    )
+    assert req.inputs == [MediaInput(role=MediaRole.MASK, data=b"\x00\x01")]
+    assert req.width is None  # unset stays unset
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"prompt": "x"}, "model: required"),
+        ({"model": "m", "colour": 1}, "colour: unknown field"),
+        ({"model": "m", "output": {"size": 3}}, "output.size: unknown field"),
+        ({"model": "m", "task": "painting"}, "task: Invalid enum value painting"),
+        ([{"model": "m"}], "expected a JSON object, got list"),
+    ],
+)
+def test_json_that_is_not_a_request_says_which_field(data: object, words: str) -> None:
+    with pytest.raises(ValueError, match="^" + words):
+        request_from_json(data)
