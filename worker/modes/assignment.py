@@ -20,8 +20,9 @@ from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopCheck, stop_error
+from omnirt.worker.failures import JobFailure, stop_error
 from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.executor import CancelFlags, EventSink, StopCheck
 from omnirt.worker.modes.report import run_report
 from omnirt.worker.pipelines import media_inputs, model_cache
 from omnirt.worker.pipelines import tasks as task_pipelines

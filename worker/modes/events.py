@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker.modes.base import EventSink, StopCheck, StopRun
+from omnirt.worker.failures import StopRun
+from omnirt.worker.modes.executor import EventSink, StopCheck
 from omnirt.worker.pipelines.previews import PreviewMaker
 
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from omnirt import types as t
 from omnirt.worker.log import job_context
-from omnirt.worker.modes.base import Executor
+from omnirt.worker.modes.executor import Executor
 from omnirt.worker.modes.report import trace_id
 from omnirt.worker.protocol import SessionOffer, SessionSettings
 from omnirt.worker.redact import public_error

@@ -37,7 +37,7 @@ from diffusers.modular_pipelines import (
 )
 
 from omnirt import types as t
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.modes.modular.block_fixes import apply_block_fixes
 from omnirt.worker.modes.modular.families import ModularFamily
 from omnirt.worker.pipelines.model_cache import CachedPipeline

@@ -126,7 +126,7 @@ class _Ended(Exception):
 
 
 def _error(exc: BaseException) -> dict[str, str]:
-    from omnirt.worker.modes.base import JobFailure
+    from omnirt.worker.failures import JobFailure
 
     if isinstance(exc, JobFailure):
         return {"code": exc.error.code, "message": exc.error.message, "field": exc.error.field}

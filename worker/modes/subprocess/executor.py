@@ -37,16 +37,9 @@ from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import (
-    DEADLINE_EXCEEDED,
-    CancelFlags,
-    EventSink,
-    Executor,
-    JobFailure,
-    StopCheck,
-    stop_error,
-)
+from omnirt.worker.failures import DEADLINE_EXCEEDED, JobFailure, stop_error
 from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor, StopCheck
 from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.subprocess import child_process, job_dir, launchers
 from omnirt.worker.pipelines import media_inputs
