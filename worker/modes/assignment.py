@@ -34,7 +34,8 @@ from omnirt.worker.pipelines.args import (
     plan_item,
     resolved_config,
 )
-from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache, ModelLoadError
+from omnirt.worker.pipelines.loader import ModelLoadError
+from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.protocol import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.runtime import adapters, backends, step_cache
 from omnirt.worker.runtime import options as runtime_options

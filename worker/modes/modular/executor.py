@@ -64,7 +64,8 @@ from omnirt.worker.modes.modular.families import ModularFamily, modular_families
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan, check_call_arguments
-from omnirt.worker.pipelines.model_cache import CachedPipeline, CacheKey, ModelCache
+from omnirt.worker.pipelines.loader import CacheKey
+from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.pipelines.previews import PreviewMaker
 from omnirt.worker.protocol import Assignment, ItemOutcome
 from omnirt.worker.runtime import adapters, inference_mode

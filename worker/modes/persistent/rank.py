@@ -93,7 +93,7 @@ def _load(args: argparse.Namespace, device: str) -> Any:
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
-    from omnirt.worker.pipelines.model_cache import _dtype_argument
+    from omnirt.worker.pipelines.loader import dtype_argument
 
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
@@ -102,7 +102,7 @@ def _load(args: argparse.Namespace, device: str) -> Any:
 
         return streaming.load(args.source, device, args.dtype)
     cls = getattr(diffusers, args.pipeline_class)
-    pipe = cls.from_pretrained(args.source, **{_dtype_argument(): getattr(torch, args.dtype)})
+    pipe = cls.from_pretrained(args.source, **{dtype_argument(): getattr(torch, args.dtype)})
     if device != "cpu":
         pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
