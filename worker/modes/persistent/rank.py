@@ -80,9 +80,9 @@ def _device(kind: str, local_rank: int) -> str:
         torch.cuda.set_device(local_rank)
         return f"cuda:{local_rank}"
     if kind == "npu":
-        import torch_npu  # noqa: F401  (registers the npu device and hccl)
+        import torch_npu  # registers the npu device and hccl; `torch.npu` is its `npu` module
 
-        torch.npu.set_device(local_rank)  # type: ignore[attr-defined]
+        torch_npu.npu.set_device(local_rank)
         return f"npu:{local_rank}"
     return "cpu"
 
