@@ -6,6 +6,13 @@ function, under `TYPE_CHECKING`, relative (resolved against the file's package),
 (`importlib.import_module("omnirt.x")`, and in a module that imports by a computed name,
 every string naming one of our modules, as the worker's mode registry does). `check(repo)`
 returns the violations, each naming the file, the line, the import and the rule.
+
+Besides the rules on what may import what, no import cycle is allowed among the modules of
+sdk/, controller/, worker/ and cli/ (`cycle_violations`). Every import counts there too: one
+inside a function, under `TYPE_CHECKING` or by name still says that the module needs the other
+one, so a lazy import that only breaks a cycle for the interpreter is reported like any other.
+Only the package above a module is left out (importing `a.b.c` runs `a.b`'s `__init__`, but
+that is Python's packaging, not a dependency the module states).
 """
 
 from __future__ import annotations
@@ -51,7 +58,10 @@ CONTROLLER, WORKER, CLI = "omnirt.controller", "omnirt.worker", "omnirt.cli"
 CORE = "omnirt.controller.core"
 MEMORY, REDIS = "omnirt.controller.engines.memory", "omnirt.controller.engines.redis"
 EDGES, HTTP = "omnirt.controller.edges", "omnirt.controller.http"
+WEBHOOKS, OBSERVABILITY = "omnirt.controller.webhooks", "omnirt.controller.observability"
 MODES = "omnirt.worker.modes"
+# The worker's inner rooms: how a pipeline runs, from a request to a call, outputs to artifacts.
+WORKER_INNER = ("omnirt.worker.runtime", "omnirt.worker.pipelines", "omnirt.worker.export")
 
 
 @dataclass(frozen=True)
@@ -227,9 +237,10 @@ RULES = (
     ),
     Rule(
         "core-alone",
-        "controller/core imports no engine, edge or http module",
+        "controller/core imports no engine, edge, http, webhooks or observability module (what it "
+        "needs of them is injected)",
         lambda m: within(m, CORE),
-        lambda imp: within(imp.name, "omnirt.controller.engines", EDGES, HTTP),
+        lambda imp: within(imp.name, "omnirt.controller.engines", EDGES, HTTP, WEBHOOKS, OBSERVABILITY),
     ),
     Rule(
         "engines-apart",
@@ -245,6 +256,13 @@ RULES = (
         lambda m: within(m, MODES),
         is_pb2,
     ),
+    Rule(
+        "worker-inner-rooms",
+        "the worker's inner rooms (runtime, pipelines, export) never import the execution modes "
+        "(worker/modes): what they need of a mode is injected",
+        lambda m: within(m, *WORKER_INNER),
+        lambda imp: within(imp.name, MODES),
+    ),
 )
 
 # Import groups that must never reach the model stack, by the first module of each.
@@ -255,15 +273,21 @@ REACH_GROUPS = {
 }
 
 
+def imported_module(imp: Import, index: dict[str, Path]) -> str:
+    """The module of ours `imp` loads (its target, or the nearest package of it we have), or ""."""
+    name = imp.target
+    while name and name not in index:
+        name = name.rpartition(".")[0]
+    return name
+
+
 def _edges(module: str, imports: list[Import], index: dict[str, Path]) -> Iterable[str]:
     """The modules of ours that importing `module` runs: its parent package and what it imports."""
     parent = module.rpartition(".")[0]
     if parent in index:
         yield parent
     for imp in imports:
-        name = imp.target
-        while name and name not in index:
-            name = name.rpartition(".")[0]
+        name = imported_module(imp, index)
         if name:
             yield name
 
@@ -296,6 +320,91 @@ def reach_violations(
     return found
 
 
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of `graph` with more than one module (Tarjan, iterative)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    for root in sorted(graph):
+        if root in order:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in order:
+                    order[child] = low[child] = len(order)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], order[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == order[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def _path(graph: dict[str, set[str]], start: str, goal: str, allowed: set[str]) -> list[str]:
+    """A shortest chain of imports from `start` to `goal` through the modules of `allowed`."""
+    came: dict[str, str] = {start: start}
+    todo = deque([start])
+    while todo:
+        node = todo.popleft()
+        if node == goal:
+            break
+        for nxt in sorted(graph[node] & allowed):
+            if nxt not in came:
+                came[nxt] = node
+                todo.append(nxt)
+    path = [goal]
+    while path[-1] != start:
+        path.append(came[path[-1]])
+    return path[::-1]
+
+
+def cycle_violations(index: dict[str, Path], imports: dict[str, list[Import]]) -> list[Violation]:
+    """Every import that closes an import cycle among our modules (generated code aside).
+
+    Each import from one module of a cycle to another is reported, with the shortest cycle it is
+    part of: each is a place where the cycle could be cut.
+    """
+    ours = {m for m in index if layer(m) != "generated"}
+    graph: dict[str, set[str]] = {m: set() for m in ours}
+    for module in ours:
+        for imp in imports[module]:
+            target = imported_module(imp, index)
+            if target in ours and target != module:
+                graph[module].add(target)
+    found = []
+    for component in _cycles(graph):
+        for module in sorted(component):
+            for imp in imports[module]:
+                target = imported_module(imp, index)
+                if target in component and target != module:
+                    cycle = " -> ".join([module, *_path(graph, target, module, component)])
+                    why = f"no import cycles (every import counts, lazy ones too): {cycle}"
+                    found.append(Violation("no-cycles", imp.path, imp.line, imp.text, why))
+    return found
+
+
 def check(repo: Path) -> list[Violation]:
     """Every violation of the dependency rules in the tree at `repo`."""
     index, imports = read_all(repo)
@@ -310,9 +419,10 @@ def check(repo: Path) -> list[Violation]:
                         found.append(Violation(rule.id, imp.path, imp.line, imp.text, rule.why))
     for rule_id, (who, start) in REACH_GROUPS.items():
         found.extend(reach_violations(rule_id, who, start, index, imports))
+    found.extend(cycle_violations(index, imports))
     return [replace(v, path=v.path.relative_to(repo)) for v in found]
 
 
 def rule_ids() -> list[str]:
     """The id of every rule `check` applies."""
-    return [rule.id for rule in RULES] + list(REACH_GROUPS)
+    return [rule.id for rule in RULES] + list(REACH_GROUPS) + ["no-cycles"]

@@ -41,7 +41,8 @@ def test_the_checker_reads_the_whole_tree() -> None:
 
 
 # A small tree that keeps every rule: the stores and edges speak protobuf, the worker imports
-# torch (reached by no controller, SDK or CLI module), the mode registry imports by name.
+# torch (reached by no controller, SDK or CLI module), the mode registry imports by name, and a
+# package's `__init__` imports its own module (Python's packaging, not a cycle).
 CLEAN = {
     "sdk/__init__.py": "from omnirt.types import Job\n",
     "sdk/types.py": "class Job:\n    pass\n",
@@ -80,7 +81,12 @@ CLEAN = {
         def create(mode):
             return importlib.import_module(MODES[mode])
         """,
-    "worker/modes/null.py": "import torch\n",
+    "worker/modes/null.py": "import torch\nfrom omnirt.worker.modes.executor import Executor\n",
+    "worker/modes/executor.py": "from omnirt.worker.failures import JobFailure\n",
+    "worker/failures.py": "from omnirt import types\n",
+    "worker/pipelines/__init__.py": "",
+    "worker/pipelines/args.py": "from omnirt.worker.failures import JobFailure\nfrom . import speech\n",
+    "worker/pipelines/speech.py": "from omnirt.worker.failures import JobFailure\n",
 }
 
 
@@ -155,7 +161,12 @@ BREAKS = {
     ),
     "core imports an engine": (
         {"controller/core/jobs.py": "from omnirt.controller.engines.memory.engine import store\n"},
-        {("core-alone", "controller/core/jobs.py", 1)},
+        {
+            ("core-alone", "controller/core/jobs.py", 1),
+            # ... and the engine imports core: a cycle as well.
+            ("no-cycles", "controller/core/jobs.py", 1),
+            ("no-cycles", "controller/engines/memory/engine.py", 1),
+        },
     ),
     "an engine (not its store) imports protobuf": (
         {"controller/engines/memory/engine.py": "from . import store\nfrom omnirt.v1.types_pb2 import Job\n"},
@@ -173,6 +184,61 @@ BREAKS = {
         {"worker/modes/null.py": "import torch\nfrom omnirt._internal.protocol.v1 import gateway_pb2\n"},
         {("modes-no-pb2", "worker/modes/null.py", 2)},
     ),
+    "the controller imports the worker's generated protocol": (
+        {"controller/edges/worker_stream.py": "from omnirt.worker.v1 import gateway_pb2\n"},
+        {("controller->sdk", "controller/edges/worker_stream.py", 1)},
+    ),
+    "core imports webhooks, and observability under TYPE_CHECKING": (
+        {
+            "controller/core/validation.py": "from omnirt.controller.webhooks.addresses import parse_url\n",
+            "controller/core/engine_client.py": """\
+                from typing import TYPE_CHECKING
+
+                if TYPE_CHECKING:
+                    from omnirt.controller.observability import metrics
+                """,
+        },
+        {
+            ("core-alone", "controller/core/validation.py", 1),
+            ("core-alone", "controller/core/engine_client.py", 4),
+        },
+    ),
+    "an inner worker room imports a mode (export in a function, relatively)": (
+        {
+            "worker/pipelines/args.py": "from omnirt.worker.modes.executor import JobFailure\n",
+            "worker/export/__init__.py": "",
+            "worker/export/outputs.py": "def export(done):\n    from ..modes import events\n",
+        },
+        {
+            ("worker-inner-rooms", "worker/pipelines/args.py", 1),
+            ("worker-inner-rooms", "worker/export/outputs.py", 2),
+        },
+    ),
+    "a cycle closed by a function-level import": (
+        {"worker/pipelines/speech.py": "def check(plan):\n    from .args import ItemPlan\n"},
+        {("no-cycles", "worker/pipelines/args.py", 2), ("no-cycles", "worker/pipelines/speech.py", 2)},
+    ),
+    "a cycle closed under TYPE_CHECKING, through a third module": (
+        {
+            "controller/core/jobs.py": "from omnirt.controller.core import router\n",
+            "controller/core/router.py": "from omnirt.controller.core.queue import Queue\n",
+            "controller/core/queue.py": """\
+                from typing import TYPE_CHECKING
+
+                if TYPE_CHECKING:
+                    from omnirt.controller.core.jobs import Job
+                """,
+        },
+        {
+            ("no-cycles", "controller/core/jobs.py", 1),
+            ("no-cycles", "controller/core/router.py", 1),
+            ("no-cycles", "controller/core/queue.py", 4),
+        },
+    ),
+    "a mode imports the registry that imports it by name": (
+        {"worker/modes/null.py": "import torch\nfrom omnirt.worker.modes.base import MODES\n"},
+        {("no-cycles", "worker/modes/base.py", 3), ("no-cycles", "worker/modes/null.py", 2)},
+    ),
 }
 
 
@@ -181,6 +247,16 @@ def test_a_broken_rule_is_reported(case: str, tmp_path: Path) -> None:
     changes, expected = BREAKS[case]
     found = check(write_tree(tmp_path, {**CLEAN, **changes}))
     assert {(v.rule, str(v.path), v.line) for v in found} == expected
+
+
+def test_a_cycle_is_named_by_its_shortest_loop(tmp_path: Path) -> None:
+    changes, _ = BREAKS["a cycle closed under TYPE_CHECKING, through a third module"]
+    found = [v for v in check(write_tree(tmp_path, {**CLEAN, **changes})) if v.rule == "no-cycles"]
+    assert str(found[0]) == (
+        "controller/core/jobs.py:1: `from omnirt.controller.core import router` breaks no-cycles: no import "
+        "cycles (every import counts, lazy ones too): omnirt.controller.core.jobs -> "
+        "omnirt.controller.core.router -> omnirt.controller.core.queue -> omnirt.controller.core.jobs"
+    )
 
 
 def test_a_violation_names_the_file_line_import_and_rule(tmp_path: Path) -> None:

@@ -14,10 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from omnirt import types as t
-from omnirt.worker.modes.events import RunRecorder
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import ItemPlan
 
@@ -25,6 +24,17 @@ R = TypeVar("R")
 
 # Per job: its artifacts, or the exception that failed its export.
 Exported = list[tuple[ItemPlan, list[t.Artifact] | Exception]]
+
+
+class StageRecorder(Protocol):
+    """Where the `export` stage's events and timings go (the run's `modes.events.RunRecorder`)."""
+
+    def stage_started(self, job_ids: list[str], name: str) -> None:
+        """Stage `name` began for `job_ids`."""
+
+    def stage_finished(self, job_ids: list[str], name: str, start: float, end: float | None = None) -> None:
+        """Stage `name` (begun at perf_counter `start`) ended at `end` (default now)."""
+
 
 _threads: ThreadPoolExecutor | None = None
 _threads_lock = threading.Lock()
@@ -61,7 +71,7 @@ def in_parallel(calls: Sequence[Callable[[], R]]) -> list[R | Exception]:
     return [_outcome(calls[0]), *(future.result() for future in futures)]
 
 
-def export_outputs(done: list[tuple[ItemPlan, list[Any]]], recorder: RunRecorder) -> Exported:
+def export_outputs(done: list[tuple[ItemPlan, list[Any]]], recorder: StageRecorder) -> Exported:
     """The artifacts of each job of `done` (its plan and its images or videos), encoded at once.
 
     Records every job's `export` stage, from the start to the end of the whole batch's export

@@ -1,8 +1,9 @@
-"""Execution modes: one module or folder per mode, and the base they share.
+"""Execution modes: one module or folder per mode, the interface they share and their registry.
 
-`base` (the `Executor` interface, cancel flags, failures, the mode registry), the modes
-(`legacy_call`, `null`, `modular/`, `subprocess/`, `persistent/`), `assignment` (the run the
-diffusers-pipeline modes share) with `schedulers` (each call's own scheduler), and the helpers
-every mode uses to report a run (`events`, `thread_events`, `report`). A new mode is a folder
-here and one line in `base._EXECUTORS`.
+`executor` (the `Executor` interface, cancel flags and stop checks; the failures are
+`omnirt.worker.failures`), `base` (the mode registry, which only the daemon imports), the modes
+(`legacy_call`, `modular/`, `subprocess/`, `persistent/`) and the null family's executor
+(`null`), `assignment` (the run the diffusers-pipeline modes share) with `schedulers` (each
+call's own scheduler), and the helpers every mode uses to report a run (`events`,
+`thread_events`, `report`). A new mode is a folder here and one line in `base._EXECUTORS`.
 """

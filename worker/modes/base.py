@@ -1,33 +1,41 @@
-"""The executor interface: one implementation per execution mode.
+"""The mode registry: `ExecutionMode` -> its executor, made by name (`create_executor`).
 
-The daemon owns the connection and hands each `Assignment` to its executor, which returns
-one `ItemOutcome` per job and reports progress through an event sink. Executors work on
-plain dataclasses (`omnirt.types`, `omnirt._internal.protocol.messages`), never on protobuf
-messages. Implementations are imported lazily by name so that importing this module stays light.
+Implementations are imported lazily by name so that importing this module stays light. The
+interface they implement (`Executor`, `CancelFlags`, ...) is `omnirt.worker.modes.executor`,
+which the modes import; only the daemon imports this module, so no mode imports its registry
+(the names the daemon takes from here are re-exported below).
+
+A model family that needs no mode of its own (`null`: no compute) has a `FamilyExecutor`; the
+workers of the modes that serve it get it in front of their mode's executor (`FamilyRouter`),
+so its models run there whatever the mode, and the modes themselves never ask for it.
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from omnirt import types as t
 from omnirt._internal.modes import EXECUTION_MODES, ExecutionMode
-from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
-from omnirt.worker.sessions.api import OpenRequest, SessionRefused, StreamingSession
+from omnirt._internal.protocol.messages import Assignment, ItemOutcome
+from omnirt.worker.failures import JobFailure, ModelInUse
+from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor, FamilyExecutor
+from omnirt.worker.sessions.api import OpenRequest, StreamingSession
 
 if TYPE_CHECKING:
     from omnirt.worker.config import WorkerConfig
 
-EventSink = Callable[[t.JobEvent], None]
-"""Receives a job's events; executors call it on the event loop's thread."""
-
-CANCELLED = "CANCELLED"
-DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+# What the daemon (and older callers) import from here.
+__all__ = [
+    "CancelFlags",
+    "EventSink",
+    "Executor",
+    "FamilyRouter",
+    "JobFailure",
+    "ModelInUse",
+    "create_executor",
+    "executor_modes",
+]
 
 # execution mode -> (module, class): a new mode is its folder here and one line below.
 _EXECUTORS: dict[ExecutionMode, tuple[str, str]] = {
@@ -36,138 +44,71 @@ _EXECUTORS: dict[ExecutionMode, tuple[str, str]] = {
     ExecutionMode.SUBPROCESS: ("omnirt.worker.modes.subprocess.executor", "SubprocessExecutor"),
     ExecutionMode.PERSISTENT_WORKER: ("omnirt.worker.modes.persistent.executor", "PersistentWorkerExecutor"),
 }
+# Families with an executor of their own -> (module, class, the modes whose workers run them).
+# The null model's catalog entry names legacy_call; a modular worker serves it too.
+_FAMILY_EXECUTORS: dict[str, tuple[str, str, frozenset[ExecutionMode]]] = {
+    "null": (
+        "omnirt.worker.modes.null",
+        "NullExecutor",
+        frozenset({ExecutionMode.LEGACY_CALL, ExecutionMode.MODULAR}),
+    ),
+}
 
 
-class JobFailure(Exception):
-    """A job (or every job of a call) cannot succeed; `error` is what the controller gets."""
+class FamilyRouter(Executor):
+    """A mode's executor with the family executors it hosts in front of it.
 
-    def __init__(self, code: str, message: str, field: str = "") -> None:
-        super().__init__(message)
-        self.error = t.JobError(code=code, message=message, field=field)
+    An assignment or a preload of a family's model goes to that family's executor; everything
+    else, and every question about the worker's models, to the mode's executor.
+    """
 
+    def __init__(self, executor: Executor, families: list[FamilyExecutor]) -> None:
+        self.executor = executor
+        self.families = families
+        self.mode = executor.mode
 
-class ModelInUse(Exception):
-    """`Executor.unload` cannot free a model now: a run or a realtime session still uses it."""
-
-
-class StopRun(Exception):
-    """Raised inside a running pipeline (from its step callback) when every job of it must stop."""
-
-
-class CancelFlags:
-    """Stop requests by job id: set on the event loop, read by pipeline threads at every step."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reasons: dict[str, str] = {}
-
-    def request(self, job_id: str, reason: str = CANCELLED) -> None:
-        """Ask `job_id` to stop with `reason` (a JobError code); the first reason wins."""
-        with self._lock:
-            self._reasons.setdefault(job_id, reason or CANCELLED)
-
-    def reason(self, job_id: str) -> str | None:
-        """Why `job_id` must stop, or None."""
-        with self._lock:
-            return self._reasons.get(job_id)
-
-    def clear(self, job_id: str) -> None:
-        """Forget `job_id` (once its result is out)."""
-        with self._lock:
-            self._reasons.pop(job_id, None)
-
-
-class StopCheck:
-    """Answers "must this job stop now?" from its cancel flag and its absolute deadline."""
-
-    def __init__(self, flags: CancelFlags, assignment: Assignment) -> None:
-        self._flags = flags
-        self._deadlines = {item.job_id: job_deadline_ms(assignment, item) for item in assignment.items}
-
-    def reason(self, job_id: str) -> str | None:
-        """CANCELLED / DEADLINE_EXCEEDED (or another code set by the daemon), or None."""
-        flagged = self._flags.reason(job_id)
-        if flagged:
-            return flagged
-        deadline = self._deadlines.get(job_id, 0)
-        if deadline and time.time() * 1000.0 >= deadline:
-            return DEADLINE_EXCEEDED
-        return None
-
-    def all_stopped(self, job_ids: list[str]) -> bool:
-        """True when every job of `job_ids` must stop (then the call is aborted)."""
-        return all(self.reason(job_id) for job_id in job_ids)
-
-
-def job_deadline_ms(assignment: Assignment, item: AssignmentItem) -> int:
-    """The earliest non-zero of the assignment's and the request's deadline (epoch ms; 0 = none)."""
-    candidates = [d for d in (assignment.deadline_ms, item.request.deadline_ms) if d > 0]
-    return min(candidates) if candidates else 0
-
-
-def stop_error(reason: str, where: str) -> t.JobError:
-    """The JobError for a job stopped for `reason` (a status code name)."""
-    if reason == CANCELLED:
-        text = "job cancelled"
-    elif reason == DEADLINE_EXCEEDED:
-        text = "deadline exceeded"
-    elif reason == "UNAVAILABLE":
-        text = "the worker stopped the job to shut down (drain timeout)"
-    else:
-        text = f"job stopped ({reason})"
-    return t.JobError(code=reason, message=f"{text} {where}".strip())
-
-
-class Executor(ABC):
-    """Runs assignments of one execution mode."""
-
-    mode: ClassVar[ExecutionMode]
+    def _for(self, spec: t.ModelSpec) -> Executor:
+        for family in self.families:
+            if family.serves(spec):
+                return family
+        return self.executor
 
     @property
-    @abstractmethod
     def backend(self) -> str:
-        """The backend really in use ("cpu", "cuda", "ascend"), known after `start()`."""
+        """The mode's backend (the family executors report it too)."""
+        return self.executor.backend
 
     async def start(self) -> None:
-        """Get ready before the worker announces itself (imports, device checks)."""
-        return None
+        """Start the mode's executor."""
+        await self.executor.start()
 
-    @abstractmethod
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
-        """Run `assignment`; return one outcome per item. Must not raise for a job's failure."""
+        """Run `assignment` on its model family's executor, else on the mode's."""
+        return await self._for(assignment.model).run(assignment, emit, flags)
 
     def loaded_models(self) -> list[str]:
-        """Catalog ids of the models held warm (for Hello and Heartbeat)."""
-        return []
+        """The mode's loaded models (a family executor holds none)."""
+        return self.executor.loaded_models()
 
     async def preload(self, spec: t.ModelSpec) -> None:
-        """Make `spec` warm before its first job (`--preload`); NotImplementedError in modes without it."""
-        raise NotImplementedError(f"the {self.mode} mode does not preload; models load on their first job")
+        """Preload `spec` on its model family's executor, else on the mode's."""
+        await self._for(spec).preload(spec)
 
     def model_memory(self) -> dict[str, int]:
-        """Bytes each loaded model takes, for the models this mode measures (Heartbeat)."""
-        return {}
+        """The mode's loaded models' bytes."""
+        return self.executor.model_memory()
 
     async def unload(self, model_id: str) -> bool:
-        """Free `model_id` now; True when it was held, False when it was not.
-
-        ModelInUse while a run or session uses it (the daemon waits for the model's jobs first);
-        NotImplementedError in modes that cannot free a model on request.
-        """
-        raise NotImplementedError(f"the {self.mode} mode does not unload models on request")
+        """Unload `model_id` from the mode's executor."""
+        return await self.executor.unload(model_id)
 
     def open_session(self, request: OpenRequest) -> StreamingSession:
-        """Open a realtime session of `request.model`, or raise SessionRefused.
-
-        Called in a thread (it may load the model). Modes without streaming models refuse.
-        """
-        raise SessionRefused(
-            "FAILED_PRECONDITION", f"the {self.mode} mode hosts no realtime sessions", "model"
-        )
+        """Open a realtime session on the mode's executor."""
+        return self.executor.open_session(request)
 
     async def close(self) -> None:
-        """Release what the executor holds."""
-        return None
+        """Close the mode's executor."""
+        await self.executor.close()
 
 
 def executor_modes() -> list[str]:
@@ -175,12 +116,22 @@ def executor_modes() -> list[str]:
     return sorted(mode.value for mode in _EXECUTORS)
 
 
+def _class(module_name: str, class_name: str) -> type:
+    cls: type = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
 def create_executor(config: WorkerConfig) -> Executor:
-    """The executor for `config.mode` (its module is imported here, not before)."""
-    registered = _EXECUTORS.get(ExecutionMode(config.mode)) if config.mode in EXECUTION_MODES else None
-    if registered is None:
+    """The executor for `config.mode`, with the family executors its mode hosts in front of it.
+
+    The modules are imported here, not before.
+    """
+    mode = ExecutionMode(config.mode) if config.mode in EXECUTION_MODES else None
+    registered = _EXECUTORS.get(mode) if mode is not None else None
+    if mode is None or registered is None:
         raise ValueError(f"unknown execution mode {config.mode!r}; known: {', '.join(executor_modes())}")
-    module_name, class_name = registered
-    cls = getattr(importlib.import_module(module_name), class_name)
-    executor: Executor = cls(config)
-    return executor
+    executor: Executor = _class(*registered)(config)
+    hosted = [(module, name) for module, name, modes in _FAMILY_EXECUTORS.values() if mode in modes]
+    if not hosted:
+        return executor
+    return FamilyRouter(executor, [_class(module, name)(config, executor) for module, name in hosted])

@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker.modes.base import EventSink, StopCheck, StopRun
+from omnirt.worker.failures import StopRun
+from omnirt.worker.modes.executor import EventSink, StopCheck
 from omnirt.worker.pipelines.previews import PreviewMaker
 
 
@@ -34,8 +35,9 @@ class RunRecorder:
         """Milliseconds from the run's start to `at` (a perf_counter value)."""
         return (at - self.started) * 1000.0
 
-    def _event(self, job_id: str, kind: t.EventKind, **fields: object) -> None:
-        self._emit(t.JobEvent(job_id=job_id, kind=kind, time=datetime.now(UTC), **fields))  # type: ignore[arg-type]
+    def _event(self, job_id: str, kind: t.EventKind, **fields: Any) -> None:
+        """One event of `job_id`: `fields` are the `JobEvent` fields of its kind."""
+        self._emit(t.JobEvent(job_id=job_id, kind=kind, time=datetime.now(UTC), **fields))
 
     def running(self, job_id: str, worker_id: str, attempt: int) -> None:
         """The job started on this worker."""

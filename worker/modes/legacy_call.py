@@ -12,8 +12,8 @@ call's start (text encoding included) to the last step callback; `decode` from t
 callback to the call's return (the pipeline decodes internally); `export` is the encoding of
 the call's outputs (`output_export`: a batch's encode at once, and its jobs' results leave together).
 
-Models of the `null` family (no compute, for control-plane tests and benchmarks) are run by
-`omnirt.worker.modes.null` instead, on the event loop, without the model cache.
+Models of the `null` family (no compute, for control-plane tests and benchmarks) never reach
+this executor: the registry puts `omnirt.worker.modes.null`'s executor in front of it.
 """
 
 from __future__ import annotations
@@ -29,19 +29,11 @@ from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
-from omnirt.worker.modes import null as null_model
+from omnirt.worker.failures import JobFailure, ModelInUse, StopRun, stop_error
 from omnirt.worker.modes import step_hook
 from omnirt.worker.modes.assignment import AssignmentRun
-from omnirt.worker.modes.base import (
-    CancelFlags,
-    EventSink,
-    Executor,
-    JobFailure,
-    ModelInUse,
-    StopRun,
-    stop_error,
-)
 from omnirt.worker.modes.events import StepMonitor, first_outputs
+from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
@@ -141,8 +133,6 @@ class LegacyCallExecutor(Executor):
 
     async def preload(self, spec: t.ModelSpec) -> None:
         """Load `spec` into the model cache now (`--preload`), so its first job finds it warm."""
-        if null_model.is_null_model(spec):
-            return
 
         def load() -> None:
             placement = backends.placement_for(self.start_sync(), spec.runtime)
@@ -167,20 +157,11 @@ class LegacyCallExecutor(Executor):
         return dropped
 
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
-        if null_model.is_null_model(assignment.model):
-            # No compute, so no thread: it runs on the loop and never reaches the model cache.
-            return await null_model.run_null(
-                assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend
-            )
         events = ThreadEvents(asyncio.get_running_loop(), emit, self.config.progress_interval_ms / 1000)
         return await events.run(self.run_sync, assignment, events, flags)
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         """`run` without the event loop: blocks; `emit` is called from this thread."""
-        if null_model.is_null_model(assignment.model):
-            return null_model.run_null_sync(
-                assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend
-            )
         return LegacyCallRun(self, assignment, emit, flags).execute()
 
 

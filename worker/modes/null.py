@@ -11,6 +11,10 @@ sleeps that long, which makes cancel and deadline tests easy. Cancellation and d
 checked before the run and after every step, with the same JobError codes and messages as the
 pipeline. Jobs of a batched assignment run side by side, step by step; one job that stops does
 not stop the others.
+
+`NullExecutor` runs them in the workers of the modes the registry (`base`) names for the
+family (legacy_call and modular), on the event loop, without the model cache; its reports name
+`legacy_call`, the catalog entry's mode, in a modular worker too.
 """
 
 from __future__ import annotations
@@ -27,15 +31,16 @@ from omnirt._internal import defaults
 from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.export import image as export
-from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopCheck, stop_error
+from omnirt.worker.failures import JobFailure, stop_error
 from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.executor import CancelFlags, EventSink, FamilyExecutor, StopCheck
 from omnirt.worker.modes.report import run_report
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, resolved_config
 from omnirt.worker.runtime import backends
 from omnirt.worker.runtime.memory import current_rss_bytes
+from omnirt.worker.tiny import registry as tiny_models
 
 NULL_FAMILY = "null"
-NULL_SOURCE = "builtin:null"
 PIPELINE_CLASS = "NullPipeline"
 MODE = ExecutionMode.LEGACY_CALL  # what its reports name, in a modular worker too
 IMAGE_SIZE = 8
@@ -49,7 +54,7 @@ _rss: tuple[float, int] = (-RSS_REFRESH_S, 0)  # (monotonic time read, bytes)
 
 def is_null_model(spec: t.ModelSpec) -> bool:
     """True for a model the null pipeline runs (family `null` or source `builtin:null`)."""
-    return spec.family == NULL_FAMILY or spec.source == NULL_SOURCE
+    return spec.family == NULL_FAMILY or tiny_models.builtin_name(spec.source) == tiny_models.NULL_MODEL
 
 
 def seed_colour(seed: int) -> tuple[int, int, int]:
@@ -301,3 +306,25 @@ def run_null_sync(
             time.sleep(delay)
         run.step(step)
     return run.finish()
+
+
+class NullExecutor(FamilyExecutor):
+    """The null family's executor, in front of a legacy_call or modular worker's own."""
+
+    mode = MODE
+
+    @staticmethod
+    def serves(spec: t.ModelSpec) -> bool:
+        return is_null_model(spec)
+
+    async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        # No compute, so no thread: it runs on the loop and never reaches the model cache.
+        return await run_null(assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend)
+
+    def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
+        """`run` without the event loop: blocks; `emit` is called from this thread."""
+        return run_null_sync(assignment, emit, flags, worker_id=self.config.worker_id, backend=self.backend)
+
+    async def preload(self, spec: t.ModelSpec) -> None:
+        """Nothing to load."""
+        return None

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from omnirt import types as t
-from omnirt.worker.modes.base import EventSink
+from omnirt.worker.modes.executor import EventSink
 
 INTERVAL_S = 0.25
 

@@ -23,7 +23,7 @@ from omnirt._internal.limits import ECHO_CHARS
 from omnirt._internal.protocol.messages import AssignmentItem
 from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.worker.export import video as video_export
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.pipelines import media_inputs, speech
 from omnirt.worker.pipelines import tasks as task_pipelines
 
@@ -403,10 +403,10 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
     diffusion-forcing window needs `overlap_history`, a media input the pipeline requires must be
     there (JobFailure naming `inputs`), and an argument whose default is a number
     must get a number (or a list of them, when its annotation takes one). JobFailure naming
-    `extra.KEY`. A transformers TTS model refuses its own fields first (`speech.check_plan`).
+    `extra.KEY`. A transformers TTS model refuses its own fields first (`speech.check_request`).
     """
     if isinstance(pipeline, speech.SpeechPipeline):
-        speech.check_plan(pipeline, plan)
+        speech.check_request(pipeline, plan.item.request.prompt, plan.common, plan.specific, plan.scheduler)
     extra = {k: plan.specific[k] for k in plan.item.request.extra if k in plan.specific}
     if "clip_skip" in extra:
         _check_clip_skip(pipeline, extra["clip_skip"])

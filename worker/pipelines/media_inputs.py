@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlparse
 
 from omnirt import types as t
 from omnirt.worker.config import DEFAULT_INPUT_MAX_BYTES, WorkerConfig
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 
 log = logging.getLogger(__name__)
 

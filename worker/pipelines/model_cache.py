@@ -1,16 +1,12 @@
 """`ModelCache`: loaded pipelines, kept warm between requests.
 
 Entries are keyed by (source, pipeline class, device, dtype, device map, load-time runtime
-options: compile, offload, layerwise casting, quantization): a second request for the same
-key reuses the pipeline (no load, `cold_start` false). Loads of one key are serialized, so
-two concurrent first requests load once; loads of different keys also run one after another,
-under the process-wide `LOAD_LOCK` (below: building modules is not thread-safe). A load whose
-modules come out with tensors on the meta device fails (ModelLoadError) and is not cached.
-
-Every source goes through the same loading code: `builtin:NAME` is first built into
-`model_dir/NAME` (see `tiny_models`) and then loaded from that path like any local model or
-hub id with `from_pretrained`. A transformers TTS model (`pipeline_class = "VitsModel"`) is loaded
-by `omnirt.worker.pipelines.speech` instead, under the same lock, into a pipeline-like wrapper.
+options: compile, offload, layerwise casting, quantization; `loader.CacheKey`): a second
+request for the same key reuses the pipeline (no load, `cold_start` false). Loads of one key
+are serialized, so two concurrent first requests load once; loads of different keys also run
+one after another, under the process-wide `loader.LOAD_LOCK` (building modules is not
+thread-safe). How one pipeline is loaded from its source (builtin, local folder or hub id) is
+`loader.PipelineLoader`'s; a load that fails (ModelLoadError) is not cached.
 
 Memory budget (`budget_bytes`, 0 = unlimited): a pipeline's size is the bytes of its modules'
 parameters and buffers. Before a load the cache frees room for the new model (its size from
@@ -36,9 +32,7 @@ adapters code an `EntryMemory` that measures the entry again and evicts idle ent
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -48,59 +42,18 @@ from types import SimpleNamespace
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker.pipelines.shared_components import SharedComponents, SharePlan
-from omnirt.worker.redact import redact_paths
-from omnirt.worker.runtime import backends, quantization
+from omnirt.worker.pipelines.loader import CacheKey, ModelLoadError, PipelineLoader, cache_key
 from omnirt.worker.runtime import options as runtime_options
 from omnirt.worker.runtime.backends import Placement
 from omnirt.worker.tiny import registry as tiny_models
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PIPELINE_CLASS = "DiffusionPipeline"
-
-
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
-
-# Building torch modules is not thread-safe while a model loads: diffusers' `low_cpu_mem_usage`
-# path (accelerate's `init_empty_weights`) replaces `torch.nn.Module.register_parameter` for the
-# whole process, and `no_init_weights` the `torch.nn.init` functions, for as long as a model is
-# built. A second thread building modules meanwhile (another model's load, a LoRA adapter's
-# layers, a builtin model's builder) got meta tensors ("Cannot copy out of meta tensor", models
-# smaller than they should be), and two overlapping patches can restore each other's wrapper, which
-# leaves the process patched for good. So every module build of this process holds this one lock:
-# loads of different models run one after another. The cost: cold loads no longer overlap, two
-# at once take the sum of their times (tiny-sd 66 ms + tiny-wan 40 ms alone; both from two
-# threads at once 109 ms, where a perfect overlap on 2 cores could at best have been 66 ms; a hub
-# id's first download runs under it too). Pipeline calls never take it.
-LOAD_LOCK = threading.Lock()
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded; the message names the model, its source and the reason."""
-
-    def __init__(self, model_id: str, source: str, reason: str) -> None:
-        super().__init__(f"cannot load model {model_id!r} from {source!r}: {reason}")
-        self.model_id = model_id
-        self.source = source
-        self.reason = reason
 
 
 class ModelTooLargeError(ModelLoadError):
     """The model alone is bigger than the whole model cache budget."""
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    """What makes two loads the same."""
-
-    source: str
-    pipeline_class: str
-    device: str
-    dtype: str
-    device_map: str = ""
-    # Load-time runtime options (`runtime_options.LoadOptions.key()`).
-    options: str = ""
 
 
 @dataclass
@@ -130,34 +83,6 @@ class CachedPipeline:
     warnings: tuple[str, ...] = ()
     # Components this load took from other loaded models (`shared_components`).
     shared: tuple[str, ...] = ()
-
-
-def cache_key(spec: t.ModelSpec, placement: Placement) -> CacheKey:
-    """The cache key of `spec` placed on `placement`."""
-    return CacheKey(
-        source=spec.source or spec.id,
-        pipeline_class=spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
-        device=placement.device,
-        dtype=placement.dtype,
-        device_map=placement.device_map,
-        options=_options_key(spec),
-    )
-
-
-def _options_key(spec: t.ModelSpec) -> str:
-    try:
-        return runtime_options.load_options(spec.runtime).key()
-    except backends.BackendError:
-        return "invalid"  # refused again, with the reason, by the load
-
-
-def _dtype_argument() -> str:
-    """`dtype` on diffusers that renamed it (0.42+, where `torch_dtype` warns), else `torch_dtype`."""
-    try:
-        from diffusers.utils import deprecation_utils
-    except ImportError:
-        return "torch_dtype"
-    return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
 
 
 def tensor_bytes(tensor: Any) -> int:
@@ -213,23 +138,6 @@ def cache_warnings(cached: CachedPipeline) -> list[str]:
     return warnings
 
 
-def meta_components(pipeline: Any) -> list[str]:
-    """Names of `pipeline`'s torch modules with a parameter or buffer on the meta device (no data)."""
-    import torch
-
-    return [
-        name
-        for name, component in getattr(pipeline, "components", {}).items()
-        if isinstance(component, torch.nn.Module)
-        and any(x.device.type == "meta" for x in (*component.parameters(), *component.buffers()))
-    ]
-
-
-def _short_reason(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 600 else text[:597] + "..."
-
-
 class ModelCache:
     """Pipelines loaded by this worker, by `CacheKey` (thread-safe; loads run in worker threads)."""
 
@@ -243,7 +151,7 @@ class ModelCache:
         self._load_locks: dict[CacheKey, threading.Lock] = {}
         # Real sizes of models loaded before (evicted ones too): better than a disk estimate.
         self._known_bytes: dict[CacheKey, int] = {}
-        self._shared = SharedComponents()
+        self._loader = PipelineLoader(self.model_dir)
 
     def get(
         self, spec: t.ModelSpec, placement: Placement, on_load_start: Callable[[], None] | None = None
@@ -269,7 +177,7 @@ class ModelCache:
             estimate, exact = self._estimate(key)
             reused = self._reusable_bytes(spec, key)
             evicted = self._make_room(spec, key, estimate, refuse=exact, reused=reused)
-            pipeline, plan = self._load(spec, key, placement)
+            pipeline, plan = self._loader.load(spec, key, placement)
             load_ms = (time.perf_counter() - started) * 1000.0
             tensors = pipeline_tensors(pipeline)
             nbytes = sum(tensors.values())
@@ -314,8 +222,7 @@ class ModelCache:
         known = self._known_bytes.get(key)
         if known is not None:
             return known, True
-        name = tiny_models.builtin_name(key.source)
-        location = str(self.model_dir / name) if name else os.path.expanduser(key.source)
+        location = tiny_models.source_location(key.source, self.model_dir)
         # Files may hold another dtype than the one loaded: an estimate only, capped at the budget.
         return min(weight_file_bytes(location), self.budget_bytes), False
 
@@ -355,9 +262,8 @@ class ModelCache:
             import diffusers
 
             cls = getattr(diffusers, key.pipeline_class)
-            name = tiny_models.builtin_name(key.source)
-            location = str(self.model_dir / name) if name else os.path.expanduser(key.source)
-            plan = self._share_plan(location, cls, key, runtime_options.load_options(spec.runtime))
+            location = tiny_models.source_location(key.source, self.model_dir)
+            plan = self._loader.share_plan(location, cls, key, runtime_options.load_options(spec.runtime))
         except Exception:  # an estimate only: the load reports what is wrong
             return 0
         return pipeline_bytes(SimpleNamespace(components=plan.modules))
@@ -420,80 +326,6 @@ class ModelCache:
             entry.last_used = time.monotonic()
             entry.in_use += 1
             return CachedPipeline(entry.pipeline, key, cold=False, load_ms=0.0)
-
-    def _load(self, spec: t.ModelSpec, key: CacheKey, placement: Placement) -> tuple[Any, SharePlan]:
-        location = key.source
-        try:
-            import diffusers
-            from diffusers.utils import logging as diffusers_logging
-
-            from omnirt.worker.pipelines import qwen_vl_processor, speech
-
-            diffusers_logging.disable_progress_bar()
-            if speech.is_speech_class(key.pipeline_class):  # a transformers TTS model (VITS)
-                with LOAD_LOCK:
-                    location = self._resolve_source(key.source)
-                    options = runtime_options.load_options(spec.runtime)
-                    return speech.load(location, key.pipeline_class, placement, options), SharePlan()
-            cls = getattr(diffusers, key.pipeline_class, None)
-            if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
-                raise ModelLoadError(spec.id, key.source, f"unknown pipeline class {key.pipeline_class!r}")
-            kwargs: dict[str, Any] = {_dtype_argument(): placement.torch_dtype()}
-            if importlib.util.find_spec("accelerate") is None:
-                # Without accelerate diffusers falls back to this anyway, with a warning per load.
-                kwargs["low_cpu_mem_usage"] = False
-            if placement.device_map:  # spread over several devices by diffusers; no `.to()` then
-                kwargs["device_map"] = placement.device_map
-                limits = backends.max_memory(placement)
-                if limits:
-                    kwargs["max_memory"] = limits
-            options = runtime_options.load_options(spec.runtime)
-            if options.quantization:
-                quantization.quiet_import_logs()
-            with LOAD_LOCK:
-                location = self._resolve_source(key.source)
-                kwargs.update(runtime_options.load_kwargs(options, location))
-                kwargs.update(qwen_vl_processor.processor_kwargs(cls, location))  # without torchvision
-                plan = self._share_plan(location, cls, key, options)
-                reused = {name: module for name, module in plan.modules.items() if name not in kwargs}
-                pipeline = cls.from_pretrained(location, **kwargs, **reused)
-            # Before `apply`: sequential CPU offload moves weights to the meta device on purpose.
-            on_meta = meta_components(pipeline)
-            if on_meta:
-                names = ", ".join(on_meta)
-                raise ModelLoadError(spec.id, key.source, f"component(s) {names} came out on the meta device")
-            runtime_options.apply(pipeline, options, placement)  # places it too
-            pipeline.set_progress_bar_config(disable=True)
-            with LOAD_LOCK:
-                self._shared.register(plan, pipeline, spec.id)
-            return pipeline, plan
-        except ModelLoadError:
-            raise
-        except Exception as exc:
-            # The client sees the reason without the worker's folders; the log keeps them.
-            log.warning("loading model %s from %s (%s) failed: %s", spec.id, key.source, location, exc)
-            known = {location: key.source, str(self.model_dir): "MODEL_DIR"}
-            reason = redact_paths(_short_reason(exc), known, keep=[key.source])
-            raise ModelLoadError(spec.id, key.source, reason) from exc
-
-    def _share_plan(
-        self, location: str, cls: type, key: CacheKey, options: runtime_options.LoadOptions
-    ) -> SharePlan:
-        """What this load can take from loaded models; nothing with offload or a device map."""
-        if key.device_map or options.cpu_offload:
-            return SharePlan()  # accelerate's hooks and the placement belong to one pipeline
-        root = location if os.path.isdir(location) else _cached_snapshot(location)
-        if root is None:
-            return SharePlan()
-        context = f"{key.device}|{key.dtype}|{key.options}"
-        return self._shared.plan(root, cls, context)
-
-    def _resolve_source(self, source: str) -> str:
-        name = tiny_models.builtin_name(source)
-        if name is not None:
-            return str(tiny_models.ensure_builtin(name, self.model_dir))
-        expanded = os.path.expanduser(source)
-        return expanded if os.path.exists(expanded) else source
 
     def loaded_models(self) -> list[str]:
         """Catalog ids of the models held (sorted)."""

@@ -48,12 +48,27 @@ class ImageQwen2VLProcessor(Qwen2VLProcessor):
         ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
     @classmethod
-    def from_pretrained(  # type: ignore[override]
-        cls, pretrained_model_name_or_path: str | os.PathLike[str], **kwargs: Any
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike[Any],
+        cache_dir: str | os.PathLike[Any] | None = None,
+        force_download: bool = False,
+        local_files_only: bool = False,
+        token: str | bool | None = None,
+        revision: str = "main",
+        **kwargs: Any,
     ) -> ImageQwen2VLProcessor:
         """Load a saved `Qwen2VLProcessor` folder (local or hub, `subfolder` too) without its video
         processor: the PIL image processor from `preprocessor_config.json`, the tokenizer, and the
-        processor's own settings (chat template)."""
+        processor's own settings (chat template). The hub arguments (`ProcessorMixin`'s own, with its
+        defaults) go to each of the three loads."""
+        kwargs.update(
+            cache_dir=cache_dir,
+            force_download=force_download,
+            local_files_only=local_files_only,
+            token=token,
+            revision=revision,
+        )
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(pretrained_model_name_or_path, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(pretrained_model_name_or_path, **kwargs)
         processor_dict, instantiation_kwargs = cls.get_processor_dict(pretrained_model_name_or_path, **kwargs)

@@ -20,7 +20,7 @@ be a new shape to compile). Call options: a step cache is refused by `step_cache
 denoiser), VAE slicing and tiling are ignored with a warning (no VAE).
 
 Request fields that have no meaning without diffusion are refused before the call
-(`check_plan`, INVALID_ARGUMENT naming the field): num_inference_steps, width, height,
+(`check_request`, INVALID_ARGUMENT naming the field): num_inference_steps, width, height,
 scheduler; guidance_scale, negative_prompt and duration_ms are refused by the generic argument
 checks, as the call takes none of them. A prompt must hold at least one character the
 tokenizer reads and at most `MAX_PROMPT_CHARS`.
@@ -47,11 +47,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from omnirt._internal.limits import ECHO_CHARS
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.runtime.backends import Placement
 
 if TYPE_CHECKING:
-    from omnirt.worker.pipelines.args import ItemPlan
     from omnirt.worker.runtime.options import LoadOptions
 
 # Catalog `pipeline_class` names served by this module (transformers classes).
@@ -247,24 +246,30 @@ def _echo(value: Any) -> str:
     return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
 
 
-def check_plan(pipeline: SpeechPipeline, plan: ItemPlan) -> None:
-    """Refuse, before the call, what a TTS model cannot do (JobFailure naming the field)."""
+def check_request(
+    pipeline: SpeechPipeline,
+    prompt: str,
+    common: Mapping[str, Any],
+    specific: Mapping[str, Any],
+    scheduler: str,
+) -> None:
+    """Refuse, before the call, what a TTS model cannot do (JobFailure naming the field): a job's
+    prompt, its common arguments, its model-specific ones and its scheduler, as planned."""
     for name in DIFFUSION_FIELDS:
-        if plan.common.get(name) is not None:
+        if common.get(name) is not None:
             raise _bad(name, "this text-to-speech model runs no diffusion; leave it unset")
-    if plan.scheduler:
+    if scheduler:
         raise _bad("scheduler", "this text-to-speech model runs no denoising loop; leave it unset")
-    prompt = plan.item.request.prompt
     if len(prompt) > pipeline.max_prompt_chars:
         reason = f"at most {pipeline.max_prompt_chars} characters for this model (got {len(prompt)})"
         raise _bad("prompt", reason)
     if not pipeline.text_ids(prompt):
         raise _bad("prompt", "holds no character this model's tokenizer reads (letters, for MMS-TTS)")
-    speed = plan.specific.get("speed")
+    speed = specific.get("speed")
     if speed is not None and not (_number(speed) and MIN_SPEED <= speed <= MAX_SPEED):
         raise _bad("extra.speed", f"a number from {MIN_SPEED:g} to {MAX_SPEED:g} (got {_echo(speed)})")
     for name in NOISE_EXTRAS:
-        value = plan.specific.get(name)
+        value = specific.get(name)
         if value is not None and not (_number(value) and 0 <= value <= MAX_NOISE_SCALE):
             raise _bad(f"extra.{name}", f"a number from 0 to {MAX_NOISE_SCALE:g} (got {_echo(value)})")
 

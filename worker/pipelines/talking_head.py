@@ -99,10 +99,14 @@ class _Block(nn.Module):
         return frames.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)
 
 
-class TalkingHeadDenoiser(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffusers' own models too
+class TalkingHeadDenoiser(ModelMixin, ConfigMixin):
     """Predicts the flow-matching velocity of a clip's latents [B, C, T, h, w] from the reference
     latent (its channels beside every frame), a mask of the clean motion frames and one audio
     feature per new frame (each frame hears `audio_window` frames around it, as InfiniteTalk)."""
+
+    # ModelMixin's own value, restated (the one the MRO gives): ConfigMixin's is None, and the
+    # two bases' types (str, None) cannot merge, in diffusers' own models too.
+    config_name: Any = ModelMixin.config_name
 
     @register_to_config
     def __init__(

@@ -28,7 +28,7 @@ from omnirt._internal import families
 from omnirt.worker.export import audio as audio_export
 from omnirt.worker.export import image as export
 from omnirt.worker.export import video as video_export
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 
 VIDEO_TASKS = frozenset({t.Task.TEXT2VIDEO, t.Task.IMAGE2VIDEO, t.Task.AUDIO2VIDEO})
 AUDIO_TASKS = frozenset({t.Task.TEXT2AUDIO})

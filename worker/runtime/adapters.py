@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 from omnirt import types as t
 from omnirt._internal.limits import ECHO_CHARS, MAX_ADAPTER_NAME_CHARS, MAX_ADAPTER_SCALE, MAX_FILE_NAME_BYTES
-from omnirt.worker.modes.base import JobFailure
-from omnirt.worker.pipelines.model_cache import LOAD_LOCK
+from omnirt.worker.failures import JobFailure
+from omnirt.worker.pipelines.loader import LOAD_LOCK
 from omnirt.worker.redact import redact_paths
 
 log = logging.getLogger(__name__)

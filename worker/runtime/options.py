@@ -31,7 +31,7 @@ from typing import Any
 
 from omnirt._internal import runtime_schema
 from omnirt._internal.runtime_schema import RuntimeOptionError
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.runtime import quantization
 from omnirt.worker.runtime.backends import BackendError, Placement
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omnirt.worker.modes.base import JobFailure, StopRun
+from omnirt.worker.failures import JobFailure, StopRun
 from omnirt.worker.runtime.options import Effective, denoiser, denoisers
 
 NAME = "step_cache"

@@ -47,7 +47,7 @@ from omnirt import types as t
 from omnirt._internal.protocol.messages import SessionOffer, SessionSettings
 from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.worker.log import job_context
-from omnirt.worker.modes.base import Executor
+from omnirt.worker.modes.executor import Executor
 from omnirt.worker.modes.report import trace_id
 from omnirt.worker.redact import public_error
 from omnirt.worker.sessions import media, wire
@@ -59,15 +59,13 @@ from omnirt.worker.sessions.api import (
     SpeaksText,
     StreamingSession,
 )
+from omnirt.worker.sessions.checks import MAX_BUFFERED_CHUNKS, check_audio, check_geometry, check_settings
 from omnirt.worker.sessions.stats import SessionStats
 
 log = logging.getLogger(__name__)
 
-# grpc-stubs do not know grpc.aio.EOF, the sentinel read() returns at the end of a stream.
-STREAM_END: Any = grpc.aio.EOF  # type: ignore[attr-defined]
-# The input a session holds, in chunks of the model (max_buffered_samples = this * chunk_samples);
-# one AudioChunk may carry at most as much.
-MAX_BUFFERED_CHUNKS = 4
+# The sentinel read() returns at the end of a stream, looked up by name: grpc-stubs lack it.
+STREAM_END: Any = vars(grpc.aio)["EOF"]
 # Inputs that may wait behind a text being spoken (each text at most 4096 characters).
 MAX_QUEUED_INPUTS = 16
 # After the end: time for a push in flight and the last writes, then for the controller to close.
@@ -75,42 +73,6 @@ STOP_GRACE_S = 10.0
 CLOSE_WAIT_S = 5.0
 # What a read or write raises once the call is over (failed, cancelled, or ended by the peer).
 STREAM_ERRORS = (asyncio.InvalidStateError, grpc.aio.AioRpcError)
-
-
-def check_settings(settings: SessionSettings) -> t.JobError | None:
-    """What of the SessionOpen this worker cannot serve, before the model is opened."""
-    if settings.audio_format not in ("", wire.AUDIO_FORMAT):
-        return _invalid(
-            "audio_format", f"{settings.audio_format!r} is not served; send {wire.AUDIO_FORMAT!r}"
-        )
-    served = media.video_encodings()
-    if settings.video_encoding not in ("", *served):
-        return _invalid(
-            "video_encoding",
-            f"{settings.video_encoding!r} is not served; this worker serves {', '.join(served)}",
-        )
-    if settings.reference_uri:
-        return _invalid("inputs", "the reference image must come inline (bytes), not by URI")
-    return None
-
-
-def check_geometry(settings: SessionSettings, geometry: Geometry) -> t.JobError | None:
-    """A requested size, rate or sample rate other than the model's (0 = the model's): the
-    models served here cannot resize or resample."""
-    asked = (
-        ("width", settings.width, geometry.width),
-        ("height", settings.height, geometry.height),
-        ("fps", settings.fps, geometry.fps),
-        ("sample_rate", settings.sample_rate, geometry.sample_rate),
-    )
-    for name, value, model in asked:
-        if value and value != model:
-            return _invalid(name, f"{value:g} is not the model's {model:g} (leave it 0 for the model's)")
-    return None
-
-
-def _invalid(field: str, message: str) -> t.JobError:
-    return t.JobError("INVALID_ARGUMENT", f"{field}: {message}", field)
 
 
 class SessionHost:
@@ -200,7 +162,7 @@ class SessionHost:
     # ---- open ----------------------------------------------------------------------------
 
     async def _open(self) -> t.JobError | None:
-        settings = self.offer.settings
+        settings: SessionSettings = self.offer.settings
         problem = check_settings(settings)
         if problem is not None:
             return problem
@@ -401,27 +363,15 @@ class SessionHost:
 
     def _take_audio(self, audio: wire.AudioIn, at: float) -> t.JobError | None:
         assert self._geometry is not None and self._stats is not None
-        if not self._geometry.takes_audio:
-            return t.JobError(
-                "FAILED_PRECONDITION",
-                f"audio: model {self.offer.model.id!r} is driven by text (send `text`), not audio",
-                "audio",
-            )
-        if self._input_closed:
-            return t.JobError("FAILED_PRECONDITION", "audio after end: the input is closed", "audio")
-        expected = self._stats.chunks_in + 1
-        if audio.sequence and audio.sequence != expected:
-            return _invalid("audio.sequence", f"got {audio.sequence}, expected {expected} (or 0)")
-        if len(audio.data) % 2:
-            return _invalid(
-                "audio.data", f"{len(audio.data)} bytes is not whole 16-bit samples ({wire.AUDIO_FORMAT})"
-            )
-        if len(audio.data) > 2 * self.max_buffered_samples:
-            return _invalid(
-                "audio.data",
-                f"{len(audio.data) // 2} samples in one message; at most {self.max_buffered_samples} "
-                f"({MAX_BUFFERED_CHUNKS} chunks of {self._geometry.chunk_samples})",
-            )
+        problem = check_audio(
+            audio,
+            self._geometry,
+            model_id=self.offer.model.id,
+            expected=self._stats.chunks_in + 1,
+            closed=self._input_closed,
+        )
+        if problem is not None:
+            return problem
         self._stats.audio_received(len(audio.data) // 2, at)
         if self._behind_speech():
             self._queue(audio, at)
@@ -608,7 +558,6 @@ class SessionHost:
 
 
 def _stream_error(exc: BaseException) -> str:
-    code = getattr(exc, "code", None)
-    if callable(code):
-        return f"{code().name} {exc.details()}"  # type: ignore[attr-defined]
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name} {exc.details()}"
     return f"{type(exc).__name__}: {exc}"

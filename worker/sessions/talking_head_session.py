@@ -186,17 +186,14 @@ class ResidentTalkingHeads:
             return found
 
     def _load(self, spec: t.ModelSpec, placement: Placement) -> TalkingHeadPipeline:
-        from omnirt.worker.pipelines.model_cache import LOAD_LOCK
+        from omnirt.worker.pipelines.loader import LOAD_LOCK
         from omnirt.worker.pipelines.talking_head import TalkingHeadPipeline
 
         source = spec.source or spec.id
         started = time.perf_counter()
         try:
             with LOAD_LOCK:
-                name = tiny_models.builtin_name(source)
-                folder = (
-                    tiny_models.ensure_builtin(name, self.model_dir) if name else os.path.expanduser(source)
-                )
+                folder = tiny_models.resolve_source(source, self.model_dir)
                 if not os.path.isdir(folder):
                     raise ValueError(f"{source!r} is not a builtin:NAME or a local model folder")
                 pipeline = TalkingHeadPipeline.from_pretrained(

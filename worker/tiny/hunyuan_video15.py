@@ -90,7 +90,7 @@ def qwen_tokenizer() -> Any:
             piece += char
     return Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,  # type: ignore[arg-type]  # the BPE model takes (left, right) pairs
+        merges=tokenizers.bpe_merges(merges),
         chat_template=_QWEN_CHAT_TEMPLATE,
         extra_special_tokens=list(tokenizers.QWEN2_SPECIALS[1:]),
     )

@@ -11,12 +11,18 @@ Builders are registered by name in `BUILDERS`, one module per family (`sd`, `sdx
 `tokenizers` makes their offline tokenizers.
 A build goes into a temporary folder beside the target and is renamed into place, under a
 file lock, so workers sharing a model dir never see (or make) a half-written model.
+
+This module is the one place that reads a `builtin:` source: `builtin_name` parses it,
+`source_location` and `resolve_source` say where any source's files are (a builtin model under
+the model dir, a local folder, or a hub id as given). `builtin:null` is built by nobody: it
+names the null family's model, which has no weights (`omnirt.worker.modes.null`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -54,6 +60,7 @@ from omnirt.worker.tiny import (
 )
 
 BUILTIN_PREFIX = "builtin:"
+NULL_MODEL = "null"  # `builtin:null`: the null family's model, nothing to build
 # Written last into a built model; records which builder version made it.
 MARKER = "omnirt_builtin.json"
 
@@ -226,6 +233,25 @@ def builtin_names() -> list[str]:
 def builtin_name(source: str) -> str | None:
     """`NAME` for a `builtin:NAME` source, None for anything else."""
     return source[len(BUILTIN_PREFIX) :] if source.startswith(BUILTIN_PREFIX) else None
+
+
+def source_location(source: str, model_dir: str | Path) -> str:
+    """Where `source`'s files are, without building anything: MODEL_DIR/NAME for `builtin:NAME`
+    (there or not yet), a local folder with `~` expanded, else `source` as given (a hub id)."""
+    name = builtin_name(source)
+    if name is not None:
+        return str(Path(model_dir) / name)
+    expanded = os.path.expanduser(source)
+    return expanded if os.path.exists(expanded) else source
+
+
+def resolve_source(source: str, model_dir: str | Path) -> str:
+    """`source_location`, with a builtin model built first when missing or outdated
+    (BuiltinModelError when there is no such builtin model or its build fails)."""
+    name = builtin_name(source)
+    if name is not None:
+        return str(ensure_builtin(name, model_dir))
+    return source_location(source, model_dir)
 
 
 def _built_version(path: Path) -> int | None:

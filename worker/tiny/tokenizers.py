@@ -102,6 +102,12 @@ def gemma_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
+def bpe_merges(merges: list[tuple[str, str]]) -> Any:
+    """`merges` as transformers' BPE tokenizers take them: (left, right) pairs, as their BPE model
+    reads them, though their annotation names only strings (hence `Any`)."""
+    return merges
+
+
 def gemma_tokenizer() -> Any:
     """A Gemma tokenizer (BPE over `gemma_vocabulary`, `<bos>` first, byte fallback), made offline.
 
@@ -111,8 +117,7 @@ def gemma_tokenizer() -> Any:
     from transformers import GemmaTokenizer
 
     vocab, merges = gemma_vocabulary()
-    # The BPE model takes (left, right) pairs; transformers' annotation names only strings.
-    return GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)  # type: ignore[arg-type]
+    return GemmaTokenizer(vocab=vocab, merges=bpe_merges(merges), add_bos_token=True)
 
 
 _LLAMA_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
@@ -283,7 +288,7 @@ def qwen2_tokenizer() -> Any:
     # `<|endoftext|>` is the class's own unk/eos/pad token; the rest follow it.
     return Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,  # type: ignore[arg-type]  # the BPE model takes (left, right) pairs
+        merges=bpe_merges(merges),
         extra_special_tokens=list(QWEN2_SPECIALS[1:]),
     )
 
@@ -334,6 +339,6 @@ def roberta_tokenizer(max_length: int = 77) -> Any:
     vocab["<mask>"] = len(vocab)
     return RobertaTokenizer(
         vocab=vocab,
-        merges=merges,  # type: ignore[arg-type]  # the BPE model takes (left, right) pairs
+        merges=bpe_merges(merges),
         model_max_length=max_length,
     )

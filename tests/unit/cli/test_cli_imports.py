@@ -18,6 +18,6 @@ def test_the_cli_imports_no_generated_code_and_no_protobuf() -> None:
         f"{imp.path.relative_to(REPO)}:{imp.line}: {imp.text}"
         for found in cli.values()
         for imp in found
-        if is_pb2(imp) or imp.name.startswith(("omnirt.v1", "omnirt.worker.v1", "google.protobuf"))
+        if is_pb2(imp) or imp.name.startswith(("omnirt.v1", "omnirt._internal.protocol", "google.protobuf"))
     ]
     assert not wrong, "\n".join(wrong)

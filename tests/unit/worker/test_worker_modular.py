@@ -17,7 +17,7 @@ from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags, create_executor
+from omnirt.worker.modes.base import CancelFlags, FamilyRouter, create_executor
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular.executor import ModularExecutor
 
@@ -37,9 +37,11 @@ def modular(model_dir: Path) -> ModularExecutor:
     config = WorkerConfig(
         mode="modular", model_dir=str(model_dir), worker_id="w-mod", torch_threads=1, progress_interval_ms=0
     )
-    executor = create_executor(config)
-    assert isinstance(executor, ModularExecutor)
-    return executor
+    made = create_executor(config)
+    # The null family's executor in front of the mode's own (`FamilyRouter`): the tests here
+    # need the modular executor itself.
+    assert isinstance(made, FamilyRouter) and isinstance(made.executor, ModularExecutor)
+    return made.executor
 
 
 def png_bytes(image: Image.Image) -> bytes:

@@ -1,4 +1,8 @@
-"""The null model run through the legacy_call executor: protocol-shaped results without compute."""
+"""The null model in a legacy_call (or modular) worker: protocol-shaped results without compute.
+
+The registry puts the null family's executor in front of those modes' executors
+(`create_executor`), so these tests make their executor the way the daemon does.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +22,17 @@ from omnirt import types as t
 from omnirt._internal import convert as _convert
 from omnirt._internal.protocol.messages import Assignment
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.base import CancelFlags, FamilyRouter, create_executor
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.modes.null import seed_colour
+from omnirt.worker.modes.null import NullExecutor, seed_colour
 
 
 @pytest.fixture
-def null_executor(tmp_path: Path) -> LegacyCallExecutor:
-    """A fresh executor on an empty model dir: nothing may be built or loaded there."""
-    return LegacyCallExecutor(WorkerConfig(model_dir=str(tmp_path), worker_id="w-null", backend="cpu"))
+def null_executor(tmp_path: Path) -> FamilyRouter:
+    """A fresh legacy_call worker's executor on an empty model dir: nothing may be built or loaded there."""
+    executor = create_executor(WorkerConfig(model_dir=str(tmp_path), worker_id="w-null", backend="cpu"))
+    assert isinstance(executor, FamilyRouter)
+    return executor
 
 
 def null_assignment(
@@ -56,7 +62,7 @@ def _stages(events: list[t.JobEvent], job_id: str) -> list[tuple[str, bool]]:
     return [(e.stage, e.stage_finished) for e in events if e.kind is t.EventKind.STAGE and e.job_id == job_id]
 
 
-def test_a_batch_gets_one_result_per_job_with_valid_pngs(null_executor: LegacyCallExecutor) -> None:
+def test_a_batch_gets_one_result_per_job_with_valid_pngs(null_executor: FamilyRouter) -> None:
     assignment = null_assignment(("job-a", "job-b", "job-c"), seed=10, num_outputs=2)
     outcomes, _ = run_assignment(null_executor, assignment)
     assert [o.job_id for o in outcomes] == ["job-a", "job-b", "job-c"]
@@ -83,7 +89,7 @@ def test_a_batch_gets_one_result_per_job_with_valid_pngs(null_executor: LegacyCa
     assert outcomes[0].result.artifacts[0].sha256 != outcomes[0].result.artifacts[1].sha256
 
 
-def test_the_report_is_complete_like_the_pipelines(null_executor: LegacyCallExecutor) -> None:
+def test_the_report_is_complete_like_the_pipelines(null_executor: FamilyRouter) -> None:
     outcomes, _ = run_assignment(null_executor, null_assignment(("job-r", "job-s"), steps=3, seed=7))
     report = outcomes[0].result.report
     assert report.schema_version == "1.0.0" and len(report.run_id) == 36
@@ -123,7 +129,7 @@ def test_the_report_is_complete_like_the_pipelines(null_executor: LegacyCallExec
     )
 
 
-def test_one_progress_event_per_step_inside_denoise(null_executor: LegacyCallExecutor) -> None:
+def test_one_progress_event_per_step_inside_denoise(null_executor: FamilyRouter) -> None:
     outcomes, events = run_assignment(null_executor, null_assignment(("job-p", "job-q"), steps=5))
     assert all(o.error is None for o in outcomes)
     for job_id in ("job-p", "job-q"):
@@ -145,16 +151,18 @@ def test_one_progress_event_per_step_inside_denoise(null_executor: LegacyCallExe
     assert all(_convert.event_to_proto(e).job_id in ("job-p", "job-q") for e in events)
 
 
-def test_it_never_loads_a_pipeline(null_executor: LegacyCallExecutor, tmp_path: Path) -> None:
+def test_it_never_loads_a_pipeline(null_executor: FamilyRouter, tmp_path: Path) -> None:
     started = time.monotonic()
     outcomes, events = run_assignment(null_executor, null_assignment(steps=1000))
     assert outcomes[0].error is None and len(_progress(events, "job-1")) == 1000
     assert time.monotonic() - started < 5
-    assert len(null_executor.cache) == 0 and null_executor.loaded_models() == []
+    legacy_call = null_executor.executor
+    assert isinstance(legacy_call, LegacyCallExecutor)
+    assert len(legacy_call.cache) == 0 and null_executor.loaded_models() == []
     assert list(tmp_path.iterdir()) == []  # nothing built
 
 
-def test_the_family_alone_picks_the_null_pipeline(null_executor: LegacyCallExecutor) -> None:
+def test_the_family_alone_picks_the_null_pipeline(null_executor: FamilyRouter) -> None:
     outcomes, _ = run_assignment(null_executor, null_assignment(by_family=True))
     assert outcomes[0].result.report.pipeline_class == "NullPipeline"
     assert outcomes[0].result.report.config_resolved["source"] == "/models/anything"
@@ -168,8 +176,8 @@ import sys
 sys.path.insert(0, {str(tests_dir)!r})
 from worker_testing import make_assignment, run_assignment
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-executor = LegacyCallExecutor(WorkerConfig(model_dir={str(tmp_path)!r}, backend="cpu"))
+from omnirt.worker.modes.base import create_executor
+executor = create_executor(WorkerConfig(model_dir={str(tmp_path)!r}, backend="cpu"))
 assignment = make_assignment(source="builtin:null", model_id="null", steps=3)
 outcomes, _ = run_assignment(executor, assignment)
 assert outcomes[0].error is None, outcomes[0].error
@@ -180,15 +188,17 @@ print(sorted(m for m in ("torch", "diffusers", "transformers") if m in sys.modul
     assert done.stdout.strip() == "[]"
 
 
-def test_run_sync_gives_the_same_images(null_executor: LegacyCallExecutor) -> None:
+def test_run_sync_gives_the_same_images(null_executor: FamilyRouter) -> None:
     outcomes, _ = run_assignment(null_executor, null_assignment(("job-x",), seed=3, steps=2))
     events: list[t.JobEvent] = []
-    sync = null_executor.run_sync(null_assignment(("job-x",), seed=3, steps=2), events.append, CancelFlags())
+    [null] = null_executor.families
+    assert isinstance(null, NullExecutor)
+    sync = null.run_sync(null_assignment(("job-x",), seed=3, steps=2), events.append, CancelFlags())
     assert sync[0].result.artifacts[0].sha256 == outcomes[0].result.artifacts[0].sha256
     assert _progress(events, "job-x") == [(1, 2), (2, 2)]
 
 
-def test_cancel_stops_a_sleeping_run_at_the_next_step(null_executor: LegacyCallExecutor) -> None:
+def test_cancel_stops_a_sleeping_run_at_the_next_step(null_executor: FamilyRouter) -> None:
     def cancel_at_step_2(event: t.JobEvent, flags: CancelFlags) -> None:
         if event.kind is t.EventKind.PROGRESS and event.progress.step == 2:
             flags.request(event.job_id, "CANCELLED")
@@ -205,7 +215,7 @@ def test_cancel_stops_a_sleeping_run_at_the_next_step(null_executor: LegacyCallE
     assert ("denoise", True) not in _stages(events, "job-c")
 
 
-def test_a_cancel_from_the_loop_lands_while_it_sleeps(null_executor: LegacyCallExecutor) -> None:
+def test_a_cancel_from_the_loop_lands_while_it_sleeps(null_executor: FamilyRouter) -> None:
     # As in the daemon: the flag is raised by another task on the loop while the job sleeps.
     async def go() -> tuple[list, float]:
         flags = CancelFlags()
@@ -222,7 +232,7 @@ def test_a_cancel_from_the_loop_lands_while_it_sleeps(null_executor: LegacyCallE
     assert took < 0.5
 
 
-def test_one_cancelled_job_does_not_stop_its_batch(null_executor: LegacyCallExecutor) -> None:
+def test_one_cancelled_job_does_not_stop_its_batch(null_executor: FamilyRouter) -> None:
     def cancel_p(event: t.JobEvent, flags: CancelFlags) -> None:
         if event.kind is t.EventKind.PROGRESS and event.job_id == "job-p" and event.progress.step == 1:
             flags.request("job-p", "CANCELLED")
@@ -235,7 +245,7 @@ def test_one_cancelled_job_does_not_stop_its_batch(null_executor: LegacyCallExec
     assert len(_progress(events, "job-p")) == 1 and len(_progress(events, "job-q")) == 4
 
 
-def test_a_deadline_during_the_run_stops_it(null_executor: LegacyCallExecutor) -> None:
+def test_a_deadline_during_the_run_stops_it(null_executor: FamilyRouter) -> None:
     soon = int(time.time() * 1000) + 200
     started = time.monotonic()
     outcomes, events = run_assignment(
@@ -247,7 +257,7 @@ def test_a_deadline_during_the_run_stops_it(null_executor: LegacyCallExecutor) -
     assert time.monotonic() - started < 1.5
 
 
-def test_the_requests_own_deadline_counts_too(null_executor: LegacyCallExecutor) -> None:
+def test_the_requests_own_deadline_counts_too(null_executor: FamilyRouter) -> None:
     assignment = null_assignment(("job-e",), steps=1000, sleep_ms=20)
     assignment.items[0].request.deadline_ms = int(time.time() * 1000) + 100
     outcomes, _ = run_assignment(null_executor, assignment)
@@ -258,7 +268,7 @@ def test_the_requests_own_deadline_counts_too(null_executor: LegacyCallExecutor)
     ("stop", "code"),
     [("cancel", "CANCELLED"), ("deadline", "DEADLINE_EXCEEDED")],
 )
-def test_stopped_before_start_never_steps(null_executor: LegacyCallExecutor, stop: str, code: str) -> None:
+def test_stopped_before_start_never_steps(null_executor: FamilyRouter, stop: str, code: str) -> None:
     flags = CancelFlags()
     deadline = int(time.time() * 1000) - 1000 if stop == "deadline" else 0
     if stop == "cancel":
@@ -280,7 +290,7 @@ def test_stopped_before_start_never_steps(null_executor: LegacyCallExecutor, sto
     ],
 )
 def test_bad_requests_are_invalid_argument_per_job(
-    null_executor: LegacyCallExecutor, extra: dict, output_format: str, field: str
+    null_executor: FamilyRouter, extra: dict, output_format: str, field: str
 ) -> None:
     assignment = null_assignment(("job-bad", "job-good"))
     assignment.items[0].request.extra = extra
@@ -290,10 +300,27 @@ def test_bad_requests_are_invalid_argument_per_job(
     assert outcomes[1].error is None
 
 
-def test_other_image_formats(null_executor: LegacyCallExecutor) -> None:
+def test_other_image_formats(null_executor: FamilyRouter) -> None:
     assignment = null_assignment(("job-w",))
     assignment.items[0].request.output_format = "webp"
     outcomes, _ = run_assignment(null_executor, assignment)
     artifact = outcomes[0].result.artifacts[0]
     assert (artifact.mime_type, artifact.file_name) == ("image/webp", "job-w-0.webp")
     assert Image.open(io.BytesIO(artifact.data)).format == "WEBP"
+
+
+@pytest.mark.parametrize("mode", ["legacy_call", "modular"])
+def test_a_legacy_call_or_modular_worker_runs_it_and_reports_legacy_call(mode: str, tmp_path: Path) -> None:
+    executor = create_executor(WorkerConfig(mode=mode, model_dir=str(tmp_path), worker_id="w", backend="cpu"))
+    assert executor.mode.value == mode  # the worker still says its own mode
+    outcomes, _ = run_assignment(executor, null_assignment(("job-m",), steps=2))
+    report = outcomes[0].result.report
+    assert (report.execution_mode, report.pipeline_class) == ("legacy_call", "NullPipeline")
+    assert executor.loaded_models() == [] and list(tmp_path.iterdir()) == []
+    asyncio.run(executor.preload(null_assignment().model))  # nothing to load, no error
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["subprocess", "persistent_worker"])
+def test_the_other_modes_do_not_host_the_null_family(mode: str) -> None:
+    assert not isinstance(create_executor(WorkerConfig(mode=mode)), FamilyRouter)

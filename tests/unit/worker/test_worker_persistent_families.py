@@ -36,8 +36,8 @@ from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.base import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
-from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor, launch_spec
-from omnirt.worker.modes.persistent.launch import GroupError
+from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
+from omnirt.worker.modes.persistent.launch import GroupError, launch_spec
 
 MAX_DIFF = 2
 SD3 = Family(

@@ -34,7 +34,7 @@ class QwenImageSampledVaeEncoderStep(QwenImageVaeEncoderStep):
     the image2image and inpaint pipelines do (see `sample_qwen_image_latents`)."""
 
     @torch.no_grad()
-    def __call__(self, components: Any, state: Any) -> tuple[Any, Any]:  # type: ignore[override]
+    def __call__(self, components: Any, state: Any) -> tuple[Any, Any]:
         block_state: Any = self.get_block_state(state)
         image = getattr(block_state, self._image_input_name)
         images = image if isinstance(image, list) else [image]
@@ -146,7 +146,7 @@ class StableDiffusionXLInpaintNoiseFirstLatentsStep(StableDiffusionXLInpaintPrep
         return [*super().inputs, InputParam("masked_image", type_hint=torch.Tensor)]
 
     @torch.no_grad()
-    def __call__(self, components: Any, state: Any) -> tuple[Any, Any]:  # type: ignore[override]
+    def __call__(self, components: Any, state: Any) -> tuple[Any, Any]:
         components, state = super().__call__(components, state)  # the noise
         block_state: Any = self.get_block_state(state)
         latents = block_state.image_latents

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from omnirt.worker.modes.base import JobFailure, StopCheck, StopRun
+from omnirt.worker.failures import JobFailure, StopRun
 from omnirt.worker.modes.events import RunRecorder, first_outputs, send_previews
+from omnirt.worker.modes.executor import StopCheck
 from omnirt.worker.modes.modular import stages
 from omnirt.worker.modes.modular.families import ModularFamily
 from omnirt.worker.modes.modular.pipelines import STEP_CALLBACK

@@ -55,17 +55,18 @@ from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
-from omnirt.worker.modes import null as null_model
+from omnirt.worker.failures import JobFailure, StopRun, stop_error
 from omnirt.worker.modes.assignment import AssignmentRun
-from omnirt.worker.modes.base import CancelFlags, EventSink, JobFailure, StopRun, stop_error
 from omnirt.worker.modes.events import first_outputs, send_previews
+from omnirt.worker.modes.executor import CancelFlags, EventSink
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular import stages
 from omnirt.worker.modes.modular.families import ModularFamily, modular_families, modular_family
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan, check_call_arguments
-from omnirt.worker.pipelines.model_cache import CachedPipeline, CacheKey, ModelCache
+from omnirt.worker.pipelines.loader import CacheKey
+from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.pipelines.previews import PreviewMaker
 from omnirt.worker.runtime import adapters, inference_mode
 from omnirt.worker.runtime import options as runtime_options
@@ -171,8 +172,7 @@ class ModularExecutor(LegacyCallExecutor):
     async def preload(self, spec: t.ModelSpec) -> None:
         """Load `spec`'s components into the model cache now (and make the modular pipelines of
         its tasks), so its first job finds them warm. A family the mode cannot run is not loaded."""
-        if not null_model.is_null_model(spec):
-            await asyncio.to_thread(self._preload_sync, spec)
+        await asyncio.to_thread(self._preload_sync, spec)
 
     def _preload_sync(self, spec: t.ModelSpec) -> None:
         refusal = modular_refusal(spec, spec.pipeline_class)
@@ -192,8 +192,6 @@ class ModularExecutor(LegacyCallExecutor):
 
     def run_sync(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         """`run` without the event loop: blocks; `emit` is called from this thread."""
-        if null_model.is_null_model(assignment.model):
-            return super().run_sync(assignment, emit, flags)
         return ModularRun(self, assignment, emit, flags).execute()
 
 

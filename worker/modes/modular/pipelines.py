@@ -37,7 +37,7 @@ from diffusers.modular_pipelines import (
 )
 
 from omnirt import types as t
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.modes.modular.block_fixes import apply_block_fixes
 from omnirt.worker.modes.modular.families import ModularFamily
 from omnirt.worker.pipelines.model_cache import CachedPipeline
@@ -63,7 +63,7 @@ class StepHook(ModularPipelineBlocks):
     def description(self) -> str:
         return "OmniRT: a PROGRESS event and a cancel/deadline check after each denoising step"
 
-    def __call__(self, components: Any, block_state: Any, **kwargs: Any) -> tuple[Any, Any]:  # type: ignore[override]
+    def __call__(self, components: Any, block_state: Any, **kwargs: Any) -> tuple[Any, Any]:
         on_step = getattr(components, STEP_CALLBACK, None)
         if on_step is not None:
             on_step(block_state)

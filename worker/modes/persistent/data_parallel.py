@@ -90,17 +90,20 @@ def prepare(pipe: Any, jobs: list[TextJob], share: list[Output], device: str) ->
         step_kwargs["generator"] = generators
     if not share:
         return Prepared(share, scheduler, scheduler.timesteps, None, None, [], step_kwargs, guided)
-    encoded: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    encoded: dict[int, torch.Tensor] = {}
+    negatives: dict[int, torch.Tensor] = {}  # with guidance only
     for j in sorted({j for j, _ in share}):
         job = jobs[j]
         cond, uncond = pipe.encode_prompt(
             job.prompt, device, 1, guided, negative_prompt=job.negative_prompt or None
         )
-        encoded[j] = (cond, uncond)
-    conds = torch.cat([encoded[j][0] for j, _ in share])
+        encoded[j] = cond
+        if uncond is not None:
+            negatives[j] = uncond
+    conds = torch.cat([encoded[j] for j, _ in share])
     embeds = conds
     if guided:
-        embeds = torch.cat([torch.cat([encoded[j][1] for j, _ in share]), conds])  # type: ignore[misc]
+        embeds = torch.cat([torch.cat([negatives[j] for j, _ in share]), conds])
     scale = pipe.vae_scale_factor
     height = (first.height or pipe.unet.config.sample_size * scale) // scale
     width = (first.width or pipe.unet.config.sample_size * scale) // scale

@@ -39,21 +39,13 @@ from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
-from omnirt.worker.modes.base import (
-    CancelFlags,
-    EventSink,
-    Executor,
-    JobFailure,
-    ModelInUse,
-    StopCheck,
-    stop_error,
-)
+from omnirt.worker.failures import JobFailure, ModelInUse, stop_error
 from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor, StopCheck
 from omnirt.worker.modes.persistent import inputs as media
 from omnirt.worker.modes.persistent import session
 from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
-from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec
-from omnirt.worker.modes.persistent.settings import GroupSettings, SettingsError
+from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec, launch_spec
 from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
@@ -61,12 +53,10 @@ from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, 
 from omnirt.worker.runtime import backends
 from omnirt.worker.runtime import options as runtime_options
 from omnirt.worker.sessions.api import OpenRequest, StreamingSession
-from omnirt.worker.tiny import registry as tiny_models
 
 log = logging.getLogger(__name__)
 
 MODE = ExecutionMode.PERSISTENT_WORKER
-DEFAULT_PIPELINE_CLASS = "StableDiffusionPipeline"
 
 
 def check_supported(plan: ItemPlan, generic: bool = False) -> None:
@@ -99,34 +89,6 @@ def job_fields(plan: ItemPlan) -> dict[str, Any]:
     if "guidance_scale" in common:
         fields["guidance_scale"] = float(common["guidance_scale"])
     return fields
-
-
-def launch_spec(
-    spec: t.ModelSpec, backend: str, config: WorkerConfig
-) -> tuple[LaunchSpec, backends.Placement]:
-    """How to start `spec`'s group on `backend`; GroupError(FAILED_PRECONDITION) when it cannot be."""
-    try:
-        placement = backends.placement_for(backend, spec.runtime)
-        settings = GroupSettings.from_runtime(spec.runtime, placement.backend, spec.pipeline_class)
-    except (backends.BackendError, SettingsError) as exc:
-        raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
-    source = spec.source or spec.id
-    name = tiny_models.builtin_name(source)
-    if name is not None:
-        try:  # built here once, so the ranks only load it
-            source = str(tiny_models.ensure_builtin(name, config.model_dir))
-        except tiny_models.BuiltinModelError as exc:
-            raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
-    launch = LaunchSpec(
-        model_id=spec.id,
-        source=source,
-        pipeline_class=spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
-        device=placement.device,
-        dtype=placement.dtype,
-        threads=config.torch_threads,
-        settings=settings,
-    )
-    return launch, placement
 
 
 class PersistentWorkerExecutor(Executor):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, MEDIA_ARGUMENTS, ItemPlan, check_task_inputs
 

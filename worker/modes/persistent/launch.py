@@ -26,14 +26,21 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from omnirt import types as t
 from omnirt.worker.modes.persistent import channel
-from omnirt.worker.modes.persistent.settings import GroupSettings
+from omnirt.worker.modes.persistent.settings import GroupSettings, SettingsError
+from omnirt.worker.runtime import backends
+from omnirt.worker.tiny import registry as tiny_models
+
+if TYPE_CHECKING:
+    from omnirt.worker.config import WorkerConfig
 
 log = logging.getLogger("omnirt.worker.modes.persistent")
 
 RANK_MODULE = "omnirt.worker.modes.persistent.rank"
+DEFAULT_PIPELINE_CLASS = "StableDiffusionPipeline"
 # `python -c DEATH_SIGNAL_THEN_EXEC WORKER_PID ARGS...` asks Linux for SIGTERM when the worker
 # thread that started it goes away (a SIGKILLed worker included; the agent then stops its
 # ranks), checks that the worker did not die first, and becomes `python ARGS...` (same pid).
@@ -62,7 +69,7 @@ class LaunchSpec:
     """Everything needed to start the group of one model."""
 
     model_id: str
-    source: str  # a local folder (builtin models are built by the daemon first)
+    source: str  # a local folder or a hub id (builtin models are built by the daemon first)
     pipeline_class: str
     device: str  # cpu, cuda or npu
     dtype: str
@@ -84,6 +91,31 @@ class LaunchSpec:
             s.context_parallel,  # applied to the denoiser when it is loaded
             s.attention_backend,
         )
+
+
+def launch_spec(
+    spec: t.ModelSpec, backend: str, config: WorkerConfig
+) -> tuple[LaunchSpec, backends.Placement]:
+    """How to start `spec`'s group on `backend`; GroupError(FAILED_PRECONDITION) when it cannot be."""
+    try:
+        placement = backends.placement_for(backend, spec.runtime)
+        settings = GroupSettings.from_runtime(spec.runtime, placement.backend, spec.pipeline_class)
+    except (backends.BackendError, SettingsError) as exc:
+        raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
+    try:  # a builtin model is built here once, so the ranks only load it
+        source = tiny_models.resolve_source(spec.source or spec.id, config.model_dir)
+    except tiny_models.BuiltinModelError as exc:
+        raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
+    launch = LaunchSpec(
+        model_id=spec.id,
+        source=source,
+        pipeline_class=spec.pipeline_class or DEFAULT_PIPELINE_CLASS,
+        device=placement.device,
+        dtype=placement.dtype,
+        threads=config.torch_threads,
+        settings=settings,
+    )
+    return launch, placement
 
 
 def free_port() -> int:

@@ -34,8 +34,8 @@ from contextlib import nullcontext
 from typing import Any
 
 from omnirt import types as t
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.modes import step_hook
-from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.modes.legacy_call import prompt_kwargs
 from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler

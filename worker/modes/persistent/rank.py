@@ -80,9 +80,9 @@ def _device(kind: str, local_rank: int) -> str:
         torch.cuda.set_device(local_rank)
         return f"cuda:{local_rank}"
     if kind == "npu":
-        import torch_npu  # noqa: F401  (registers the npu device and hccl)
+        import torch_npu  # registers the npu device and hccl; `torch.npu` is its `npu` module
 
-        torch.npu.set_device(local_rank)  # type: ignore[attr-defined]
+        torch_npu.npu.set_device(local_rank)
         return f"npu:{local_rank}"
     return "cpu"
 
@@ -93,7 +93,7 @@ def _load(args: argparse.Namespace, device: str) -> Any:
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
-    from omnirt.worker.pipelines.model_cache import _dtype_argument
+    from omnirt.worker.pipelines.loader import dtype_argument
 
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
@@ -102,7 +102,7 @@ def _load(args: argparse.Namespace, device: str) -> Any:
 
         return streaming.load(args.source, device, args.dtype)
     cls = getattr(diffusers, args.pipeline_class)
-    pipe = cls.from_pretrained(args.source, **{_dtype_argument(): getattr(torch, args.dtype)})
+    pipe = cls.from_pretrained(args.source, **{dtype_argument(): getattr(torch, args.dtype)})
     if device != "cpu":
         pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
@@ -126,7 +126,7 @@ class _Ended(Exception):
 
 
 def _error(exc: BaseException) -> dict[str, str]:
-    from omnirt.worker.modes.base import JobFailure
+    from omnirt.worker.failures import JobFailure
 
     if isinstance(exc, JobFailure):
         return {"code": exc.error.code, "message": exc.error.message, "field": exc.error.field}

@@ -15,17 +15,17 @@ import logging
 import math
 import secrets
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
-from omnirt.worker.modes.persistent.launch import GroupError
+from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec, launch_spec
 from omnirt.worker.modes.persistent.settings import STREAMING_CLASSES
 from omnirt.worker.sessions.api import ChunkOut, Geometry, OpenRequest, SessionRefused
 
 if TYPE_CHECKING:
-    from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
+    from omnirt.worker.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,21 @@ def _check_requested(request: OpenRequest, geometry: Geometry) -> None:
             )
 
 
-def open_session(executor: PersistentWorkerExecutor, request: OpenRequest) -> GroupSession:
-    """Open `request` on the resident group of its model (started first if need be)."""
-    from omnirt.worker.modes.persistent.executor import launch_spec
+class Groups(Protocol):
+    """What a session needs of the persistent executor: where groups start, and its groups."""
 
+    config: WorkerConfig
+
+    @property
+    def backend(self) -> str:
+        """The backend in use."""
+
+    def group_for(self, spec: LaunchSpec) -> ResidentGroup:
+        """The group of `spec.model_id`, created on first use."""
+
+
+def open_session(executor: Groups, request: OpenRequest) -> GroupSession:
+    """Open `request` on the resident group of its model (started first if need be)."""
     spec = request.model
     if spec.pipeline_class not in STREAMING_CLASSES:
         raise SessionRefused(

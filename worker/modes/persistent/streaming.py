@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from omnirt import types as t
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.talking_head import (
     SessionClosedError,

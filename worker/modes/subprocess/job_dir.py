@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omnirt import types as t
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
 INPUTS = "inputs"

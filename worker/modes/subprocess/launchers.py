@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 
 FAILED_PRECONDITION = "FAILED_PRECONDITION"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
