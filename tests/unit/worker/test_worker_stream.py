@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from omnirt.worker.daemon import backoff_delay
+from omnirt.worker.connection import backoff_delay
 from omnirt.worker.outbox import MAX_RESULT_ATTEMPTS, Outbox
 
 
