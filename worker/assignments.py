@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from omnirt import types as t
 from omnirt._internal.limits import MAX_MESSAGE_BYTES
@@ -46,6 +48,16 @@ def model_refusal(config: WorkerConfig, spec: t.ModelSpec) -> t.JobError | None:
             "FAILED_PRECONDITION", f"worker {config.worker_id} does not serve model {spec.id!r}"
         )
     return None
+
+
+def thread_pool(slots: int) -> ThreadPoolExecutor:
+    """The loop's default thread pool: room for a pipeline thread per slot and for model loads.
+
+    asyncio's own default has min(32, CPUs + 4) threads: fewer than the slots of a busy worker
+    on a small machine, so jobs the controller counts as running would wait for a thread.
+    """
+    default = min(32, (os.cpu_count() or 1) + 4)
+    return ThreadPoolExecutor(max_workers=max(default, slots + 4), thread_name_prefix="omnirt-run")
 
 
 def result_message(assignment_id: str, outcome: ItemOutcome) -> gateway_pb2.ConnectRequest:

@@ -27,7 +27,6 @@ import os
 import socket
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -46,7 +45,7 @@ from omnirt._internal.protocol.messages import (
     Welcome,
 )
 from omnirt.worker.artifact_store import ArtifactUploader
-from omnirt.worker.assignments import Assignments, model_refusal
+from omnirt.worker.assignments import Assignments, model_refusal, thread_pool
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.connection import EXIT_REFUSED, Connection
 from omnirt.worker.credentials import WorkerCredentials
@@ -66,16 +65,6 @@ DRAIN_GRACE_S = 10.0
 DRAIN_STOP_CODE = "UNAVAILABLE"
 # The `closed` reason of sessions still open when the drain timed out.
 DRAIN_SESSION_REASON = "worker_draining"
-
-
-def thread_pool(slots: int) -> ThreadPoolExecutor:
-    """The loop's default thread pool: room for a pipeline thread per slot and for model loads.
-
-    asyncio's own default has min(32, CPUs + 4) threads: fewer than the slots of a busy worker
-    on a small machine, so jobs the controller counts as running would wait for a thread.
-    """
-    default = min(32, (os.cpu_count() or 1) + 4)
-    return ThreadPoolExecutor(max_workers=max(default, slots + 4), thread_name_prefix="omnirt-run")
 
 
 class WorkerDaemon:

@@ -64,6 +64,25 @@ def test_outbox_gives_up_on_a_result_that_never_sends() -> None:
     asyncio.run(scenario())
 
 
+def test_a_runs_result_is_found_by_job_id_until_written() -> None:
+    # A job offered again while its result waits is answered with that result, not run twice:
+    # the worker finds it here through reconnects and failed writes, and no longer once written.
+    async def scenario() -> None:
+        box = Outbox()
+        box.put("refusal-1", durable=True)  # a refusal: judged again if offered again
+        box.put("result-1", job_id="job-1")
+        assert box.waiting_result("job-1") == "result-1" and box.durable_pending() == 2
+        assert box.waiting_result("job-2") is None
+        refusal, result = await box.get(), await box.get()
+        assert box.failed(result) and box.waiting_result("job-1") == "result-1"  # back in line
+        box.sent(refusal)
+        assert box.drop_live() == 0 and box.waiting_result("job-1") == "result-1"
+        box.sent(await box.get())
+        assert box.waiting_result("job-1") is None
+
+    asyncio.run(scenario())
+
+
 def test_outbox_hands_out_what_is_queued_together_within_the_limits() -> None:
     async def scenario() -> None:
         box = Outbox()
