@@ -2,7 +2,9 @@
 
 Results must reach the controller: one whose write fails is put back at the front and sent
 after the next Hello. Events and heartbeats are only useful live: they are dropped while no
-stream is up.
+stream is up. A run's result waiting here can be found by its job id (`waiting_result`): a job
+offered again meanwhile (a restarted controller requeued it) gets this result re-addressed,
+not a second run.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class OutgoingMessage:
     message: Any
     durable: bool = False
     attempts: int = 0
+    job_id: str = ""  # a run's result: findable by `Outbox.waiting_result` until written
 
 
 class Outbox:
@@ -36,6 +39,8 @@ class Outbox:
         self._idle = asyncio.Event()
         self._idle.set()
         self._in_flight = 0
+        # job id -> its run's result, from put until written or given up (queued or in flight)
+        self._results: dict[str, OutgoingMessage] = {}
 
     def _changed(self) -> None:
         if self._items:
@@ -47,10 +52,23 @@ class Outbox:
         else:
             self._idle.set()
 
-    def put(self, message: Any, *, durable: bool = False) -> None:
-        """Queue `message` (durable: keep it until it was written)."""
-        self._items.append(OutgoingMessage(message, durable))
+    def put(self, message: Any, *, durable: bool = False, job_id: str = "") -> None:
+        """Queue `message` (durable: keep it until it was written; `job_id`: a durable message
+        that is the result of that job's run, found by `waiting_result` meanwhile)."""
+        item = OutgoingMessage(message, durable or bool(job_id), job_id=job_id)
+        self._items.append(item)
+        if job_id:
+            self._results[job_id] = item
         self._changed()
+
+    def waiting_result(self, job_id: str) -> Any | None:
+        """The result of `job_id`'s run while it waits to be written (None once written)."""
+        item = self._results.get(job_id)
+        return item.message if item is not None else None
+
+    def _settled(self, item: OutgoingMessage) -> None:
+        if item.job_id and self._results.get(item.job_id) is item:
+            del self._results[item.job_id]
 
     async def get(self) -> OutgoingMessage:
         """The next message; call `sent` or `failed` with it afterwards."""
@@ -80,6 +98,7 @@ class Outbox:
     def sent(self, item: OutgoingMessage) -> None:
         """`item` was written to the stream."""
         self._in_flight -= 1
+        self._settled(item)
         self._changed()
 
     def failed(self, item: OutgoingMessage) -> bool:
@@ -92,6 +111,8 @@ class Outbox:
         kept = item.durable and item.attempts < MAX_RESULT_ATTEMPTS
         if kept:
             self._items.appendleft(item)
+        else:
+            self._settled(item)
         self._changed()
         return kept
 

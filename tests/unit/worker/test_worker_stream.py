@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from omnirt.worker.daemon import backoff_delay
+from omnirt.worker.connection import backoff_delay
 from omnirt.worker.outbox import MAX_RESULT_ATTEMPTS, Outbox
 
 
@@ -60,6 +60,25 @@ def test_outbox_gives_up_on_a_result_that_never_sends() -> None:
             assert box.failed(await box.get())
         assert not box.failed(await box.get())
         assert box.durable_pending() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_runs_result_is_found_by_job_id_until_written() -> None:
+    # A job offered again while its result waits is answered with that result, not run twice:
+    # the worker finds it here through reconnects and failed writes, and no longer once written.
+    async def scenario() -> None:
+        box = Outbox()
+        box.put("refusal-1", durable=True)  # a refusal: judged again if offered again
+        box.put("result-1", job_id="job-1")
+        assert box.waiting_result("job-1") == "result-1" and box.durable_pending() == 2
+        assert box.waiting_result("job-2") is None
+        refusal, result = await box.get(), await box.get()
+        assert box.failed(result) and box.waiting_result("job-1") == "result-1"  # back in line
+        box.sent(refusal)
+        assert box.drop_live() == 0 and box.waiting_result("job-1") == "result-1"
+        box.sent(await box.get())
+        assert box.waiting_result("job-1") is None
 
     asyncio.run(scenario())
 
