@@ -24,7 +24,7 @@ from omnirt._internal.protocol.convert import assignment_from_proto
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines.previews import PreviewMaker
 

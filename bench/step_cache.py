@@ -290,7 +290,7 @@ def measure_kind(caller: Caller, table: dict[str, Any], uncached: Any, rounds: i
     """`rounds` pairs of a cached and an uncached call; every uncached output is compared with
     `uncached` too (`repeat_psnr`, None: bit-identical, as the same seed must give)."""
     from omnirt._internal import runtime_schema
-    from omnirt.worker.modes.base import JobFailure
+    from omnirt.worker.failures import JobFailure
 
     result: dict[str, Any] = {"kind": table["kind"], "settings": runtime_schema.parse({"step_cache": table})}
     result["settings"] = result["settings"]["step_cache"]

@@ -28,7 +28,7 @@ from omnirt.worker import redact
 from omnirt.worker.artifact_store import ArtifactUploader
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.log import job_context
-from omnirt.worker.modes.base import CancelFlags, Executor
+from omnirt.worker.modes.executor import CancelFlags, Executor
 from omnirt.worker.modes.report import trace_id
 from omnirt.worker.outbox import Outbox
 

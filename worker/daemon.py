@@ -50,7 +50,8 @@ from omnirt.worker.config import WorkerConfig
 from omnirt.worker.connection import EXIT_REFUSED, Connection
 from omnirt.worker.credentials import WorkerCredentials
 from omnirt.worker.model_requests import ModelRequests
-from omnirt.worker.modes.base import Executor, create_executor
+from omnirt.worker.modes.base import create_executor
+from omnirt.worker.modes.executor import Executor
 from omnirt.worker.outbox import Outbox
 from omnirt.worker.preload import Preload
 from omnirt.worker.runtime.memory import current_rss_bytes

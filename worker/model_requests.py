@@ -18,7 +18,8 @@ from collections.abc import Callable
 from omnirt import types as t
 from omnirt._internal.protocol.messages import LoadModel, ModelLoaded, UnloadModel
 from omnirt.worker import redact
-from omnirt.worker.modes.base import Executor, ModelInUse
+from omnirt.worker.failures import ModelInUse
+from omnirt.worker.modes.executor import Executor
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.connection import REFUSALS
 from omnirt.worker.credentials import WorkerCredentials
-from omnirt.worker.modes.base import Executor
+from omnirt.worker.modes.executor import Executor
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from omnirt._internal.protocol.messages import SessionOffer
 from omnirt.worker.assignments import model_refusal
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
-from omnirt.worker.modes.base import Executor
+from omnirt.worker.modes.executor import Executor
 from omnirt.worker.sessions.host import SessionHost
 
 log = logging.getLogger(__name__)

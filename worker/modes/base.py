@@ -2,8 +2,7 @@
 
 Implementations are imported lazily by name so that importing this module stays light. The
 interface they implement (`Executor`, `CancelFlags`, ...) is `omnirt.worker.modes.executor`,
-which the modes import; only the daemon imports this module, so no mode imports its registry
-(the names the daemon takes from here are re-exported below).
+which the modes import; only the daemon imports this module, so no mode imports its registry.
 
 A model family that needs no mode of its own (`null`: no compute) has a `FamilyExecutor`; the
 workers of the modes that serve it get it in front of their mode's executor (`FamilyRouter`),
@@ -18,24 +17,11 @@ from typing import TYPE_CHECKING
 from omnirt import types as t
 from omnirt._internal.modes import EXECUTION_MODES, ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
-from omnirt.worker.failures import JobFailure, ModelInUse
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor, FamilyExecutor
 from omnirt.worker.sessions.api import OpenRequest, StreamingSession
 
 if TYPE_CHECKING:
     from omnirt.worker.config import WorkerConfig
-
-# What the daemon (and older callers) import from here.
-__all__ = [
-    "CancelFlags",
-    "EventSink",
-    "Executor",
-    "FamilyRouter",
-    "JobFailure",
-    "ModelInUse",
-    "create_executor",
-    "executor_modes",
-]
 
 # execution mode -> (module, class): a new mode is its folder here and one line below.
 _EXECUTORS: dict[ExecutionMode, tuple[str, str]] = {

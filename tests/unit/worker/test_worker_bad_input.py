@@ -18,7 +18,7 @@ from worker_testing import run_script_job
 from omnirt import types as t
 from omnirt._internal.protocol.messages import AssignmentItem, ItemOutcome
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import JobFailure
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines.args import ItemPlan, check_arguments
 from omnirt.worker.redact import redact_paths

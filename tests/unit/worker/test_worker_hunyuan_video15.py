@@ -32,7 +32,7 @@ from worker_testing import (
 
 from omnirt import types as t
 from omnirt._internal.protocol.messages import ItemOutcome
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 
 # 32x32 (2x2 latents), 5 frames = 2 latent frames, 2 steps.

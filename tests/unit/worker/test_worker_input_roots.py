@@ -22,8 +22,8 @@ from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
+from omnirt.worker.failures import JobFailure
 from omnirt.worker.main import load_config
-from omnirt.worker.modes.base import JobFailure
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.pipelines import media_inputs
 

@@ -16,7 +16,7 @@ from worker_testing import make_assignment, run_assignment
 from omnirt import types as t
 from omnirt._internal import convert as _convert
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 
 STAGES = ("load", "denoise", "decode", "export")

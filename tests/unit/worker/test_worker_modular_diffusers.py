@@ -32,7 +32,7 @@ from worker_testing import (
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular.block_fixes import apply_block_fixes
 from omnirt.worker.modes.modular.executor import ModularExecutor

@@ -22,7 +22,8 @@ from omnirt import types as t
 from omnirt._internal import convert as _convert
 from omnirt._internal.protocol.messages import Assignment
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags, FamilyRouter, create_executor
+from omnirt.worker.modes.base import FamilyRouter, create_executor
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.null import NullExecutor, seed_colour
 

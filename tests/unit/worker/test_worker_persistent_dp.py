@@ -19,7 +19,7 @@ from worker_testing import make_assignment
 from omnirt import types as t
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.persistent.data_parallel import share_of
 from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
 

@@ -33,7 +33,7 @@ from worker_testing import make_assignment
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
 from omnirt.worker.modes.persistent.launch import pid_alive
 from omnirt.worker.modes.persistent.session import GroupSession

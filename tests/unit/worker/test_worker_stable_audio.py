@@ -32,7 +32,7 @@ from omnirt._internal.protocol.messages import ItemOutcome
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.export import audio as audio_export
-from omnirt.worker.modes.base import CancelFlags
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 
 # torchsde's Brownian tree (Stable Audio's scheduler) warns on float32 rounding of its sigma range.

@@ -21,7 +21,8 @@ from omnirt._internal import convert as _convert
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.controller.core.catalog import Catalog
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags, create_executor
+from omnirt.worker.modes.base import create_executor
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.subprocess import child_process, launchers
 from omnirt.worker.modes.subprocess.executor import SubprocessExecutor
 

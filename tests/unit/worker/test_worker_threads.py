@@ -11,7 +11,7 @@ from omnirt import types as t
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
-from omnirt.worker.modes.base import CancelFlags, EventSink, Executor
+from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor
 
 # More slots than asyncio's default thread pool has threads on this machine.
 SLOTS = min(32, (os.cpu_count() or 1) + 4) + 2

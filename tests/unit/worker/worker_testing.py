@@ -23,7 +23,8 @@ from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemO
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.base import CancelFlags, create_executor
+from omnirt.worker.modes.base import create_executor
+from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 
 
