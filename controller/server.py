@@ -30,8 +30,7 @@ from omnirt.controller.edges.servicers import ClusterServicer, GenerationService
 from omnirt.controller.edges.tls import ServerTls
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
-from omnirt.controller.engines.memory.client import MemoryEngineClient
-from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.engines.memory.engine import MemoryEngine
 from omnirt.controller.engines.memory.store import JobStore
 from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
@@ -141,8 +140,8 @@ def make_engine(config: ControllerConfig, catalog: Catalog) -> tuple[EngineClien
     finished jobs encoded for Generate's answers (the memory store's frozen jobs; None on Redis,
     whose jobs the servicer converts)."""
     if config.store in ("", "memory"):
-        engine = Engine(config, catalog)
-        return MemoryEngineClient(engine), engine.store
+        engine = MemoryEngine(config, catalog)
+        return engine, engine.store
     if config.store.startswith(("redis://", "rediss://", "unix://")):
         from omnirt.controller.engines.redis.engine import RedisEngine
 
