@@ -1,18 +1,24 @@
 """A job record (the job, its plan, its event log, waiting for new events) and the job rules
-both engines share: a new job, an idempotency fingerprint, the client's view of a result."""
+both engines share: a new job, an idempotency fingerprint, the client's view of a result, and
+the jobs a worker's heartbeat shows it does not hold."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
+from omnirt.controller.core.router import WorkerHandle
 from omnirt.controller.core.validation import Plan
 from omnirt.types import GenerateRequest, GenerateResult, Job, JobEvent, JobState, ModelSpec
+
+log = logging.getLogger("omnirt.controller")
 
 
 def utcnow() -> datetime:
@@ -74,6 +80,31 @@ def waiting_reason(spec: ModelSpec, serving: int) -> str:
     if serving == 0:
         return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
     return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+
+
+async def requeue_unheld(
+    handle: WorkerHandle,
+    listed: set[tuple[str, str]] | None,
+    requeue: Callable[[str, str, str], Awaitable[None]],
+) -> bool:
+    """Reconcile what runs on a worker with the (job id, assignment id) pairs its heartbeat
+    lists (None: a worker that does not list them, nothing is reconciled).
+
+    A job counted on `handle` that the worker does not hold (a lost result, an assignment it
+    never ran; `WorkerHandle.unlisted` gives the grace) frees its slot, and the engine's
+    `requeue(job_id, assignment_id, message)` puts it back in the queue as if its worker was
+    lost. Returns whether a slot was freed (the engine's dispatcher has work then).
+    """
+    if listed is None:
+        return False
+    unheld = handle.unlisted(listed)
+    for job_id, assignment_id in unheld:
+        handle.release(job_id, assignment_id)
+        log.warning("job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id})
+        await requeue(
+            job_id, assignment_id, f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
+        )
+    return bool(unheld)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from omnirt.controller.core.jobs import (
     client_view,
     new_job,
     request_fingerprint,
+    requeue_unheld,
     utcnow,
     waiting_reason,
 )
@@ -326,7 +327,7 @@ class MemoryEngine:
             if same_process(old.info, info):  # its own process: those jobs still run
                 handle.take_over(old)
             else:  # another process, after the old one's lease expired
-                self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
+                await self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
         log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
         for warning in handle.warnings:
             log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
@@ -342,23 +343,8 @@ class MemoryEngine:
         model_bytes: dict[str, int] | None = None,
     ) -> None:
         handle.heartbeat(loaded_models, draining, model_bytes)
-        if running is None:
-            return
-        for job_id, assignment_id in handle.unlisted(running):
-            # The worker does not hold it (a lost result, an assignment it never ran): the slot
-            # is free again, and the job goes back to the queue as if its worker was lost.
-            handle.release(job_id, assignment_id)
+        if await requeue_unheld(handle, running, self._requeue):
             self.wake.set()
-            record = self._current(job_id, assignment_id)
-            tenant = record.job.tenant if record is not None else ""
-            log.warning(
-                "job not held by its worker: released",
-                extra={"job_id": job_id, "worker_id": handle.id, "tenant": tenant},
-            )
-            if record is not None:
-                self._retry_or_fail(
-                    record, f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
-                )
 
     async def worker_model_answer(self, handle: WorkerHandle, answer: WorkerAnswer) -> None:
         self.model_loads.answered(handle, answer)
@@ -418,7 +404,7 @@ class MemoryEngine:
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
         if self.workers.remove(handle):
             log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
-            self._lose_jobs(handle, reason)
+            await self._lose_jobs(handle, reason)
             self.model_loads.worker_lost(handle)
             self.wake.set()
 
@@ -435,13 +421,19 @@ class MemoryEngine:
             return None
         return record
 
-    def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
+    async def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
         """Requeue (or fail, when attempts are spent) the jobs a lost worker was running."""
         for job_id, assignment_id in list(handle.running.items()):
-            record = self._current(job_id, assignment_id)
-            if record is not None:
-                self._retry_or_fail(record, f"worker {handle.id} was lost while running the job ({reason})")
+            await self._requeue(
+                job_id, assignment_id, f"worker {handle.id} was lost while running the job ({reason})"
+            )
         handle.release_all()
+
+    async def _requeue(self, job_id: str, assignment_id: str, message: str) -> None:
+        """Put the job back in the queue (or fail it) if it still runs under `assignment_id`."""
+        record = self._current(job_id, assignment_id)
+        if record is not None:
+            self._retry_or_fail(record, message)
 
     def _retry_or_fail(self, record: JobRecord, message: str) -> None:
         """Put a running job back in the queue, or fail it with UNAVAILABLE when attempts are spent."""

@@ -32,6 +32,7 @@ from omnirt.controller.core.jobs import (
     client_view,
     new_job,
     request_fingerprint,
+    requeue_unheld,
     utcnow,
     waiting_reason,
 )
@@ -550,21 +551,8 @@ class RedisEngine:
         model_bytes: dict[str, int] | None = None,
     ) -> None:
         handle.heartbeat(loaded_models, draining, model_bytes)
-        if running is None:
-            return
-        for job_id, assignment_id in handle.unlisted(running):
-            # The worker does not hold it (a lost result, an assignment it never ran): the slot
-            # is free again, and the job goes back to the queue as if its worker was lost.
-            handle.release(job_id, assignment_id)
+        if await requeue_unheld(handle, running, self._requeue_lost):
             self.wake.set()
-            log.warning(
-                "job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id}
-            )
-            message = f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
-            try:
-                await self.requeue(job_id, assignment_id, message)
-            except redis.exceptions.RedisError:
-                self.store_ok = False  # still in `running`: the next lease renewal requeues it
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         handle.last_seen = time.monotonic()
@@ -713,9 +701,16 @@ class RedisEngine:
 
     async def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
         for job_id, assignment_id in list(handle.running.items()):
-            message = f"worker {handle.id} was lost while running the job ({reason})"
-            try:
-                await self.requeue(job_id, assignment_id, message)
-            except redis.exceptions.RedisError:
-                self.store_ok = False  # the lease expires; any controller requeues it later
+            await self._requeue_lost(
+                job_id, assignment_id, f"worker {handle.id} was lost while running the job ({reason})"
+            )
         handle.release_all()
+
+    async def _requeue_lost(self, job_id: str, assignment_id: str, message: str) -> None:
+        """`requeue` a job its worker no longer runs. While Redis is away the job stays in
+        `running`: the next lease renewal requeues it (or, should this controller stop, its
+        lease expires and any controller does)."""
+        try:
+            await self.requeue(job_id, assignment_id, message)
+        except redis.exceptions.RedisError:
+            self.store_ok = False
