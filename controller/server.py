@@ -20,8 +20,6 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.encoded import EncodedJobs
-from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.edges.audit import AuditLog
 from omnirt.controller.edges.auth import Authenticator
 from omnirt.controller.edges.auth_interceptor import AuthInterceptor
@@ -30,8 +28,8 @@ from omnirt.controller.edges.servicers import ClusterServicer, GenerationService
 from omnirt.controller.edges.tls import ServerTls
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
-from omnirt.controller.engines.memory.engine import MemoryEngine
-from omnirt.controller.engines.memory.store import JobStore
+from omnirt.controller.engines import make_engine
+from omnirt.controller.http.transcode import job_json
 from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.registry import RedisSessions
@@ -135,20 +133,6 @@ def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
     )
 
 
-def make_engine(config: ControllerConfig, catalog: Catalog) -> tuple[EngineClient, EncodedJobs | None]:
-    """The engine `config.store` asks for, in memory (default) or on Redis, and where it keeps
-    finished jobs encoded for Generate's answers (the memory store's frozen jobs; None on Redis,
-    whose jobs the servicer converts)."""
-    if config.store in ("", "memory"):
-        engine = MemoryEngine(config, catalog)
-        return engine, engine.store
-    if config.store.startswith(("redis://", "rediss://", "unix://")):
-        from omnirt.controller.engines.redis.engine import RedisEngine
-
-        return RedisEngine(config, catalog), None
-    raise ValueError(f"--store: expected memory or redis://HOST:PORT/DB, got {config.store!r}")
-
-
 class ControllerServer:
     """Owns the engine and the grpc.aio server(s) around it."""
 
@@ -160,26 +144,28 @@ class ControllerServer:
         self.admission = WorkerAdmission(
             config.worker_token_file, self.audit, client_ca=bool(config.tls_client_ca)
         )
-        self.engine, encoded = make_engine(config, catalog or Catalog.load(config.catalog))
+        parts = make_engine(config, catalog or Catalog.load(config.catalog))
+        self.engine = parts.client
         # --artifact-store: workers with the same store upload there; objects of evicted jobs
         # go at once on the memory engine (the sweep catches the rest, and the Redis engine's).
         self.artifacts = ArtifactStore(config) if config.artifact_store else None
-        if self.artifacts is not None and isinstance(encoded, JobStore):
+        if self.artifacts is not None and parts.watch_evictions is not None:
             self.artifacts.track_evictions = True
-            encoded.on_evict = self.artifacts.forget
-        self.webhooks = WebhookDispatcher(config, self.engine)  # ValueError: a bad --webhook-* flag
-        self._health_task: asyncio.Task[None] | None = None
-        store = getattr(self.engine, "store", None)
-        shared = (
-            RedisSessions(store.redis, store.p) if store is not None and hasattr(store, "redis") else None
+            parts.watch_evictions(self.artifacts.forget)
+        self.webhooks = WebhookDispatcher(  # ValueError: a bad --webhook-* flag
+            config, self.engine, deliveries=parts.metrics.webhooks, job_json=job_json, shared=parts.shared
         )
+        self._health_task: asyncio.Task[None] | None = None
+        shared = RedisSessions(parts.shared.client, parts.shared.prefix) if parts.shared else None
         self.sessions = SessionManager(
             self.engine.catalog, config.session_max_duration_s, name=config.listen, shared=shared
         )
-        self.sessions.metrics = self.engine.metrics.realtime
+        self.sessions.metrics = parts.metrics.realtime
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
-            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded, self.artifacts, self.webhooks),
+            SERVICE_NAMES[0]: GenerationServicer(
+                self.engine, parts.encoded_jobs, self.artifacts, self.webhooks
+            ),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
             SERVICE_NAMES[2]: ClusterServicer(self.engine, self.sessions),
             SERVICE_NAMES[3]: RealtimeServicer(self.sessions),
@@ -188,7 +174,9 @@ class ControllerServer:
         models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(public[SERVICE_NAMES[2]], self.server)
         realtime_pb2_grpc.add_RealtimeServiceServicer_to_server(public[SERVICE_NAMES[3]], self.server)
-        gateway = WorkerGateway(self.engine, self.admission, self.sessions, self.artifacts)
+        gateway = WorkerGateway(
+            self.engine, self.admission, self.sessions, self.artifacts, parts.arriving_results
+        )
         # One health servicer on both ports: a probe of either sees the same status.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.worker_server: grpc.aio.Server | None = None
@@ -225,6 +213,7 @@ class ControllerServer:
             )
             self.http = HttpGateway(
                 self.engine,
+                parts.metrics,
                 public,
                 config.http,
                 config.http_max_body_bytes,

@@ -117,8 +117,9 @@ class JobRecord:
     events: list[JobEvent] = field(default_factory=list)
     # The result with every artifact's bytes; `job.result` is the same minus oversized bytes.
     result: GenerateResult | None = None
-    # `result` encoded (omnirt.v1.GenerateResult) as the worker sent it, when it is that (see
-    # `core.encoded`): freezing keeps these bytes instead of converting the result back.
+    # `result` encoded (omnirt.v1.GenerateResult) as the worker sent it, when it is that (the
+    # memory store's, see `core.encoded`): freezing keeps these bytes instead of converting the
+    # result back.
     result_encoded: bytes | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
     # Kept across requeues, so a retried job keeps its place (and its aging).
@@ -135,7 +136,7 @@ class JobRecord:
     _changed: asyncio.Event | None = None
     _final: asyncio.Event | None = None
 
-    # The names a `finished.FinishedJob` has too: the store filters and evicts either kind.
+    # The names a `frozen.FinishedJob` has too: the store filters and evicts either kind.
     @property
     def state(self) -> JobState:
         return self.job.state

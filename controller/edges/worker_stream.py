@@ -15,6 +15,7 @@ from omnirt._internal import convert as c
 from omnirt._internal.limits import STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import check_id
+from omnirt.controller.core.encoded import ArrivingResults
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import Assignment, Outbound, WorkerHandle, WorkerLink
 from omnirt.controller.edges.convert import (
@@ -126,11 +127,13 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         admission: WorkerAdmission | None = None,
         sessions: SessionManager | None = None,
         artifacts: ArtifactStore | None = None,
+        arriving_results: ArrivingResults | None = None,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.sessions = sessions
         self.artifacts = artifacts
+        self.arriving_results = arriving_results  # the memory store's fast path (core.encoded)
         self._closing: set[asyncio.Future[None]] = set()
 
     async def WorkerSession(
@@ -284,6 +287,11 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                 result, error = None, JobError("INTERNAL", reason[:300])
             if result is None and error is None:
                 error = JobError("INTERNAL", "worker sent a result without an outcome")
-            # The message goes along opaquely: the memory store may keep its bytes as they came.
-            sent = WireResult(r.result) if result is not None else None
-            await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error, sent)
+            # The memory store may keep the message's bytes as they came (core.encoded).
+            arriving = (
+                self.arriving_results.arriving(r.job_id, r.assignment_id, WireResult(r.result))
+                if result is not None and self.arriving_results is not None
+                else contextlib.nullcontext()
+            )
+            with arriving:
+                await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error)

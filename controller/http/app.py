@@ -54,7 +54,7 @@ from omnirt.controller.http.transcode import (
     to_json,
 )
 from omnirt.controller.observability import tracing
-from omnirt.controller.observability.metrics import CONTENT_TYPE
+from omnirt.controller.observability.metrics import CONTENT_TYPE, EngineMetrics
 from omnirt.controller.realtime import websocket as realtime_websocket
 from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
 
@@ -95,6 +95,7 @@ class HttpGateway:
     def __init__(
         self,
         engine: EngineClient,
+        metrics: EngineMetrics,
         servicers: Mapping[str, Any],
         address: str,
         max_body_bytes: int,
@@ -106,6 +107,7 @@ class HttpGateway:
         artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics = metrics  # /metrics, and the gateway's own request counts
         self.artifacts = artifacts  # --artifact-store: the OpenAI routes read objects from it
         self.auth = auth  # None: auth is off (every caller is the anonymous admin)
         self.ssl_context = ssl_context
@@ -246,7 +248,7 @@ class HttpGateway:
         self.cors.mark(request, response.headers)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         if not self.engine.ready():
@@ -367,7 +369,7 @@ class HttpGateway:
     def _count(self, request: web.Request, status: int, started: float) -> None:
         resource = request.match_info.route.resource if request.match_info.route else None
         route = resource.canonical if resource is not None else "unmatched"
-        metrics = self.engine.metrics
+        metrics = self.metrics
         metrics.http_requests.labels(route, request.method, str(status)).inc()
         metrics.http_latency.labels(route, request.method).observe(time.monotonic() - started)
 

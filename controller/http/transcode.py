@@ -24,8 +24,10 @@ from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 
+from omnirt._internal import convert as c
 from omnirt.controller.core.bounds import shown
 from omnirt.controller.http.errors import HttpError, bad_request
+from omnirt.types import Job
 
 UNARY, SSE, WEBSOCKET, DOWNLOAD = "unary", "sse", "websocket", "download"
 ASYNC_KEY = "async"
@@ -316,6 +318,16 @@ def flag(value: Any) -> bool:
 
 def artifact_url(request: web.Request, job_id: str, index: int) -> str:
     return f"{request.url.origin()}/v1/jobs/{job_id}/artifacts/{index}"
+
+
+def job_json(job: Job, origin: str) -> dict[str, Any]:
+    """A job as the gateway answers `GET /v1/jobs/{id}`, its artifact references as links of the
+    gateway at `origin` ("" leaves them `omnirt://` references). Webhook payloads carry this
+    (the server hands it to the webhook dispatcher: webhooks import no HTTP module)."""
+    data = to_json(c.job_to_proto(job))
+    if origin:
+        data = artifact_links(data, origin)
+    return data
 
 
 def artifact_links(data: Any, origin: str) -> Any:

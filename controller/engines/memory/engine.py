@@ -21,7 +21,6 @@ from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_key, batch_limit
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.encoded import ResultEncoding
 from omnirt.controller.core.jobs import (
     JobRecord,
     client_view,
@@ -367,9 +366,7 @@ class MemoryEngine:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        encoding: ResultEncoding | None = None,
     ) -> None:
-        """A job's outcome; `encoding` is the result as the worker sent it (see `core.encoded`)."""
         handle.last_seen = time.monotonic()
         if self.workers.release(handle, job_id, assignment_id):
             self.wake.set()
@@ -395,11 +392,7 @@ class MemoryEngine:
         result.report.tenant = record.job.tenant  # the controller's word, not the worker's
         record.result = result
         record.job.result = self._client_view(record, result)
-        if encoding is not None and encoding.keeps(result):
-            # The result is what the worker sent: the store keeps its bytes instead of converting
-            # it back (with the controller's job id, trace id and tenant).
-            record.result_encoded = encoding.stamped(job_id, result.report.trace_id, result.report.tenant)
-        self._finish(record, JobState.SUCCEEDED)
+        self._finish(record, JobState.SUCCEEDED)  # the store may keep the worker's bytes (core.encoded)
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
         if self.workers.remove(handle):

@@ -26,7 +26,6 @@ from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_key, batch_key_id, batch_limit
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.encoded import ResultEncoding
 from omnirt.controller.core.jobs import (
     JobRecord,
     client_view,
@@ -577,7 +576,6 @@ class RedisEngine:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        encoding: ResultEncoding | None = None,  # unused: Redis stores its own conversion
     ) -> None:
         handle.last_seen = time.monotonic()
         if self.workers.release(handle, job_id, assignment_id):

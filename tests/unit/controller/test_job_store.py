@@ -9,7 +9,9 @@ from typing import Any
 
 from omnirt._internal import convert as c
 from omnirt.controller.core.jobs import JobRecord
+from omnirt.controller.core.router import WorkerHandle
 from omnirt.controller.edges.convert import WireResult, generate_response
+from omnirt.controller.edges.worker_stream import WorkerGateway
 from omnirt.controller.engines.memory.engine import MemoryEngine
 from omnirt.controller.engines.memory.frozen import FinishedJob
 from omnirt.controller.observability.tracing import IdOnlyTracer, JobTracing, trace_id_of
@@ -26,6 +28,8 @@ from omnirt.types import (
     RunReport,
     StageTiming,
 )
+from omnirt.v1 import types_pb2
+from omnirt.worker.v1 import gateway_pb2 as pb
 from tests.unit.controller.test_engine import connect, make_engine, now, request, submit
 
 PNG = b"\x89PNG" + bytes(range(256)) * 8  # 2 KiB
@@ -212,6 +216,19 @@ def test_the_answer_of_a_finished_job_is_its_conversion_made_once() -> None:
     asyncio.run(scenario())
 
 
+def worker_sent(
+    engine: MemoryEngine,
+    handle: WorkerHandle,
+    record: JobRecord,
+    outcome: GenerateResult,
+    sent: types_pb2.GenerateResult,
+) -> None:
+    """What the worker stream does with a result: the engine takes the dataclass while the
+    store has the message at hand (`core.encoded.ArrivingResults`)."""
+    with engine.store.arriving(record.job.id, record.assignment_id, WireResult(sent)):
+        now(engine.worker_result(handle, record.assignment_id, record.job.id, outcome, None))
+
+
 def test_a_result_kept_as_the_worker_sent_it_is_what_clients_read() -> None:
     engine = make_engine(inline_limit_bytes=1024)
     engine.tracing = JobTracing(IdOnlyTracer())  # jobs get trace ids
@@ -228,9 +245,7 @@ def test_a_result_kept_as_the_worker_sent_it_is_what_clients_read() -> None:
         sent.job_id = ""  # the worker's message, as the controller then completes it
         sent.report.warnings.append("only in the message")  # marks where the answer came from
         sent.report.trace_id = "f" * 32  # the worker's idea of the trace
-        now(
-            engine.worker_result(handle, record.assignment_id, record.job.id, outcome, None, WireResult(sent))
-        )
+        worker_sent(engine, handle, record, outcome, sent)
         jobs[name] = record
 
     small = answer(engine, jobs["small"].job)
@@ -252,7 +267,36 @@ def test_a_result_kept_as_the_worker_sent_it_is_what_clients_read() -> None:
     outcome = result(record.job.id, 100)
     sent = c.result_to_proto(outcome)
     sent.report.warnings.append("only in the message")
-    now(engine.worker_result(handle, record.assignment_id, record.job.id, outcome, None, WireResult(sent)))
+    worker_sent(engine, handle, record, outcome, sent)
     sized = answer(engine, record.job)
     assert "only in the message" not in sized.result.report.warnings
     assert sized.result.artifacts[0].size_bytes == 100
+
+
+def test_the_worker_stream_hands_the_memory_store_the_result_as_it_came() -> None:
+    engine = make_engine(inline_limit_bytes=1024)
+    connect(engine, "w1", slots=2)
+    handle = engine.workers.get("w1")
+
+    async def sent_through(gateway: WorkerGateway) -> JobRecord:
+        record, _ = submit(engine, request())
+        engine.upkeep.dispatch()
+        outcome = result(record.job.id, 100)
+        outcome.artifacts[0].size_bytes = 100  # as a worker sends it
+        message = pb.AssignmentResult(
+            assignment_id=record.assignment_id, job_id=record.job.id, result=c.result_to_proto(outcome)
+        )
+        await gateway._handle(handle, pb.ConnectRequest(result=message), True)
+        assert record.job.state is JobState.SUCCEEDED
+        return record  # still live: it is frozen once the loop turns
+
+    async def scenario() -> None:
+        # Wired as `engines.make_engine` wires the memory engine: the store keeps the bytes.
+        kept = await sent_through(WorkerGateway(engine, arriving_results=engine.store))
+        assert kept.result_encoded is not None
+        assert types_pb2.GenerateResult.FromString(kept.result_encoded).job_id == kept.job.id
+        # Without a store to hand them to (the Redis engine's wiring), nothing is kept.
+        converted = await sent_through(WorkerGateway(engine))
+        assert converted.result_encoded is None
+
+    asyncio.run(scenario())

@@ -12,6 +12,7 @@ from standardwebhooks.webhooks import Webhook as Verifier
 
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.validation import validate
+from omnirt.controller.http.transcode import job_json
 from omnirt.controller.webhooks import payload
 from omnirt.controller.webhooks.addresses import AddressPolicy, parse_url, refused_kind
 from omnirt.controller.webhooks.signing import Signer
@@ -131,7 +132,7 @@ def test_body_links_artifacts_and_never_inlines_bytes() -> None:
     event.time = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     kind = payload.webhook_event(event)
     assert kind is WebhookEvent.COMPLETED
-    data = json.loads(payload.body(kind, event, job, "http://gw:8080"))
+    data = json.loads(payload.body(kind, event, job, "http://gw:8080", job_json))
     assert data["type"] == "job.completed" and data["sequence"] == 5
     assert data["timestamp"] == "2026-01-02T03:04:05Z"
     out = data["data"]["result"]["artifacts"][0]
