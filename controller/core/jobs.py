@@ -1,6 +1,7 @@
 """A job record (the job, its plan, its event log, waiting for new events) and the job rules
-both engines share: a new job, an idempotency fingerprint, the client's view of a result, and
-the jobs a worker's heartbeat shows it does not hold."""
+both engines share: a new job, an idempotency fingerprint, a worker's result taken as the
+controller's and the client's view of it, how a job ends, and the jobs a worker's heartbeat
+shows it does not hold."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
-from omnirt.controller.core.router import WorkerHandle
+from omnirt.controller.core.router import WorkerHandle, same_process
 from omnirt.controller.core.validation import Plan
-from omnirt.types import GenerateRequest, GenerateResult, Job, JobEvent, JobState, ModelSpec
+from omnirt.errors import FailedPrecondition, InvalidRequest
+from omnirt.types import GenerateRequest, GenerateResult, Job, JobError, JobEvent, JobState, ModelSpec
 
 log = logging.getLogger("omnirt.controller")
 
@@ -75,11 +77,73 @@ def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResu
     return replace(result, artifacts=artifacts)
 
 
+def accept_result(
+    result: GenerateResult, job_id: str, trace_id: str, tenant: str, limit: int
+) -> GenerateResult:
+    """Take a worker's result as the controller's, in place: the job's id, trace id (the job's
+    own, also in a batch; the worker's only when the job has none) and tenant (the controller's
+    word, not the worker's). Returns the client's view, artifacts over `limit` bytes cut."""
+    result.job_id = job_id
+    result.report.trace_id = trace_id or result.report.trace_id
+    result.report.tenant = tenant
+    return client_view(result, job_id, limit)
+
+
+def end_state(error: JobError) -> JobState:
+    """The final state a worker's error ends its job in (a job it stopped at a cancel: CANCELLED)."""
+    return JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
+
+
+def result_with(job_id: str, state: JobState, result: GenerateResult | None, index: int) -> GenerateResult:
+    """A job's result, once artifact `index` is known to be in it (DownloadArtifact):
+    FailedPrecondition for a job without a result, InvalidRequest past its last artifact."""
+    if result is None:
+        raise FailedPrecondition(f"job {job_id} has no result (state {state.value})")
+    if not 0 <= index < len(result.artifacts):
+        raise InvalidRequest(
+            f"index: job {job_id} has {len(result.artifacts)} artifacts (got {index})", field="index"
+        )
+    return result
+
+
+def log_finished(job_id: str, tenant: str, state: JobState, error: JobError | None) -> None:
+    """The log line of a job that reached its final state (on the controller that saw it end)."""
+    extra = {
+        "job_id": job_id,
+        "tenant": tenant,
+        "state": state.value,
+        "error": error.message if error else "",
+    }
+    log.info("job finished", extra=extra)
+
+
 def waiting_reason(spec: ModelSpec, serving: int) -> str:
     """Why a queued job of `spec` waits, given how many workers serve the model."""
     if serving == 0:
         return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
     return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+
+
+async def worker_joined(
+    handle: WorkerHandle,
+    old: WorkerHandle | None,
+    lose_jobs: Callable[[WorkerHandle, str], Awaitable[None]],
+) -> None:
+    """A worker's stream was registered as `handle`, in the place of `old` (the same id) if any.
+
+    The old stream is closed. Its jobs still run when it was the same process (the new handle
+    holds them, and gets what the old one had not written); another process, come after the
+    old one's lease expired, never ran them: the engine's `lose_jobs(old, reason)` requeues them.
+    """
+    if old is not None:
+        old.link.close()
+        if same_process(old.info, handle.info):
+            handle.take_over(old)
+        else:
+            await lose_jobs(old, f"worker {old.id} was replaced by a new process")
+    log.info("worker connected", extra={"worker_id": handle.id, "mode": handle.info.execution_mode})
+    for warning in handle.warnings:
+        log.warning("worker %s: %s", handle.id, warning, extra={"worker_id": handle.id})
 
 
 async def requeue_unheld(

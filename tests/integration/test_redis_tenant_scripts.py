@@ -117,15 +117,8 @@ async def end(store: RedisJobStore, job_id: str, state: JobState, *expected: Job
 
 
 async def requeue(store: RedisJobStore, job_id: str, max_attempts: int) -> str:
-    error = JobError("UNAVAILABLE", "worker lost")
-    return await store.requeue(
-        job_id,
-        max_attempts=max_attempts,
-        queued=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.QUEUED),
-        failed_error=error,
-        failed=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.FAILED, error=error),
-        now_ms=now_ms(),
-    )
+    outcome, _ = await store.requeue(job_id, "worker lost", max_attempts=max_attempts, now_ms=now_ms())
+    return outcome
 
 
 def test_the_tenant_is_stored_with_the_job_and_scopes_reads_and_listings(

@@ -23,12 +23,16 @@ from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import (
     JobRecord,
-    client_view,
+    accept_result,
+    end_state,
+    log_finished,
     new_job,
     request_fingerprint,
     requeue_unheld,
+    result_with,
     utcnow,
     waiting_reason,
+    worker_joined,
 )
 from omnirt.controller.core.model_loads import ModelLoads, WorkerAnswer
 from omnirt.controller.core.router import (
@@ -37,7 +41,6 @@ from omnirt.controller.core.router import (
     WorkerLink,
     WorkerRegistry,
     model_warnings,
-    same_process,
 )
 from omnirt.controller.core.tenants import (
     REASON_QUEUED,
@@ -57,7 +60,7 @@ from omnirt.controller.engines.memory.upkeep import MemoryUpkeep
 from omnirt.controller.observability import tracing
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
-from omnirt.errors import AlreadyExists, FailedPrecondition, InvalidRequest, OmniRTError
+from omnirt.errors import AlreadyExists, InvalidRequest, OmniRTError
 from omnirt.types import (
     EventKind,
     GenerateRequest,
@@ -263,14 +266,8 @@ class MemoryEngine:
     ) -> tuple[bytes, GenerateResult]:
         """The full bytes of one artifact of a succeeded job."""
         record = self.record(job_id, tenant=tenant)
-        if record.result is None:
-            raise FailedPrecondition(f"job {job_id} has no result (state {record.job.state.value})")
-        if not 0 <= index < len(record.result.artifacts):
-            raise InvalidRequest(
-                f"index: job {job_id} has {len(record.result.artifacts)} artifacts (got {index})",
-                field="index",
-            )
-        return record.result.artifacts[index].data, record.result
+        result = result_with(job_id, record.job.state, record.result, index)
+        return result.artifacts[index].data, result
 
     def list_models(self, task: Task | None = None) -> list[ModelSpec]:
         return [self._with_serving(s) for s in self.catalog if task is None or task in s.tasks]
@@ -321,15 +318,7 @@ class MemoryEngine:
         except AlreadyExists as exc:
             log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
             raise
-        if old is not None:
-            old.link.close()
-            if same_process(old.info, info):  # its own process: those jobs still run
-                handle.take_over(old)
-            else:  # another process, after the old one's lease expired
-                await self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
-        log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
-        for warning in handle.warnings:
-            log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
+        await worker_joined(handle, old, self._lose_jobs)
         self.wake.set()
         return handle
 
@@ -382,16 +371,14 @@ class MemoryEngine:
             if error.code == "UNAVAILABLE":  # the worker gave the job up (drain timeout): retry it
                 self._retry_or_fail(record, f"worker {handle.id} gave the job up: {error.message}")
                 return
-            state = JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
-            self._finish(record, state, error)
+            self._finish(record, end_state(error), error)
             return
         assert result is not None
-        result.job_id = job_id
-        # The controller's trace id is the job's, also for the jobs of a batch.
-        result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
-        result.report.tenant = record.job.tenant  # the controller's word, not the worker's
+        limit = record.plan.request.inline_limit_bytes or self.config.inline_limit_bytes
+        record.job.result = accept_result(
+            result, job_id, tracing.trace_id_of(job_id), record.job.tenant, limit
+        )
         record.result = result
-        record.job.result = self._client_view(record, result)
         self._finish(record, JobState.SUCCEEDED)  # the store may keep the worker's bytes (core.encoded)
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
@@ -462,15 +449,7 @@ class MemoryEngine:
         self.metrics.finished(record)
         self.tracing.finished(record)
         self._freeze_soon(record.job.id)
-        log.info(
-            "job finished",
-            extra={
-                "job_id": record.job.id,
-                "tenant": record.job.tenant,
-                "state": state.value,
-                "error": error.message if error else "",
-            },
-        )
+        log_finished(record.job.id, record.job.tenant, state, error)
 
     def _freeze_soon(self, job_id: str) -> None:
         """Freeze a finished job once the callbacks already due (its waiters' wake-ups) have run."""
@@ -480,11 +459,6 @@ class MemoryEngine:
             self.store.freeze_finished(job_id)
             return
         loop.call_soon(self.store.freeze_finished, job_id)
-
-    def _client_view(self, record: JobRecord, result: GenerateResult) -> GenerateResult:
-        """The result with oversized artifacts replaced by a download reference."""
-        limit = record.plan.request.inline_limit_bytes or self.config.inline_limit_bytes
-        return client_view(result, record.job.id, limit)
 
     def _waiting_reason(self, spec: ModelSpec) -> str:
         return waiting_reason(spec, self.workers.serving_count(spec))

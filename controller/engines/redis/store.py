@@ -7,13 +7,9 @@ What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -24,9 +20,11 @@ from redis.backoff import ExponentialBackoff
 from omnirt._internal import convert as c
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
 from omnirt.controller.engines.redis import scripts
+from omnirt.controller.engines.redis.artifacts import ArtifactFiles
 from omnirt.controller.observability.metrics import Gauges
 from omnirt.errors import JobNotFound, QueueFull
 from omnirt.types import (
+    EventKind,
     GenerateRequest,
     GenerateResult,
     Job,
@@ -75,19 +73,6 @@ class StoredJob:
     owner: str
     enqueued_ms: int
     fields: dict[bytes, bytes]
-
-    def artifact_bytes(self, index: int) -> bytes | None:
-        """Bytes kept beside the result (artifacts over the inline limit), or None."""
-        data = self.fields.get(f"artifact:{index}".encode())
-        if data is not None:
-            return data
-        path = self.fields.get(f"artifact_path:{index}".encode())
-        if path is None:
-            return None
-        try:
-            return Path(path.decode()).read_bytes()
-        except OSError:
-            return None
 
 
 @dataclass
@@ -147,8 +132,7 @@ class RedisJobStore:
         self.channel = prefix + "notify"
         self.ttl_s = max(1, int(job_ttl_s))
         self.idempotency_ttl_s = max(1, int(idempotency_ttl_s))
-        self.artifact_limit = artifact_limit_bytes
-        self.artifact_dir = Path(artifact_dir or os.path.join(tempfile.gettempdir(), "omnirt-artifacts"))
+        self.artifacts = ArtifactFiles(artifact_dir, artifact_limit_bytes, self.ttl_s)
         self._scripts = {
             name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
             for name in ("CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
@@ -424,12 +408,7 @@ class RedisJobStore:
 
         Returns (changed, the state it had, its owner, its assignment).
         """
-        extra: list[Any] = []
-        for index, data in (artifacts or {}).items():
-            if len(data) <= self.artifact_limit:
-                extra += [f"artifact:{index}", data]
-            else:
-                extra += [f"artifact_path:{index}", self._write_artifact(job_id, index, data)]
+        extra = self.artifacts.fields(job_id, artifacts or {})
         answer = await self._run(
             "FINISH",
             job_id,
@@ -452,43 +431,24 @@ class RedisJobStore:
             return False, before, "", ""
         return True, before, answer[2].decode(), answer[3].decode()
 
-    def _write_artifact(self, job_id: str, index: int, data: bytes) -> str:
-        """Large artifacts go to the (shared) artifact directory; Redis keeps the path."""
-        folder = self.artifact_dir / job_id
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / str(index)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
-        return str(path)
-
-    def sweep_artifacts(self, now: float) -> int:
-        """Delete artifact folders older than the job TTL (their jobs expired); how many."""
-        if not self.artifact_dir.is_dir():
-            return 0
-        removed = 0
-        for folder in self.artifact_dir.iterdir():
-            try:
-                if now - folder.stat().st_mtime > self.ttl_s:
-                    shutil.rmtree(folder)
-                    removed += 1
-            except OSError:
-                continue  # another controller removed it first
-        return removed
-
     async def requeue(
         self,
         job_id: str,
+        message: str,
         *,
         assignment_id: str = "",
         lease_before_ms: int = 0,
         max_attempts: int,
-        queued: JobEvent,
-        failed_error: JobError,
-        failed: JobEvent,
         now_ms: int,
-    ) -> str:
-        """Queue a running job again, or fail it when attempts are spent: 'queued', 'failed' or 'no'."""
+    ) -> tuple[str, JobError]:
+        """Queue a running job again, `message` saying why (its QUEUED event's UNAVAILABLE error),
+        or fail it when attempts are spent: 'queued', 'failed' or 'no', and the error a failed
+        job gets."""
+        failed_error = JobError("UNAVAILABLE", f"{message}; gave up after {max_attempts} attempts")
+        queued = JobEvent(
+            job_id=job_id, kind=EventKind.STATE, state=JobState.QUEUED, error=JobError("UNAVAILABLE", message)
+        )
+        failed = JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.FAILED, error=failed_error)
         answer = await self._run(
             "REQUEUE",
             job_id,
@@ -501,7 +461,7 @@ class RedisJobStore:
             _bytes(c.error_to_proto(failed_error)),
             _bytes(c.event_to_proto(failed)),
         )
-        return str(answer[0].decode())
+        return str(answer[0].decode()), failed_error
 
     async def renew(self, owner: str, job_ids: Sequence[str], expiry_ms: int) -> int:
         if not job_ids:
