@@ -31,8 +31,9 @@ from prometheus_client import Counter
 
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.engine_client import EngineClient, SharedRedis
+from omnirt.controller.core.validation import parse_webhook_url
 from omnirt.controller.webhooks import payload
-from omnirt.controller.webhooks.addresses import AddressPolicy, CheckedResolver, RefusedAddress, parse_url
+from omnirt.controller.webhooks.addresses import AddressPolicy, CheckedResolver, RefusedAddress
 from omnirt.controller.webhooks.follows import Follow, FollowStore, MemoryFollows, RedisFollows
 from omnirt.controller.webhooks.signing import Signer, random_master, read_master
 from omnirt.errors import JobNotFound, OmniRTError
@@ -279,7 +280,7 @@ class WebhookDispatcher:
         headers["Content-Type"] = "application/json"
         try:
             # A literal address skips the resolver: checked here instead.
-            host = parse_url(f.webhook.url).hostname or ""
+            host = parse_webhook_url(f.webhook.url).hostname or ""
             if not self.policy.host_allowed(host):
                 with contextlib.suppress(ValueError):
                     kind = self.policy.refusal(ipaddress.ip_address(host))

@@ -11,10 +11,10 @@ import pytest
 from standardwebhooks.webhooks import Webhook as Verifier
 
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.validation import validate
+from omnirt.controller.core.validation import parse_webhook_url, validate
 from omnirt.controller.http.transcode import job_json
 from omnirt.controller.webhooks import payload
-from omnirt.controller.webhooks.addresses import AddressPolicy, parse_url, refused_kind
+from omnirt.controller.webhooks.addresses import AddressPolicy, refused_kind
 from omnirt.controller.webhooks.signing import Signer
 from omnirt.errors import InvalidRequest
 from omnirt.types import (
@@ -84,7 +84,7 @@ def test_allow_list_admits_ranges_and_hosts_only() -> None:
 )
 def test_bad_urls_name_webhook_url(url: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        parse_url(url)
+        parse_webhook_url(url)
     assert caught.value.field == "webhook.url"
 
 
