@@ -48,7 +48,7 @@ from omnirt.v1 import (
 from omnirt.worker.v1 import gateway_pb2, gateway_pb2_grpc
 
 if TYPE_CHECKING:
-    from omnirt.controller.http import HttpGateway
+    from omnirt.controller.http.app import HttpGateway
 
 log = logging.getLogger("omnirt.controller")
 
@@ -206,7 +206,7 @@ class ControllerServer:
         # The HTTP gateway calls the same servicers, so HTTP and gRPC share every code path.
         self.http: HttpGateway | None = None
         if config.http:
-            from omnirt.controller.http import HttpGateway
+            from omnirt.controller.http.app import HttpGateway
 
             ssl_context = (
                 self.tls.ssl_context(require_client_auth=config.tls_public_client_auth) if self.tls else None

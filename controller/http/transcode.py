@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from google.protobuf import descriptor_pool, json_format, message_factory
@@ -25,7 +25,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescri
 from google.protobuf.message import Message
 
 from omnirt._internal import convert as c
+from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import shown
+from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.http.errors import HttpError, bad_request
 from omnirt.types import Job
 
@@ -80,6 +82,24 @@ MAX_JSON_DEPTH = 64
 # Infinity (which Python's json takes and JSON does not have), fit no field of the API.
 MAX_INT_DIGITS = 308
 JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}
+
+
+class Gateway(Protocol):
+    """What a module of routes (the OpenAI-compatible ones) uses of the HTTP gateway
+    (`app.HttpGateway`, which registers them: they take this, so they do not import it back).
+
+    `call` and `stream` run an RPC of `ROUTES`' kind in process, as the request's caller."""
+
+    @property
+    def engine(self) -> EngineClient: ...
+    @property
+    def artifacts(self) -> ArtifactStore | None: ...
+    @property
+    def servicers(self) -> Mapping[str, Any]: ...
+    async def call(self, rpc: str, msg: Message, request: web.Request) -> Any: ...
+    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncIterator[Any]: ...
+    def request_type(self, rpc: str) -> Descriptor: ...
+    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None: ...
 
 
 def method_of(rpc: str) -> MethodDescriptor:

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from omnirt.controller.edges.auth import key_digest
-from omnirt.controller.http import HttpGateway
+from omnirt.controller.http.app import HttpGateway
 from omnirt.controller.http.security import rpc_level
 from omnirt.controller.http.transcode import ROUTES
 from tests.conftest import QUEUED_VIDEO, USER_CATALOG

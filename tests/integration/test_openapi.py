@@ -15,7 +15,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from omnirt.controller.edges.auth import key_digest
-from omnirt.controller.http import HttpGateway
+from omnirt.controller.http.app import HttpGateway
 from omnirt.controller.http.route_docs import UNDOCUMENTED
 from omnirt.v1 import realtime_pb2
 from tests.daemons import Controller
