@@ -101,7 +101,9 @@ def check_bindable(address: str) -> None:
                     raise listen_error(address, exc) from None
 
 
-def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
+def add_reflection_v1(
+    servicer: reflection_pb2_grpc.ServerReflectionServicer, server: grpc.aio.Server
+) -> None:
     """Serve `servicer` (grpcio-reflection's v1alpha one) as grpc.reflection.v1 too.
 
     grpcurl and newer clients ask for v1; grpcio-reflection ships v1alpha only. The two protos
@@ -124,7 +126,7 @@ def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
             method.output_type = method.output_type.replace(".v1alpha.", ".v1.")
         pool.Add(file)
     info = grpc.stream_stream_rpc_method_handler(
-        servicer.ServerReflectionInfo,  # type: ignore[attr-defined]
+        servicer.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
     )
@@ -178,7 +180,7 @@ class ControllerServer:
             self.engine, self.admission, self.sessions, self.artifacts, parts.arriving_results
         )
         # One health servicer on both ports: a probe of either sees the same status.
-        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # the stub lacks `aio`
         self.worker_server: grpc.aio.Server | None = None
         if config.worker_listen:
             # The worker stream, and the catalog a worker reads to preload its models.
@@ -191,7 +193,7 @@ class ControllerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         served = SERVICE_NAMES if not config.worker_listen else SERVICE_NAMES[:4]
         names = (*served, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
-        reflector = reflection.aio.ReflectionServicer(names)  # type: ignore[attr-defined]
+        reflector = reflection.aio.ReflectionServicer(names)  # type: ignore[attr-defined]  # stub lacks `aio`
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, self.server)
         add_reflection_v1(reflector, self.server)
         self.port = self._bind(self.server, config.listen, self._public_credentials())

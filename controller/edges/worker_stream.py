@@ -115,7 +115,7 @@ class StreamLink:
 
 
 class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
-    """Translates the worker stream into Engine calls.
+    """Translates the worker stream into EngineClient calls.
 
     With `admission`, a stream joins only once its Hello is admitted (token or client
     certificate): a refused one is answered UNAUTHENTICATED before the engine hears of it, so

@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import HttpVersion11, web
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from omnirt._internal.address import is_loopback
@@ -176,7 +177,7 @@ class HttpGateway:
         self._require(rpc, request, audit=True)
         method = method_of(rpc)
         servicer = self.servicers[method.containing_service.full_name]
-        return getattr(servicer, method.name)  # type: ignore[no-any-return]
+        return getattr(servicer, method.name)
 
     async def call(self, rpc: str, msg: Message, request: web.Request) -> Any:
         """Run a unary RPC in-process, as the request's caller, with its trace context."""
@@ -184,11 +185,11 @@ class HttpGateway:
         with tracing.remote_parent(request.headers):
             return await fn(msg, CallContext(request))
 
-    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncIterator[Any]:
+    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncGenerator[Any, None]:
         fn = self._rpc(rpc, request)
-        return fn(msg, CallContext(request))  # type: ignore[no-any-return]
+        return fn(msg, CallContext(request))
 
-    def request_type(self, rpc: str) -> Any:
+    def request_type(self, rpc: str) -> Descriptor:
         return method_of(rpc).input_type
 
     # ---- handlers -------------------------------------------------------------------------
@@ -205,11 +206,12 @@ class HttpGateway:
                 )
                 if flag(wanted):
                     rpc, binding = route.async_rpc, route.async_body
-            msg = build_request(binding, self.request_type(rpc), request.match_info, request.query, body)
+            # Any: the message's class is the route's RPC's, known at run time only.
+            msg: Any = build_request(binding, self.request_type(rpc), request.match_info, request.query, body)
             if route.kind == SSE:
                 last = request.headers.get("Last-Event-ID", "")
                 if last and "after_sequence" not in request.query:
-                    msg.after_sequence = last_event_id(last)  # type: ignore[attr-defined]
+                    msg.after_sequence = last_event_id(last)
                 return await send_sse(request, self.stream(rpc, msg, request))
             if route.kind == WEBSOCKET:
                 return await send_websocket(

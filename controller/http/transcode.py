@@ -6,7 +6,7 @@ lowerCamelCase is accepted on input; enums by name, or by their short name: `"te
 for `TASK_TEXT2IMAGE`). Path parameters, query parameters and the JSON body fill the request
 message like `google.api.http` bindings do (`body="*"`: the body is the message,
 `body="request"`: the body is that field); the call goes to the same servicer (and so the same
-Engine) the gRPC server uses. Four kinds of route: unary JSON, a server stream as Server-Sent
+engine) the gRPC server uses. Four kinds of route: unary JSON, a server stream as Server-Sent
 Events, as a WebSocket, or as a raw download.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,7 +97,7 @@ class Gateway(Protocol):
     @property
     def servicers(self) -> Mapping[str, Any]: ...
     async def call(self, rpc: str, msg: Message, request: web.Request) -> Any: ...
-    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncIterator[Any]: ...
+    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncGenerator[Any, None]: ...
     def request_type(self, rpc: str) -> Descriptor: ...
     async def expect_continue(self, request: web.Request) -> web.StreamResponse | None: ...
 
