@@ -21,8 +21,6 @@ from omnirt._internal.protocol.v1 import gateway_pb2, gateway_pb2_grpc
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.encoded import EncodedJobs
-from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.edges.audit import AuditLog
 from omnirt.controller.edges.auth import Authenticator
 from omnirt.controller.edges.auth_interceptor import AuthInterceptor
@@ -31,9 +29,8 @@ from omnirt.controller.edges.servicers import ClusterServicer, GenerationService
 from omnirt.controller.edges.tls import ServerTls
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
-from omnirt.controller.engines.memory.client import MemoryEngineClient
-from omnirt.controller.engines.memory.engine import Engine
-from omnirt.controller.engines.memory.store import JobStore
+from omnirt.controller.engines import make_engine
+from omnirt.controller.http.transcode import job_json
 from omnirt.controller.observability.tracing import TraceInterceptor
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.registry import RedisSessions
@@ -51,7 +48,7 @@ from omnirt.v1 import (
 )
 
 if TYPE_CHECKING:
-    from omnirt.controller.http import HttpGateway
+    from omnirt.controller.http.app import HttpGateway
 
 log = logging.getLogger("omnirt.controller")
 
@@ -104,7 +101,9 @@ def check_bindable(address: str) -> None:
                     raise listen_error(address, exc) from None
 
 
-def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
+def add_reflection_v1(
+    servicer: reflection_pb2_grpc.ServerReflectionServicer, server: grpc.aio.Server
+) -> None:
     """Serve `servicer` (grpcio-reflection's v1alpha one) as grpc.reflection.v1 too.
 
     grpcurl and newer clients ask for v1; grpcio-reflection ships v1alpha only. The two protos
@@ -127,27 +126,13 @@ def add_reflection_v1(servicer: object, server: grpc.aio.Server) -> None:
             method.output_type = method.output_type.replace(".v1alpha.", ".v1.")
         pool.Add(file)
     info = grpc.stream_stream_rpc_method_handler(
-        servicer.ServerReflectionInfo,  # type: ignore[attr-defined]
+        servicer.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
     )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": info}),)
     )
-
-
-def make_engine(config: ControllerConfig, catalog: Catalog) -> tuple[EngineClient, EncodedJobs | None]:
-    """The engine `config.store` asks for, in memory (default) or on Redis, and where it keeps
-    finished jobs encoded for Generate's answers (the memory store's frozen jobs; None on Redis,
-    whose jobs the servicer converts)."""
-    if config.store in ("", "memory"):
-        engine = Engine(config, catalog)
-        return MemoryEngineClient(engine), engine.store
-    if config.store.startswith(("redis://", "rediss://", "unix://")):
-        from omnirt.controller.engines.redis.engine import RedisEngine
-
-        return RedisEngine(config, catalog), None
-    raise ValueError(f"--store: expected memory or redis://HOST:PORT/DB, got {config.store!r}")
 
 
 class ControllerServer:
@@ -161,26 +146,28 @@ class ControllerServer:
         self.admission = WorkerAdmission(
             config.worker_token_file, self.audit, client_ca=bool(config.tls_client_ca)
         )
-        self.engine, encoded = make_engine(config, catalog or Catalog.load(config.catalog))
+        parts = make_engine(config, catalog or Catalog.load(config.catalog))
+        self.engine = parts.client
         # --artifact-store: workers with the same store upload there; objects of evicted jobs
         # go at once on the memory engine (the sweep catches the rest, and the Redis engine's).
         self.artifacts = ArtifactStore(config) if config.artifact_store else None
-        if self.artifacts is not None and isinstance(encoded, JobStore):
+        if self.artifacts is not None and parts.watch_evictions is not None:
             self.artifacts.track_evictions = True
-            encoded.on_evict = self.artifacts.forget
-        self.webhooks = WebhookDispatcher(config, self.engine)  # ValueError: a bad --webhook-* flag
-        self._health_task: asyncio.Task[None] | None = None
-        store = getattr(self.engine, "store", None)
-        shared = (
-            RedisSessions(store.redis, store.p) if store is not None and hasattr(store, "redis") else None
+            parts.watch_evictions(self.artifacts.forget)
+        self.webhooks = WebhookDispatcher(  # ValueError: a bad --webhook-* flag
+            config, self.engine, deliveries=parts.metrics.webhooks, job_json=job_json, shared=parts.shared
         )
+        self._health_task: asyncio.Task[None] | None = None
+        shared = RedisSessions(parts.shared.client, parts.shared.prefix) if parts.shared else None
         self.sessions = SessionManager(
             self.engine.catalog, config.session_max_duration_s, name=config.listen, shared=shared
         )
-        self.sessions.metrics = self.engine.metrics.realtime
+        self.sessions.metrics = parts.metrics.realtime
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
-            SERVICE_NAMES[0]: GenerationServicer(self.engine, encoded, self.artifacts, self.webhooks),
+            SERVICE_NAMES[0]: GenerationServicer(
+                self.engine, parts.encoded_jobs, self.artifacts, self.webhooks
+            ),
             SERVICE_NAMES[1]: ModelServicer(self.engine),
             SERVICE_NAMES[2]: ClusterServicer(self.engine, self.sessions),
             SERVICE_NAMES[3]: RealtimeServicer(self.sessions),
@@ -189,9 +176,11 @@ class ControllerServer:
         models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(public[SERVICE_NAMES[2]], self.server)
         realtime_pb2_grpc.add_RealtimeServiceServicer_to_server(public[SERVICE_NAMES[3]], self.server)
-        gateway = WorkerGateway(self.engine, self.admission, self.sessions, self.artifacts)
+        gateway = WorkerGateway(
+            self.engine, self.admission, self.sessions, self.artifacts, parts.arriving_results
+        )
         # One health servicer on both ports: a probe of either sees the same status.
-        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # the stub lacks `aio`
         self.worker_server: grpc.aio.Server | None = None
         if config.worker_listen:
             # The worker stream, and the catalog a worker reads to preload its models.
@@ -204,7 +193,7 @@ class ControllerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         served = SERVICE_NAMES if not config.worker_listen else SERVICE_NAMES[:4]
         names = (*served, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1)
-        reflector = reflection.aio.ReflectionServicer(names)  # type: ignore[attr-defined]
+        reflector = reflection.aio.ReflectionServicer(names)  # type: ignore[attr-defined]  # stub lacks `aio`
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, self.server)
         add_reflection_v1(reflector, self.server)
         self.port = self._bind(self.server, config.listen, self._public_credentials())
@@ -219,13 +208,14 @@ class ControllerServer:
         # The HTTP gateway calls the same servicers, so HTTP and gRPC share every code path.
         self.http: HttpGateway | None = None
         if config.http:
-            from omnirt.controller.http import HttpGateway
+            from omnirt.controller.http.app import HttpGateway
 
             ssl_context = (
                 self.tls.ssl_context(require_client_auth=config.tls_public_client_auth) if self.tls else None
             )
             self.http = HttpGateway(
                 self.engine,
+                parts.metrics,
                 public,
                 config.http,
                 config.http_max_body_bytes,

@@ -1,17 +1,23 @@
-"""Encoded jobs and results, as the edges and the stores pass them on without protobuf here.
+"""Encoded jobs and results, as the edges and the memory store pass them on without protobuf here.
 
 A finished job's result is the largest thing a Generate answers (a video, many MiB). Converting
 it from the worker's message to a dataclass and back for every answer and for the store costs
-copies of every artifact's bytes. So the edge hands the engine the worker's result as it came
-(`ResultEncoding`, implemented by `edges.convert.WireResult`); the memory store keeps those
-bytes instead of converting the result back (as the client's view, or as the full result when
-an artifact's bytes were cut from the view); and Generate answers from the store's bytes
-(`EncodedJobs`) instead of converting the job again. The engine only passes the opaque
-encoding along: it never parses or builds a message.
+copies of every artifact's bytes. So, beside the engine interface (which sees dataclasses only):
+
+* while the engine takes a worker's result, the worker stream hands the store the result as it
+  came (`ArrivingResults.arriving`, with a `ResultEncoding`: `edges.convert.WireResult`), and
+  the memory store keeps those bytes when it finishes the job instead of converting the result
+  back (as the client's view, or as the full result when an artifact's bytes were cut from it);
+* Generate answers from the store's bytes (`EncodedJobs`) instead of converting the job again.
+
+`engines.make_engine` hands both to the server (the memory store is both; None on Redis, which
+stores its own conversion), so nothing probes behind `EngineClient`. The engine never sees an
+encoding.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
 from omnirt.types import GenerateResult, Job
@@ -28,6 +34,18 @@ class ResultEncoding(Protocol):
     def stamped(self, job_id: str, trace_id: str, tenant: str) -> bytes:
         """The result encoded (omnirt.v1.GenerateResult) with the controller's job id, trace id
         and tenant in place of the worker's."""
+        ...
+
+
+class ArrivingResults(Protocol):
+    """Where the worker stream hands a store a worker's result as it came (the memory store)."""
+
+    def arriving(
+        self, job_id: str, assignment_id: str, encoding: ResultEncoding
+    ) -> AbstractContextManager[None]:
+        """While the engine takes this result: should it finish the job with it (the job still
+        runs under `assignment_id`, and its result kept every artifact as it came), the store
+        keeps `encoding`'s bytes, stamped with the controller's ids, as the job's result."""
         ...
 
 

@@ -1,26 +1,24 @@
 """The one interface the edges (gRPC servicers, worker gateway, HTTP) use to reach an engine.
 
-Two engines implement it: `engines.memory.client.MemoryEngineClient` wraps the in-process
-`Engine` (jobs in this process's memory, the default), `engines.redis.engine.RedisEngine` keeps
-jobs, queue and events in Redis so several controllers share them and a restart loses nothing.
-The edges never know which one they talk to. Everything here is `omnirt.types` dataclasses: no
-protobuf crosses this interface (a worker's encoded result passes as an opaque
-`core.encoded.ResultEncoding`).
+Two engines implement it: `engines.memory.engine.MemoryEngine` (jobs in this process's memory,
+the default) and `engines.redis.engine.RedisEngine` (jobs, queue and events in Redis, so several
+controllers share them and a restart loses nothing). The edges never know which one they talk
+to. Everything here is `omnirt.types` dataclasses: no protobuf crosses this interface. What the
+server wires beside it (the metrics, the memory engine's encoded fast path, the Redis connection
+that other parts share) comes from `engines.make_engine`, never from probing behind it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 from omnirt._internal.protocol.messages import ModelLoaded
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.encoded import ResultEncoding
 from omnirt.controller.core.router import WorkerHandle, WorkerLink
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy
 from omnirt.controller.core.validation import Plan
-from omnirt.controller.observability.metrics import EngineMetrics
 from omnirt.types import (
     GenerateRequest,
     GenerateResult,
@@ -35,12 +33,21 @@ from omnirt.types import (
 )
 
 
+class SharedRedis(NamedTuple):
+    """The Redis client and key prefix the engine keeps its jobs under.
+
+    For what other parts keep beside the jobs: realtime sessions, webhook follows.
+    """
+
+    client: Any  # a redis.asyncio.Redis (core imports no client library)
+    prefix: str
+
+
 class EngineClient(Protocol):
     """What the edges call; every job operation is async (a store may be remote)."""
 
     config: ControllerConfig
     catalog: Catalog
-    metrics: EngineMetrics
 
     async def start(self) -> None:
         """Start the engine's own tasks (dispatch, leases, deadlines; Redis upkeep)."""
@@ -187,13 +194,8 @@ class EngineClient(Protocol):
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        encoding: ResultEncoding | None = None,
     ) -> None:
-        """A job's outcome: its result or its error (a late or foreign one is ignored).
-
-        `encoding` is the result as the worker sent it: an engine may keep its bytes instead of
-        converting `result` back (see `core.encoded`).
-        """
+        """A job's outcome: its result or its error (a late or foreign one is ignored)."""
         ...
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:

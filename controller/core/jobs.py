@@ -1,18 +1,26 @@
 """A job record (the job, its plan, its event log, waiting for new events) and the job rules
-both engines share: a new job, an idempotency fingerprint, the client's view of a result."""
+both engines share: a new job, an idempotency fingerprint, a worker's result taken as the
+controller's and the client's view of it, how a job ends, and the jobs a worker's heartbeat
+shows it does not hold."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
+from omnirt.controller.core.router import WorkerHandle, same_process
 from omnirt.controller.core.validation import Plan
-from omnirt.types import GenerateRequest, GenerateResult, Job, JobEvent, JobState, ModelSpec
+from omnirt.errors import FailedPrecondition, InvalidRequest
+from omnirt.types import GenerateRequest, GenerateResult, Job, JobError, JobEvent, JobState, ModelSpec
+
+log = logging.getLogger("omnirt.controller")
 
 
 def utcnow() -> datetime:
@@ -69,11 +77,98 @@ def client_view(result: GenerateResult, job_id: str, limit: int) -> GenerateResu
     return replace(result, artifacts=artifacts)
 
 
+def accept_result(
+    result: GenerateResult, job_id: str, trace_id: str, tenant: str, limit: int
+) -> GenerateResult:
+    """Take a worker's result as the controller's, in place: the job's id, trace id (the job's
+    own, also in a batch; the worker's only when the job has none) and tenant (the controller's
+    word, not the worker's). Returns the client's view, artifacts over `limit` bytes cut."""
+    result.job_id = job_id
+    result.report.trace_id = trace_id or result.report.trace_id
+    result.report.tenant = tenant
+    return client_view(result, job_id, limit)
+
+
+def end_state(error: JobError) -> JobState:
+    """The final state a worker's error ends its job in (a job it stopped at a cancel: CANCELLED)."""
+    return JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
+
+
+def result_with(job_id: str, state: JobState, result: GenerateResult | None, index: int) -> GenerateResult:
+    """A job's result, once artifact `index` is known to be in it (DownloadArtifact):
+    FailedPrecondition for a job without a result, InvalidRequest past its last artifact."""
+    if result is None:
+        raise FailedPrecondition(f"job {job_id} has no result (state {state.value})")
+    if not 0 <= index < len(result.artifacts):
+        raise InvalidRequest(
+            f"index: job {job_id} has {len(result.artifacts)} artifacts (got {index})", field="index"
+        )
+    return result
+
+
+def log_finished(job_id: str, tenant: str, state: JobState, error: JobError | None) -> None:
+    """The log line of a job that reached its final state (on the controller that saw it end)."""
+    extra = {
+        "job_id": job_id,
+        "tenant": tenant,
+        "state": state.value,
+        "error": error.message if error else "",
+    }
+    log.info("job finished", extra=extra)
+
+
 def waiting_reason(spec: ModelSpec, serving: int) -> str:
     """Why a queued job of `spec` waits, given how many workers serve the model."""
     if serving == 0:
         return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
     return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+
+
+async def worker_joined(
+    handle: WorkerHandle,
+    old: WorkerHandle | None,
+    lose_jobs: Callable[[WorkerHandle, str], Awaitable[None]],
+) -> None:
+    """A worker's stream was registered as `handle`, in the place of `old` (the same id) if any.
+
+    The old stream is closed. Its jobs still run when it was the same process (the new handle
+    holds them, and gets what the old one had not written); another process, come after the
+    old one's lease expired, never ran them: the engine's `lose_jobs(old, reason)` requeues them.
+    """
+    if old is not None:
+        old.link.close()
+        if same_process(old.info, handle.info):
+            handle.take_over(old)
+        else:
+            await lose_jobs(old, f"worker {old.id} was replaced by a new process")
+    log.info("worker connected", extra={"worker_id": handle.id, "mode": handle.info.execution_mode})
+    for warning in handle.warnings:
+        log.warning("worker %s: %s", handle.id, warning, extra={"worker_id": handle.id})
+
+
+async def requeue_unheld(
+    handle: WorkerHandle,
+    listed: set[tuple[str, str]] | None,
+    requeue: Callable[[str, str, str], Awaitable[None]],
+) -> bool:
+    """Reconcile what runs on a worker with the (job id, assignment id) pairs its heartbeat
+    lists (None: a worker that does not list them, nothing is reconciled).
+
+    A job counted on `handle` that the worker does not hold (a lost result, an assignment it
+    never ran; `WorkerHandle.unlisted` gives the grace) frees its slot, and the engine's
+    `requeue(job_id, assignment_id, message)` puts it back in the queue as if its worker was
+    lost. Returns whether a slot was freed (the engine's dispatcher has work then).
+    """
+    if listed is None:
+        return False
+    unheld = handle.unlisted(listed)
+    for job_id, assignment_id in unheld:
+        handle.release(job_id, assignment_id)
+        log.warning("job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id})
+        await requeue(
+            job_id, assignment_id, f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
+        )
+    return bool(unheld)
 
 
 @dataclass
@@ -86,8 +181,9 @@ class JobRecord:
     events: list[JobEvent] = field(default_factory=list)
     # The result with every artifact's bytes; `job.result` is the same minus oversized bytes.
     result: GenerateResult | None = None
-    # `result` encoded (omnirt.v1.GenerateResult) as the worker sent it, when it is that (see
-    # `core.encoded`): freezing keeps these bytes instead of converting the result back.
+    # `result` encoded (omnirt.v1.GenerateResult) as the worker sent it, when it is that (the
+    # memory store's, see `core.encoded`): freezing keeps these bytes instead of converting the
+    # result back.
     result_encoded: bytes | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
     # Kept across requeues, so a retried job keeps its place (and its aging).
@@ -104,7 +200,7 @@ class JobRecord:
     _changed: asyncio.Event | None = None
     _final: asyncio.Event | None = None
 
-    # The names a `finished.FinishedJob` has too: the store filters and evicts either kind.
+    # The names a `frozen.FinishedJob` has too: the store filters and evicts either kind.
     @property
     def state(self) -> JobState:
         return self.job.state

@@ -7,6 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 from omnirt._internal import defaults, runtime_schema
 from omnirt._internal.defaults import MAX_SEED
@@ -16,7 +17,6 @@ from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.controller.core import bounds
 from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
 from omnirt.controller.core.catalog import PRESET_RUNTIME, Catalog
-from omnirt.controller.webhooks.addresses import parse_url
 from omnirt.errors import FailedPrecondition
 from omnirt.types import GenerateRequest, MediaKind, ModelSpec, Preset, Task, Webhook
 
@@ -29,6 +29,8 @@ MAX_QUALITY = 100  # output.quality is 1-100 (0 = the encoder's default)
 # longest that still means something (0 = the default, 1000 ms).
 MIN_PROGRESS_INTERVAL_MS = 100
 MAX_PROGRESS_INTERVAL_MS = 3_600_000
+WEBHOOK_URL = "webhook.url"
+MAX_WEBHOOK_URL_CHARS = 2048  # what browsers and most proxies take
 TEXT_TASKS = {Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.INPAINT, Task.TEXT2VIDEO, Task.TEXT2AUDIO}
 OUTPUT_KIND = {
     Task.TEXT2IMAGE: MediaKind.IMAGE,
@@ -87,12 +89,37 @@ def _check_times(req: GenerateRequest, now_ms: int) -> None:
         raise bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
 
 
+def parse_webhook_url(url: str) -> SplitResult:
+    """The URL's parts, or INVALID_ARGUMENT naming webhook.url: http(s), a host, bounded, no credentials."""
+    if not url:
+        raise bad(WEBHOOK_URL, "required (an http:// or https:// URL)")
+    if len(url) > MAX_WEBHOOK_URL_CHARS:
+        raise bad(WEBHOOK_URL, f"at most {MAX_WEBHOOK_URL_CHARS} characters (got {len(url)})")
+    if not (url.isascii() and url.isprintable()) or any(c.isspace() for c in url):
+        raise bad(WEBHOOK_URL, f"must be printable ASCII without spaces (got {echo(url)})")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise bad(WEBHOOK_URL, f"not a URL ({exc}): {echo(url)}") from None
+    if parts.scheme not in ("http", "https"):
+        raise bad(WEBHOOK_URL, f"must be an http:// or https:// URL (got scheme {echo(parts.scheme)})")
+    if not parts.hostname:
+        raise bad(WEBHOOK_URL, f"names no host: {echo(url)}")
+    if parts.username is not None or parts.password is not None:
+        raise bad(WEBHOOK_URL, "must not carry a user name or password (the payload is signed instead)")
+    if port == 0:
+        raise bad(WEBHOOK_URL, "port 0 is no port")
+    return parts
+
+
 def _check_webhook(req: GenerateRequest) -> None:
-    """The webhook's URL shape, events and progress interval (its addresses: `webhooks.addresses`)."""
+    """The webhook's URL shape, events and progress interval (its addresses: `webhooks.addresses`,
+    checked by the servicer at submission)."""
     hook = req.webhook
     if hook is None:
         return
-    parse_url(hook.url)
+    parse_webhook_url(hook.url)
     interval = hook.progress_interval_ms
     if interval and not MIN_PROGRESS_INTERVAL_MS <= interval <= MAX_PROGRESS_INTERVAL_MS:
         raise bad(

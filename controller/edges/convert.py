@@ -42,7 +42,7 @@ def accept_stored(message: types_pb2.GenerateResult, job_id: str, store: Artifac
 
 
 class WireResult:
-    """A worker's result message as a `core.encoded.ResultEncoding` (the engine's opaque view)."""
+    """A worker's result message as a `core.encoded.ResultEncoding` (opaque to the memory store)."""
 
     __slots__ = ("_message",)
 

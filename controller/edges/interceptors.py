@@ -28,7 +28,7 @@ ERROR_DOMAIN = "omnirt.dev"
 # by default): past that the caller sees RESOURCE_EXHAUSTED "Stream removed", not the error.
 # With these bounds all of it stays under 8 KiB (measured: 7 KiB at most, for a message of
 # 2- or 4-byte characters, percent-encoded, then again in the details, base64).
-MAX_MESSAGE_BYTES = 1024
+MAX_ERROR_MESSAGE_BYTES = 1024
 MAX_METADATA_CHARS = MAX_FIELD_CHARS  # what validation lets through for a field: it arrives whole
 MAX_DESCRIPTION_CHARS = 256  # of a BadRequest violation: the message again, in short
 MAX_INTERNAL_CHARS = 300  # of an unexpected exception's text: enough to recognise it, no dump
@@ -84,7 +84,7 @@ def status_trailers(exc: OmniRTError, message_text: str) -> tuple[tuple[str, str
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, OmniRTError):
-        text = bounded(exc.message, MAX_MESSAGE_BYTES)
+        text = bounded(exc.message, MAX_ERROR_MESSAGE_BYTES)
         await context.abort(exc.code, text, trailing_metadata=status_trailers(exc, text))
     log.exception("unexpected error in a handler", exc_info=exc)
     text = bounded(str(exc), MAX_INTERNAL_CHARS)
@@ -202,7 +202,7 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
         behaviour = self.wrap(method, fn, handler.request_streaming) if fn is not None else None
         wrapped = handler
         if behaviour is not None:
-            wrapped = factory(  # type: ignore[operator]
+            wrapped = factory(
                 behaviour,
                 request_deserializer=self.deserializer(handler),
                 response_serializer=handler.response_serializer,

@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import grpc
 
@@ -149,7 +150,8 @@ class ServerTls:
         fetcher = _PortFetcher(self, require_client_auth)
         return grpc.dynamic_ssl_server_credentials(
             fetcher.config(self.files),
-            fetcher,  # type: ignore[arg-type]  # the stub leaves out the documented None ("unchanged")
+            # The stub's type leaves out the documented None ("unchanged") a fetcher may return.
+            cast(Callable[[], grpc.ServerCertificateConfiguration], fetcher),
             require_client_authentication=require_client_auth,
         )
 

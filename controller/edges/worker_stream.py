@@ -25,6 +25,7 @@ from omnirt._internal.protocol.v1 import gateway_pb2 as pb
 from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import check_id
+from omnirt.controller.core.encoded import ArrivingResults
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.core.router import WorkerHandle, WorkerLink, worker_info
 from omnirt.controller.edges.convert import WireResult, accept_stored
@@ -116,7 +117,7 @@ class StreamLink:
 
 
 class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
-    """Translates the worker stream into Engine calls.
+    """Translates the worker stream into EngineClient calls.
 
     With `admission`, a stream joins only once its Hello is admitted (token or client
     certificate): a refused one is answered UNAUTHENTICATED before the engine hears of it, so
@@ -128,11 +129,13 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         admission: WorkerAdmission | None = None,
         sessions: SessionManager | None = None,
         artifacts: ArtifactStore | None = None,
+        arriving_results: ArrivingResults | None = None,
     ) -> None:
         self.engine = engine
         self.admission = admission
         self.sessions = sessions
         self.artifacts = artifacts
+        self.arriving_results = arriving_results  # the memory store's fast path (core.encoded)
         self._closing: set[asyncio.Future[None]] = set()
 
     async def WorkerSession(
@@ -279,5 +282,11 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             log.exception("unreadable result from worker", extra={"worker_id": handle.id, "job_id": r.job_id})
             reason = f"the controller cannot read the worker's result: {type(exc).__name__}: {exc}"
             result, error = None, JobError("INTERNAL", reason[:300])
-        sent = WireResult(r.result) if result is not None else None
-        await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error, sent)
+        # The memory store may keep the message's bytes as they came (core.encoded).
+        arriving = (
+            self.arriving_results.arriving(r.job_id, r.assignment_id, WireResult(r.result))
+            if result is not None and self.arriving_results is not None
+            else contextlib.nullcontext()
+        )
+        with arriving:
+            await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error)

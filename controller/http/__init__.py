@@ -1,5 +1,6 @@
-"""The controller's HTTP edge: the JSON gateway, event streams, OpenAI routes and /metrics."""
+"""The controller's HTTP edge: the JSON gateway (`app.HttpGateway`), event streams, OpenAI
+routes and /metrics.
 
-from omnirt.controller.http.app import HttpGateway
-
-__all__ = ["HttpGateway"]
+Nothing is imported here: a route module imported on its own does not pull in the gateway that
+registers it (`app` imports the route modules, never the reverse).
+"""

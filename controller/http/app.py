@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import HttpVersion11, web
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from omnirt._internal.address import is_loopback
@@ -54,7 +55,7 @@ from omnirt.controller.http.transcode import (
     to_json,
 )
 from omnirt.controller.observability import tracing
-from omnirt.controller.observability.metrics import CONTENT_TYPE
+from omnirt.controller.observability.metrics import CONTENT_TYPE, EngineMetrics
 from omnirt.controller.realtime import websocket as realtime_websocket
 from omnirt.errors import ExecutionFailed, OmniRTError, PermissionDenied
 
@@ -95,6 +96,7 @@ class HttpGateway:
     def __init__(
         self,
         engine: EngineClient,
+        metrics: EngineMetrics,
         servicers: Mapping[str, Any],
         address: str,
         max_body_bytes: int,
@@ -106,6 +108,7 @@ class HttpGateway:
         artifacts: ArtifactStore | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics = metrics  # /metrics, and the gateway's own request counts
         self.artifacts = artifacts  # --artifact-store: the OpenAI routes read objects from it
         self.auth = auth  # None: auth is off (every caller is the anonymous admin)
         self.ssl_context = ssl_context
@@ -131,7 +134,7 @@ class HttpGateway:
         openai_images.register(self.app, self)
         openai_videos.register(self.app, self)
         openai_audio.register(self.app, self)
-        realtime_websocket.register(self.app, self)  # WS /v1/avatar/realtime
+        realtime_websocket.register(self.app, self.servicers)  # WS /v1/avatar/realtime
         console.register(self.app)  # GET / and /console/{name}
         openapi.register(self.app)  # GET /openapi.json, from the routes above
         self.app.on_response_prepare.append(self._on_prepare)
@@ -174,7 +177,7 @@ class HttpGateway:
         self._require(rpc, request, audit=True)
         method = method_of(rpc)
         servicer = self.servicers[method.containing_service.full_name]
-        return getattr(servicer, method.name)  # type: ignore[no-any-return]
+        return getattr(servicer, method.name)
 
     async def call(self, rpc: str, msg: Message, request: web.Request) -> Any:
         """Run a unary RPC in-process, as the request's caller, with its trace context."""
@@ -182,11 +185,11 @@ class HttpGateway:
         with tracing.remote_parent(request.headers):
             return await fn(msg, CallContext(request))
 
-    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncIterator[Any]:
+    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncGenerator[Any, None]:
         fn = self._rpc(rpc, request)
-        return fn(msg, CallContext(request))  # type: ignore[no-any-return]
+        return fn(msg, CallContext(request))
 
-    def request_type(self, rpc: str) -> Any:
+    def request_type(self, rpc: str) -> Descriptor:
         return method_of(rpc).input_type
 
     # ---- handlers -------------------------------------------------------------------------
@@ -203,11 +206,12 @@ class HttpGateway:
                 )
                 if flag(wanted):
                     rpc, binding = route.async_rpc, route.async_body
-            msg = build_request(binding, self.request_type(rpc), request.match_info, request.query, body)
+            # Any: the message's class is the route's RPC's, known at run time only.
+            msg: Any = build_request(binding, self.request_type(rpc), request.match_info, request.query, body)
             if route.kind == SSE:
                 last = request.headers.get("Last-Event-ID", "")
                 if last and "after_sequence" not in request.query:
-                    msg.after_sequence = last_event_id(last)  # type: ignore[attr-defined]
+                    msg.after_sequence = last_event_id(last)
                 return await send_sse(request, self.stream(rpc, msg, request))
             if route.kind == WEBSOCKET:
                 return await send_websocket(
@@ -246,7 +250,7 @@ class HttpGateway:
         self.cors.mark(request, response.headers)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         if not self.engine.ready():
@@ -367,7 +371,7 @@ class HttpGateway:
     def _count(self, request: web.Request, status: int, started: float) -> None:
         resource = request.match_info.route.resource if request.match_info.route else None
         route = resource.canonical if resource is not None else "unmatched"
-        metrics = self.engine.metrics
+        metrics = self.metrics
         metrics.http_requests.labels(route, request.method, str(status)).inc()
         metrics.http_latency.labels(route, request.method).observe(time.monotonic() - started)
 

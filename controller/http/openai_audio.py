@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -29,11 +29,9 @@ from omnirt.controller.core.bounds import shown
 from omnirt.controller.edges.auth import caller
 from omnirt.controller.http.errors import bad_request
 from omnirt.controller.http.openai_params import INT32, INT64, Params, read_params
+from omnirt.controller.http.transcode import Gateway
 from omnirt.types import GenerateRequest, Task
 from omnirt.v1 import generation_pb2
-
-if TYPE_CHECKING:
-    from omnirt.controller.http.app import HttpGateway
 
 MAX_INPUT_CHARS = 4096  # OpenAI's limit on `input`
 MAX_VOICE_CHARS = 64
@@ -45,7 +43,7 @@ CHUNK_BYTES = 64 * 1024
 INLINE_LIMIT = 1 << 62
 
 
-def register(app: web.Application, gateway: HttpGateway) -> None:
+def register(app: web.Application, gateway: Gateway) -> None:
     async def speech(request: web.Request) -> web.StreamResponse:
         params, _ = await read_params(request, multipart=False)
         stream_format = params.choice("stream_format", STREAM_FORMATS, "audio")

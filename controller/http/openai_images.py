@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -19,19 +19,16 @@ from omnirt.controller.core.artifact_store import artifact_bytes
 from omnirt.controller.edges.auth import caller
 from omnirt.controller.http.errors import bad_request
 from omnirt.controller.http.openai_params import Params, generate_request, png_size, read_params, sniff_image
-from omnirt.controller.http.transcode import artifact_url
+from omnirt.controller.http.transcode import Gateway, artifact_url
 from omnirt.types import GenerateRequest, MediaInput, MediaRole, Task
 from omnirt.v1 import generation_pb2  # the edge builds its own request messages, like a servicer
-
-if TYPE_CHECKING:
-    from omnirt.controller.http.app import HttpGateway
 
 RESPONSE_FORMATS = ("b64_json", "url")
 # b64_json answers carry every image inline, whatever the server's inline limit.
 B64_INLINE_LIMIT = 1 << 62
 
 
-def register(app: web.Application, gateway: HttpGateway) -> None:
+def register(app: web.Application, gateway: Gateway) -> None:
     async def generations(request: web.Request) -> web.Response:
         params, _ = await read_params(request, multipart=False)
         req = generate_request(params, Task.TEXT2IMAGE)
@@ -67,9 +64,7 @@ def _image_mime(data: bytes, field: str) -> str:
     return mime
 
 
-async def _run(
-    gateway: HttpGateway, request: web.Request, params: Params, req: GenerateRequest
-) -> web.Response:
+async def _run(gateway: Gateway, request: web.Request, params: Params, req: GenerateRequest) -> web.Response:
     response_format = params.choice("response_format", RESPONSE_FORMATS, "b64_json")
     if response_format == "b64_json":
         req.inline_limit_bytes = B64_INLINE_LIMIT

@@ -10,19 +10,16 @@ at `/v1/omnirt/models`.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from omnirt.controller.http.transcode import build_request
-
-if TYPE_CHECKING:
-    from omnirt.controller.http.app import HttpGateway
+from omnirt.controller.http.transcode import Gateway, build_request
 
 OWNER = "omnirt"
 
 
-def register(app: web.Application, gateway: HttpGateway) -> None:
+def register(app: web.Application, gateway: Gateway) -> None:
     # `created`: when this controller started. The catalog has no date per model; this one is
     # the same for every model and every call for the controller's life.
     created = int(time.time())

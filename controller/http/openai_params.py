@@ -17,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from omnirt.controller.core.bounds import shown
 from omnirt.controller.http.errors import HttpError, bad_request
-from omnirt.controller.http.transcode import is_text
+from omnirt.controller.http.transcode import is_text, read_json
 from omnirt.types import GenerateRequest, Task, Webhook, WebhookEvent
 
 # Image signatures -> MIME type (the controller does not decode images; the worker does).
@@ -182,8 +182,6 @@ def webhook_param(params: Params) -> Webhook | None:
 async def read_params(request: web.Request, *, multipart: bool) -> tuple[Params, dict[str, list[bytes]]]:
     """JSON body or multipart form -> (parameters, uploaded files by field name)."""
     if request.content_type == "application/json" and not multipart:
-        from omnirt.controller.http.transcode import read_json
-
         return Params(await read_json(request) or {}), {}
     if request.content_type != "multipart/form-data":
         wanted = "multipart/form-data" if multipart else "application/json or multipart/form-data"

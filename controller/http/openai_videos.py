@@ -9,7 +9,7 @@ finished job's video stays downloadable until the job expires.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -18,12 +18,9 @@ from omnirt.controller.edges.auth import caller
 from omnirt.controller.http.errors import bad_request
 from omnirt.controller.http.openai_params import INT32, Params, generate_request, read_params, sniff_image
 from omnirt.controller.http.streams import send_download
-from omnirt.controller.http.transcode import build_request
+from omnirt.controller.http.transcode import Gateway, build_request
 from omnirt.types import GenerateRequest, Job, JobState, MediaInput, MediaRole, Task
 from omnirt.v1 import generation_pb2
-
-if TYPE_CHECKING:
-    from omnirt.controller.http.app import HttpGateway
 
 VIDEO_TASKS = (Task.TEXT2VIDEO, Task.IMAGE2VIDEO, Task.AUDIO2VIDEO)
 STATUS = {JobState.QUEUED: "queued", JobState.RUNNING: "in_progress", JobState.SUCCEEDED: "completed"}
@@ -31,7 +28,7 @@ POLL_AFTER_MS = "500"
 LIST_ALL = 1 << 30  # one ListJobs page holds every job the store keeps
 
 
-def register(app: web.Application, gateway: HttpGateway) -> None:
+def register(app: web.Application, gateway: Gateway) -> None:
     engine = gateway.engine
 
     # Every job is reached through the servicers (as the caller: another tenant's video is the

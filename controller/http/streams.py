@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -41,7 +41,7 @@ def _sse(event: Any) -> bytes:
     return f"id: {data.get('sequence', '')}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def send_sse(request: web.Request, stream: AsyncIterator[Any]) -> web.StreamResponse:
+async def send_sse(request: web.Request, stream: AsyncGenerator[Any, None]) -> web.StreamResponse:
     """`WatchJobResponse`s as `text/event-stream`: `id` = sequence, `event` = the event's kind.
 
     Nothing left to send (a finished job resumed past its last event) is 204, which tells an
@@ -69,13 +69,13 @@ async def send_sse(request: web.Request, stream: AsyncIterator[Any]) -> web.Stre
         if pending is not None:
             pending.cancel()
         with contextlib.suppress(Exception):
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
     await response.write_eof()
     return response
 
 
 async def send_websocket(
-    request: web.Request, stream: AsyncIterator[Any], commands: dict[str, Command]
+    request: web.Request, stream: AsyncGenerator[Any, None], commands: dict[str, Command]
 ) -> web.WebSocketResponse:
     """Events as `{"event": JobEvent}` text frames; `{"type": NAME, ...}` frames run `commands[NAME]`.
 
@@ -110,7 +110,7 @@ async def send_websocket(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await pump_task
         with contextlib.suppress(Exception):
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
     return ws
 
 

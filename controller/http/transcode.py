@@ -6,7 +6,7 @@ lowerCamelCase is accepted on input; enums by name, or by their short name: `"te
 for `TASK_TEXT2IMAGE`). Path parameters, query parameters and the JSON body fill the request
 message like `google.api.http` bindings do (`body="*"`: the body is the message,
 `body="request"`: the body is that field); the call goes to the same servicer (and so the same
-Engine) the gRPC server uses. Four kinds of route: unary JSON, a server stream as Server-Sent
+engine) the gRPC server uses. Four kinds of route: unary JSON, a server stream as Server-Sent
 Events, as a WebSocket, or as a raw download.
 """
 
@@ -15,17 +15,21 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 
+from omnirt._internal import convert as c
+from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import shown
+from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.http.errors import HttpError, bad_request
+from omnirt.types import Job
 
 UNARY, SSE, WEBSOCKET, DOWNLOAD = "unary", "sse", "websocket", "download"
 ASYNC_KEY = "async"
@@ -78,6 +82,24 @@ MAX_JSON_DEPTH = 64
 # Infinity (which Python's json takes and JSON does not have), fit no field of the API.
 MAX_INT_DIGITS = 308
 JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}
+
+
+class Gateway(Protocol):
+    """What a module of routes (the OpenAI-compatible ones) uses of the HTTP gateway
+    (`app.HttpGateway`, which registers them: they take this, so they do not import it back).
+
+    `call` and `stream` run an RPC of `ROUTES`' kind in process, as the request's caller."""
+
+    @property
+    def engine(self) -> EngineClient: ...
+    @property
+    def artifacts(self) -> ArtifactStore | None: ...
+    @property
+    def servicers(self) -> Mapping[str, Any]: ...
+    async def call(self, rpc: str, msg: Message, request: web.Request) -> Any: ...
+    def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncGenerator[Any, None]: ...
+    def request_type(self, rpc: str) -> Descriptor: ...
+    async def expect_continue(self, request: web.Request) -> web.StreamResponse | None: ...
 
 
 def method_of(rpc: str) -> MethodDescriptor:
@@ -316,6 +338,16 @@ def flag(value: Any) -> bool:
 
 def artifact_url(request: web.Request, job_id: str, index: int) -> str:
     return f"{request.url.origin()}/v1/jobs/{job_id}/artifacts/{index}"
+
+
+def job_json(job: Job, origin: str) -> dict[str, Any]:
+    """A job as the gateway answers `GET /v1/jobs/{id}`, its artifact references as links of the
+    gateway at `origin` ("" leaves them `omnirt://` references). Webhook payloads carry this
+    (the server hands it to the webhook dispatcher: webhooks import no HTTP module)."""
+    data = to_json(c.job_to_proto(job))
+    if origin:
+        data = artifact_links(data, origin)
+    return data
 
 
 def artifact_links(data: Any, origin: str) -> Any:

@@ -33,6 +33,9 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, Sta
 from omnirt.types import JobState
 
 if TYPE_CHECKING:
+    # The type `Tracer.start_as_current_span` returns (OpenTelemetry names it privately).
+    from opentelemetry.util._decorator import _AgnosticContextManager
+
     from omnirt.controller.core.jobs import JobRecord
 
 log = logging.getLogger("omnirt.controller")
@@ -61,7 +64,7 @@ class IdOnlyTracer(trace.Tracer):
     logs and the `traceparent` sent to workers are what the SDK would give.
     """
 
-    def start_span(  # type: ignore[override]
+    def start_span(
         self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any
     ) -> Span:
         parent = trace.get_current_span(context).get_span_context()
@@ -72,17 +75,15 @@ class IdOnlyTracer(trace.Tracer):
             ids = SpanContext(random.getrandbits(128) or 1, span_id, False, _SAMPLED)
         return NonRecordingSpan(ids)
 
-    @contextmanager
-    def start_as_current_span(  # type: ignore[override]
+    def start_as_current_span(
         self,
         name: str,
         context: otel_context.Context | None = None,
         *args: Any,
         end_on_exit: bool = True,
         **kwargs: Any,
-    ) -> Iterator[Span]:
-        with trace.use_span(self.start_span(name, context), end_on_exit=end_on_exit) as span:
-            yield span
+    ) -> _AgnosticContextManager[Span]:
+        return trace.use_span(self.start_span(name, context), end_on_exit=end_on_exit)
 
 
 class IdOnlyTracerProvider(trace.TracerProvider):
@@ -187,14 +188,15 @@ class TraceInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
-            handler = self._wrap(await continuation(handler_call_details))
-            if handler is not None:  # unknown methods are not remembered: the set of names is open
-                self._handlers[method] = handler
-        return handler  # type: ignore[return-value]  # None: grpc answers UNIMPLEMENTED
+            handler = await continuation(handler_call_details)
+            if handler is None:  # an unknown method (grpc answers UNIMPLEMENTED): not remembered,
+                return handler  # the set of names is open
+            handler = self._handlers[method] = self._wrap(handler)
+        return handler
 
     @staticmethod
-    def _wrap(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
-        if handler is None or handler.request_streaming or not handler.unary_unary:
+    def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if handler.request_streaming or not handler.unary_unary:
             return handler
         inner: Any = handler.unary_unary
 

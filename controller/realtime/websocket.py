@@ -27,8 +27,8 @@ import binascii
 import json
 import logging
 import struct
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from aiohttp import WSMsgType, web
 from google.protobuf import json_format
@@ -42,9 +42,6 @@ from omnirt.errors import InvalidRequest, OmniRTError
 from omnirt.v1 import realtime_pb2 as rt
 from omnirt.v1 import types_pb2
 
-if TYPE_CHECKING:
-    from omnirt.controller.http.app import HttpGateway
-
 log = logging.getLogger("omnirt.controller.realtime.websocket")
 
 PATH = "/v1/avatar/realtime"
@@ -54,9 +51,10 @@ OPEN_FIELDS = ("fps", "width", "height", "video_encoding", "idle_timeout_ms", "s
 CLOSE_BAD_INPUT, CLOSE_TRY_LATER, CLOSE_ERROR = 1008, 1013, 1011
 
 
-def register(app: web.Application, gateway: HttpGateway) -> None:
-    """Add the route; sessions go through the gateway's RealtimeService servicer's manager."""
-    servicer = gateway.servicers.get(rt.DESCRIPTOR.services_by_name["RealtimeService"].full_name)
+def register(app: web.Application, servicers: Mapping[str, Any]) -> None:
+    """Add the route; sessions go through the RealtimeService servicer's manager (of `servicers`,
+    the gateway's by full service name)."""
+    servicer = servicers.get(rt.DESCRIPTOR.services_by_name["RealtimeService"].full_name)
     if servicer is None:
         return
     manager: SessionManager = servicer.manager

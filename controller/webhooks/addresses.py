@@ -1,4 +1,5 @@
-"""Which webhook URLs the controller may call: the URL's shape, and every address its host has.
+"""Which webhook URLs the controller may call: every address the URL's host has (its shape is a
+request rule, `core.validation.parse_webhook_url`).
 
 A webhook makes the controller send a request wherever a client says, so without a rule it
 would reach the cloud metadata service, Redis on loopback or any host of the private network
@@ -17,45 +18,19 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import SplitResult, urlsplit
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
 from omnirt.controller.core.bounds import bad, echo
+from omnirt.controller.core.validation import WEBHOOK_URL, parse_webhook_url
 from omnirt.errors import InvalidRequest
 
-MAX_URL_CHARS = 2048  # what browsers and most proxies take
 # A submission waits this long at most for the URL's host to resolve (a dead DNS server would
 # otherwise hold the call for the resolver's own retries, 10 s and more).
 RESOLVE_TIMEOUT_S = 5.0
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-FIELD = "webhook.url"
-
-
-def parse_url(url: str) -> SplitResult:
-    """The URL's parts, or INVALID_ARGUMENT naming webhook.url: http(s), a host, bounded, no credentials."""
-    if not url:
-        raise bad(FIELD, "required (an http:// or https:// URL)")
-    if len(url) > MAX_URL_CHARS:
-        raise bad(FIELD, f"at most {MAX_URL_CHARS} characters (got {len(url)})")
-    if not (url.isascii() and url.isprintable()) or any(c.isspace() for c in url):
-        raise bad(FIELD, f"must be printable ASCII without spaces (got {echo(url)})")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise bad(FIELD, f"not a URL ({exc}): {echo(url)}") from None
-    if parts.scheme not in ("http", "https"):
-        raise bad(FIELD, f"must be an http:// or https:// URL (got scheme {echo(parts.scheme)})")
-    if not parts.hostname:
-        raise bad(FIELD, f"names no host: {echo(url)}")
-    if parts.username is not None or parts.password is not None:
-        raise bad(FIELD, "must not carry a user name or password (the payload is signed instead)")
-    if port == 0:
-        raise bad(FIELD, "port 0 is no port")
-    return parts
 
 
 def _plain(address: IpAddress) -> IpAddress:
@@ -113,7 +88,7 @@ class AddressPolicy:
 
     async def check(self, url: str) -> None:
         """Resolve the URL's host (off the event loop) and refuse it unless every address is allowed."""
-        parts = parse_url(url)
+        parts = parse_webhook_url(url)
         host = parts.hostname or ""
         if self.host_allowed(host):
             return
@@ -121,16 +96,18 @@ class AddressPolicy:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 addresses = await resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
         except TimeoutError:
-            raise bad(FIELD, f"host {echo(host)} did not resolve within {RESOLVE_TIMEOUT_S:g} s") from None
+            raise bad(
+                WEBHOOK_URL, f"host {echo(host)} did not resolve within {RESOLVE_TIMEOUT_S:g} s"
+            ) from None
         except (OSError, UnicodeError) as exc:
-            raise bad(FIELD, f"host {echo(host)} does not resolve ({exc})") from None
+            raise bad(WEBHOOK_URL, f"host {echo(host)} does not resolve ({exc})") from None
         for address in addresses:
             kind = self.refusal(address)
             if kind:
                 raise InvalidRequest(
-                    f"{FIELD}: {echo(host)} resolves to {address}, a {kind} address: refused unless the "
-                    "operator allows it (--webhook-allow)",
-                    field=FIELD,
+                    f"{WEBHOOK_URL}: {echo(host)} resolves to {address}, a {kind} address: refused "
+                    "unless the operator allows it (--webhook-allow)",
+                    field=WEBHOOK_URL,
                 )
 
 

@@ -27,11 +27,13 @@ import uuid
 from typing import Any
 
 import aiohttp
+from prometheus_client import Counter
 
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.engine_client import EngineClient
+from omnirt.controller.core.engine_client import EngineClient, SharedRedis
+from omnirt.controller.core.validation import parse_webhook_url
 from omnirt.controller.webhooks import payload
-from omnirt.controller.webhooks.addresses import AddressPolicy, CheckedResolver, RefusedAddress, parse_url
+from omnirt.controller.webhooks.addresses import AddressPolicy, CheckedResolver, RefusedAddress
 from omnirt.controller.webhooks.follows import Follow, FollowStore, MemoryFollows, RedisFollows
 from omnirt.controller.webhooks.signing import Signer, random_master, read_master
 from omnirt.errors import JobNotFound, OmniRTError
@@ -59,13 +61,25 @@ async def shared_master(redis: Any, prefix: str) -> bytes:
 class WebhookDispatcher:
     """Checks webhook URLs at submission and delivers the events of the jobs that have one."""
 
-    def __init__(self, config: ControllerConfig, engine: EngineClient) -> None:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        engine: EngineClient,
+        *,
+        deliveries: Counter,
+        job_json: payload.JobJson,
+        shared: SharedRedis | None = None,
+    ) -> None:
+        """`deliveries` counts outcomes (`omnirt_webhook_deliveries_total`); `job_json` renders a
+        payload's job; with `shared` (the Redis engine's), follows and the master secret live in
+        Redis, so any controller delivers any job's webhooks."""
         self.config = config
         self.engine = engine
+        self.deliveries = deliveries
+        self.job_json = job_json
         self.policy = AddressPolicy.parse(config.webhook_allow)  # ValueError: a bad flag
-        store = getattr(engine, "store", None)
-        self.redis = getattr(store, "redis", None)
-        self.prefix: str = getattr(store, "p", "")
+        self.redis = shared.client if shared is not None else None
+        self.prefix = shared.prefix if shared is not None else ""
         self.follows: FollowStore = RedisFollows(self.redis, self.prefix) if self.redis else MemoryFollows()
         master = read_master(config.webhook_secret_file) if config.webhook_secret_file else b""
         # Without a file: random, and on Redis the one the first controller stored (read when first needed).
@@ -222,25 +236,25 @@ class WebhookDispatcher:
             job = await self.engine.get(f.job_id)
         except OmniRTError:
             return
-        body = payload.body(kind, event, job, self.origin)
+        body = payload.body(kind, event, job, self.origin, self.job_json)
         msg_id = payload.message_id(f.job_id, event.sequence)
         window_ms = self.config.webhook_retry_s * 1000
         while True:
             f.attempts += 1
             error = await self._post(f, msg_id, body)
             if not error:
-                self.engine.metrics.webhooks.labels("delivered").inc()
+                self.deliveries.labels("delivered").inc()
                 f.failing_since_ms, f.attempts = 0, 0
                 return
             if isinstance(error, RefusedAddress):
-                self.engine.metrics.webhooks.labels("refused").inc()
+                self.deliveries.labels("refused").inc()
                 log.warning("webhooks: %s of job %s refused: %s", msg_id, f.job_id, error)
                 f.attempts = 0
                 return
             now = _now_ms()
             f.failing_since_ms = f.failing_since_ms or now
             if now - f.failing_since_ms >= window_ms:
-                self.engine.metrics.webhooks.labels("gave_up").inc()
+                self.deliveries.labels("gave_up").inc()
                 log.warning(
                     "webhooks: gave up %s (job %s, %s) after %d attempts: %s",
                     msg_id,
@@ -251,7 +265,7 @@ class WebhookDispatcher:
                 )
                 f.attempts = 0
                 return
-            self.engine.metrics.webhooks.labels("retry").inc()
+            self.deliveries.labels("retry").inc()
             if not await self.follows.save(self.owner, f):
                 raise _LostLease
             delay = min(self.config.webhook_backoff_s * 2 ** (f.attempts - 1), MAX_BACKOFF_S)
@@ -266,7 +280,7 @@ class WebhookDispatcher:
         headers["Content-Type"] = "application/json"
         try:
             # A literal address skips the resolver: checked here instead.
-            host = parse_url(f.webhook.url).hostname or ""
+            host = parse_webhook_url(f.webhook.url).hostname or ""
             if not self.policy.host_allowed(host):
                 with contextlib.suppress(ValueError):
                     kind = self.policy.refusal(ipaddress.ip_address(host))

@@ -9,13 +9,18 @@ every artifact as a link (`/v1/jobs/{id}/artifacts/{n}` on the gateway), never i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
-from omnirt._internal import convert as c
 from omnirt.controller.core.jobs import client_view
-from omnirt.controller.http.transcode import artifact_links, to_json
 from omnirt.types import EventKind, Job, JobEvent, JobState, WebhookEvent
+
+# A job as the HTTP gateway renders it, its artifact references as links of the gateway at the
+# origin given: `http.transcode.job_json`, which the server hands the dispatcher (so webhooks
+# import no HTTP module, and a payload's `data` cannot drift from `GET /v1/jobs/{id}`).
+JobJson = Callable[[Job, str], dict[str, Any]]
 
 STATE_EVENTS = {
     JobState.QUEUED: WebhookEvent.QUEUED,
@@ -40,13 +45,11 @@ def message_id(job_id: str, sequence: int) -> str:
     return f"msg_{job_id}_{sequence}"
 
 
-def body(kind: WebhookEvent, event: JobEvent, job: Job, origin: str) -> bytes:
+def body(kind: WebhookEvent, event: JobEvent, job: Job, origin: str, job_json: JobJson) -> bytes:
     """The JSON body of one delivery (`origin`: the gateway's base URL for artifact links, or "")."""
     if job.result is not None:
         job = replace(job, result=client_view(job.result, job.id, limit=0))  # every artifact a link
-    data = to_json(c.job_to_proto(job))
-    if origin:
-        data = artifact_links(data, origin)
+    data = job_json(job, origin)
     when = event.time or datetime.now(UTC)
     payload = {
         "type": f"job.{kind}",

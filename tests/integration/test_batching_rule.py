@@ -143,7 +143,7 @@ async def claim_answer(store: RedisJobStore, case: Case, config: ControllerConfi
     for i, plan in enumerate(queued.plans):
         key = batch_key_id(batch_key(plan, limit))
         await submit(store, f"job-{i}", start + timedelta(milliseconds=i), plan, key, rank=float(i))
-        queued.enqueued_ms.append(int(await store.redis.hget(store.p + f"job:job-{i}", "enqueued_ms")))
+        queued.enqueued_ms.append(int(await store.redis.hget(store.prefix + f"job:job-{i}", "enqueued_ms")))
     first = queued.enqueued_ms[0]
     answer = await store.claim(
         {MODEL: limit},

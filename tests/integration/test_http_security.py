@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from omnirt.controller.edges.auth import key_digest
-from omnirt.controller.http import HttpGateway
+from omnirt.controller.http.app import HttpGateway
 from omnirt.controller.http.security import rpc_level
 from omnirt.controller.http.transcode import ROUTES
 from tests.conftest import QUEUED_VIDEO, USER_CATALOG
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning"
 
 def gateway_routes() -> list[tuple[str, str]]:
     """(method, path template) of every route the gateway's aiohttp app serves."""
-    gateway = HttpGateway(cast(Any, None), {}, "127.0.0.1:0", 1024)
+    gateway = HttpGateway(cast(Any, None), cast(Any, None), {}, "127.0.0.1:0", 1024)
     found = set()
     for route in gateway.app.router.routes():
         resource = route.resource

@@ -15,7 +15,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from omnirt.controller.edges.auth import key_digest
-from omnirt.controller.http import HttpGateway
+from omnirt.controller.http.app import HttpGateway
 from omnirt.controller.http.route_docs import UNDOCUMENTED
 from omnirt.v1 import realtime_pb2
 from tests.daemons import Controller
@@ -27,7 +27,7 @@ REALTIME = realtime_pb2.DESCRIPTOR.services_by_name["RealtimeService"].full_name
 def registered_routes() -> set[tuple[str, str]]:
     """(method, path) of every route a gateway registers, the realtime WebSocket included."""
     servicers = {REALTIME: SimpleNamespace(manager=None)}
-    gateway = HttpGateway(cast(Any, None), servicers, "127.0.0.1:0", 1024)
+    gateway = HttpGateway(cast(Any, None), cast(Any, None), servicers, "127.0.0.1:0", 1024)
     found = set()
     for route in gateway.app.router.routes():
         if route.resource is not None and route.method != "HEAD":

@@ -117,15 +117,8 @@ async def end(store: RedisJobStore, job_id: str, state: JobState, *expected: Job
 
 
 async def requeue(store: RedisJobStore, job_id: str, max_attempts: int) -> str:
-    error = JobError("UNAVAILABLE", "worker lost")
-    return await store.requeue(
-        job_id,
-        max_attempts=max_attempts,
-        queued=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.QUEUED),
-        failed_error=error,
-        failed=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.FAILED, error=error),
-        now_ms=now_ms(),
-    )
+    outcome, _ = await store.requeue(job_id, "worker lost", max_attempts=max_attempts, now_ms=now_ms())
+    return outcome
 
 
 def test_the_tenant_is_stored_with_the_job_and_scopes_reads_and_listings(
@@ -163,10 +156,10 @@ def test_the_tenant_is_stored_with_the_job_and_scopes_reads_and_listings(
 
         # An expired job leaves the tenant's listing; paging stays right.
         assert await end(store, alice[2], JobState.CANCELLED)
-        await store.redis.delete(store.p + "job:" + alice[2])  # what its TTL does
+        await store.redis.delete(store.prefix + "job:" + alice[2])  # what its TTL does
         page, more = await store.list_ids([], "", 10, 0, "alice")
         assert (page, more) == ([a for a in newest_first if a != alice[2]], False)
-        assert await store.redis.zscore(store.p + "jobs:t:alice", alice[2]) is None
+        assert await store.redis.zscore(store.prefix + "jobs:t:alice", alice[2]) is None
 
         # CLAIM hands each job's tenant to the controller that dispatches it (its logs, spans).
         owners = {}
@@ -189,7 +182,7 @@ def test_idempotency_keys_are_per_tenant_and_the_tenant_empty_keeps_its_key_layo
         # The tenant "" keeps `idem:KEY` (a rolling upgrade keeps deduplicating), and a key of
         # its own that looks like a tenant's layout meets nobody else's job.
         plain = await submit(store, "", idem="k")
-        assert await store.redis.get(store.p + "idem:k") == plain.encode()
+        assert await store.redis.get(store.prefix + "idem:k") == plain.encode()
         lookalike = await submit(store, "", idem="alice:k")
         assert lookalike not in {a1, b1, plain}
         assert await submit(store, "alice", idem="k") == a1
@@ -245,9 +238,9 @@ def test_max_queued_counts_a_job_out_exactly_once_whichever_way_it_ends(
         # tenants never passes through `finish`: the upkeep's sweep counts it out.
         evicted = await submit(store, "alice", policy=policy)
         ended = await submit(store, "alice", policy=policy)
-        await store.redis.delete(store.p + "job:" + evicted)
+        await store.redis.delete(store.prefix + "job:" + evicted)
         assert await end(store, ended, JobState.CANCELLED)
-        await store.redis.sadd(store.p + "active:alice", ended)  # as an older FINISH leaves it
+        await store.redis.sadd(store.prefix + "active:alice", ended)  # as an older FINISH leaves it
         queued = await submit(store, "alice", policy=policy)
         assert await active() == 3
         cursor, removed = await store.sweep_active("alice", 0, 100)
@@ -255,7 +248,7 @@ def test_max_queued_counts_a_job_out_exactly_once_whichever_way_it_ends(
         assert await active() == 1
         # The evicted job's id is still queued: a claim drops it and takes the next one.
         assert await claim(store) == [queued]
-        assert await store.redis.zscore(store.p + "queue", evicted) is None
+        assert await store.redis.zscore(store.prefix + "queue", evicted) is None
         assert (await store.depth([MODEL])).active_by_tenant == {"alice": 1, "bob": 1}, "the gauge"
         assert await end(store, queued, JobState.CANCELLED, JobState.RUNNING)
         assert await active() == 0
@@ -271,7 +264,7 @@ def test_the_rate_bucket_is_the_python_token_bucket_and_spends_only_on_queued_jo
     steps = [0, 0, 0, 0, 100, 499, 500, 500, 1000, 1700, 1700, 5000, 5000, 5000, 5000, 5000]
 
     async def tokens(store: RedisJobStore, tenant: str = "alice") -> bytes:
-        return bytes(await store.redis.hget(store.p + "bucket:" + tenant, "tokens"))
+        return bytes(await store.redis.hget(store.prefix + "bucket:" + tenant, "tokens"))
 
     async def scenario(store: RedisJobStore) -> None:
         python = TokenBucket(bucket_size(policy), start / 1000)
@@ -353,9 +346,9 @@ def test_fair_share_ranks_are_the_in_memory_engines(
             )
             s = clock.start(tenant, priority, cost, weights[tenant], at / 1000)
             expected = s / (aging_s or 2**32) - priority
-            assert await store.redis.zscore(store.p + "queue", job_id) == expected, job_id
+            assert await store.redis.zscore(store.prefix + "queue", job_id) == expected, job_id
             queue.push(record_for(job_id, tenant, priority, s))
-        redis_order = [i.decode() for i in await store.redis.zrange(store.p + "queue", 0, -1)]
+        redis_order = [i.decode() for i in await store.redis.zrange(store.prefix + "queue", 0, -1)]
         assert redis_order == [r.job.id for r in queue.records()]
         tenants_in_order = [(await store.load(i)).job.tenant for i in redis_order]
         # The urgent job first; then bob's and carol's first jobs right after alice's first.
@@ -363,11 +356,11 @@ def test_fair_share_ranks_are_the_in_memory_engines(
         assert set(tenants_in_order[2:4]) == {"bob", "carol"}, tenants_in_order
 
         # The tags at or before now go; those ahead stay.
-        fair = await store.redis.hgetall(store.p + "fair")
+        fair = await store.redis.hgetall(store.prefix + "fair")
         assert set(fair) == {b"alice|0", b"alice|5", b"bob|0", b"carol|0"}
         removed = await store.prune_fair(start / 1000 + 2.0)
         assert removed == 2  # alice|5 (at 0.31 s) and carol|0 (0.46 s); alice|0 3 s, bob|0 2.4 s
-        assert set(await store.redis.hgetall(store.p + "fair")) == {b"alice|0", b"bob|0"}
+        assert set(await store.redis.hgetall(store.prefix + "fair")) == {b"alice|0", b"bob|0"}
 
     run(redis_server, tmp_path, scenario)
 
@@ -375,9 +368,9 @@ def test_fair_share_ranks_are_the_in_memory_engines(
 def test_the_tenant_empty_keeps_the_rank_it_is_given(redis_server: RedisServer, tmp_path: Path) -> None:
     async def scenario(store: RedisJobStore) -> None:
         ids = [await submit(store, "", priority=p) for p in (0, 3, 0)]
-        scores = [await store.redis.zscore(store.p + "queue", i) for i in ids]
+        scores = [await store.redis.zscore(store.prefix + "queue", i) for i in ids]
         assert scores == [0.0, -3.0, 0.0], 'no fair share for the tenant ""'
-        assert await store.redis.hlen(store.p + "fair") == 0
+        assert await store.redis.hlen(store.prefix + "fair") == 0
 
     run(redis_server, tmp_path, scenario)
 
@@ -389,7 +382,7 @@ def test_the_listing_sweep_drops_expired_jobs_that_no_listing_met(
         old = [await submit(store, "alice", at_ms=now_ms() - 600_000) for _ in range(5)]
         young = await submit(store, "alice")
         for job_id in old[:3]:
-            await store.redis.delete(store.p + "job:" + job_id)
+            await store.redis.delete(store.prefix + "job:" + job_id)
         created_before = now_ms() - 60_000
         offset, removed = await store.sweep_listing("alice", created_before, 0, 2)
         assert (offset, removed) == (0, 2), "a page of gone entries: the offset stays"
@@ -397,9 +390,9 @@ def test_the_listing_sweep_drops_expired_jobs_that_no_listing_met(
         assert (offset, removed) == (1, 1), "one live one passed"
         offset, removed = await store.sweep_listing("alice", created_before, offset, 2)
         assert (offset, removed) == (0, 0), "the end: start over"
-        left = await store.redis.zrange(store.p + "jobs:t:alice", 0, -1)
+        left = await store.redis.zrange(store.prefix + "jobs:t:alice", 0, -1)
         assert [i.decode() for i in left] == [*old[3:], young]
         offset, removed = await store.sweep_listing(None, created_before, 0, 100)
-        assert removed == 3 and await store.redis.zcard(store.p + "jobs") == 3
+        assert removed == 3 and await store.redis.zcard(store.prefix + "jobs") == 3
 
     run(redis_server, tmp_path, scenario)

@@ -17,7 +17,7 @@ from tests.daemons import RedisServer
 async def cancelled_at_a_wake_up(engine: RedisEngine, job_id: str, waiting: asyncio.Future[object]) -> bool:
     """Cancel `waiting` in the loop turn a progress event wakes it; True when it really ended."""
     await asyncio.sleep(0.1)  # parked on its wake-up event
-    engine.notify(job_id)  # a progress event of the running job...
+    engine.waiters.notify(job_id)  # a progress event of the running job...
     waiting.cancel()  # ...and the client's call cancelled in the same turn
     done, _ = await asyncio.wait({waiting}, timeout=5)
     return bool(done) and waiting.cancelled()
@@ -59,7 +59,7 @@ def test_a_cancelled_wait_or_watch_ends_wherever_the_cancellation_lands(
 
         async def progress_events() -> None:  # a busy job: its watchers wake up all the time
             while running:
-                engine.notify(job.id)
+                engine.waiters.notify(job.id)
                 await asyncio.sleep(rng.random() * 0.002)
 
         async def watch() -> None:

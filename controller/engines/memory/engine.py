@@ -1,7 +1,10 @@
-"""The controller's engine: job life cycle, dispatch to workers, leases and deadlines.
+"""`MemoryEngine`: the default engine, with jobs in this process's memory.
 
-The servicers (public API and worker gateway) only translate and call this class; it works
-on `omnirt.types` dataclasses and reaches workers through `WorkerLink`.
+It implements `EngineClient` itself: it validates, queues and tracks jobs and knows the
+connected workers; its background loops (dispatch, the reaper) run beside it in `upkeep.py`, as
+the Redis engine's do. It works on `omnirt.types` dataclasses and reaches workers through
+`WorkerLink`. Nothing here waits on I/O: every call but `wait` and `watch` runs to its end
+without suspending.
 """
 
 from __future__ import annotations
@@ -12,22 +15,25 @@ import dataclasses
 import heapq
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Hashable
 
-from omnirt._internal.protocol.messages import Assignment, AssignmentItem, CancelAssignment
+from omnirt._internal.protocol.messages import CancelAssignment, ModelLoaded
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_key, batch_limit, window_due
+from omnirt.controller.core.batching import batch_key, batch_limit
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.encoded import ResultEncoding
 from omnirt.controller.core.jobs import (
     JobRecord,
-    client_view,
+    accept_result,
+    end_state,
+    log_finished,
     new_job,
     request_fingerprint,
+    requeue_unheld,
+    result_with,
     utcnow,
     waiting_reason,
+    worker_joined,
 )
 from omnirt.controller.core.model_loads import ModelLoads
 from omnirt.controller.core.router import (
@@ -35,7 +41,6 @@ from omnirt.controller.core.router import (
     WorkerLink,
     WorkerRegistry,
     model_warnings,
-    same_process,
 )
 from omnirt.controller.core.tenants import (
     REASON_QUEUED,
@@ -51,10 +56,11 @@ from omnirt.controller.core.tenants import (
 from omnirt.controller.core.validation import Plan, validate
 from omnirt.controller.engines.memory.queue import JobQueue
 from omnirt.controller.engines.memory.store import JobStore
+from omnirt.controller.engines.memory.upkeep import MemoryUpkeep
 from omnirt.controller.observability import tracing
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
-from omnirt.errors import AlreadyExists, FailedPrecondition, InvalidRequest, OmniRTError
+from omnirt.errors import AlreadyExists, InvalidRequest, OmniRTError
 from omnirt.types import (
     EventKind,
     GenerateRequest,
@@ -63,17 +69,18 @@ from omnirt.types import (
     JobError,
     JobEvent,
     JobState,
+    ModelOutcome,
     ModelSpec,
     Task,
     WorkerInfo,
 )
 
 log = logging.getLogger("omnirt.controller")
-TICK_S = 0.1
 
 
-class Engine:
-    """Validates, queues, dispatches and tracks jobs; knows the connected workers."""
+class MemoryEngine:
+    """`EngineClient` in memory (see the module doc): validates, queues and tracks jobs; knows
+    the connected workers."""
 
     def __init__(self, config: ControllerConfig, catalog: Catalog) -> None:
         self.config = config
@@ -82,49 +89,47 @@ class Engine:
         self.queue = JobQueue(config.max_queue, config.priority_aging_s)
         self.workers = WorkerRegistry()
         self.model_loads = ModelLoads(self.workers, catalog)  # ModelService.LoadModel / UnloadModel
-        self._live: dict[str, JobRecord] = {}
+        # Jobs queued or running.
+        self.live: dict[str, JobRecord] = {}
         # Tenant -> its jobs queued or running (max_queued, and the active-jobs gauge).
         self._active: dict[str, int] = {}
         self._buckets = Buckets()
         self._fair = FairClock()
         self.run_times = RunTimes()
         # (deadline_ms, job id) of live jobs with a deadline: the reaper looks at the due ones only.
-        self._deadlines: list[tuple[int, str]] = []
-        self._wake = asyncio.Event()
-        # When a job held back for batch companions must go anyway (monotonic; 0 = none).
-        self._window_due = 0.0
-        self._tasks: list[asyncio.Task[None]] = []
+        self.deadlines: list[tuple[int, str]] = []
+        self.wake = asyncio.Event()  # the dispatch loop's: a job or a free slot came
         # Observers of the job life cycle: they only watch, never change what the engine does.
         self.metrics = EngineMetrics(self)
         self.tracing = JobTracing()
+        self.upkeep = MemoryUpkeep(self)
 
     # ---- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._dispatch_loop()), asyncio.create_task(self._reaper_loop())]
+        self.upkeep.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.upkeep.stop()
         for handle in self.workers.all():
             handle.link.close()
+
+    def ready(self) -> bool:
+        return True  # no store to lose
 
     # ---- public operations ----------------------------------------------------------------
 
     def validate(self, request: GenerateRequest) -> Plan:
         return validate(request, self.catalog)
 
-    def submit(
+    async def submit(
         self,
         request: GenerateRequest,
         *,
         tenant: str = "",
         policy: TenantPolicy = UNLIMITED,
         call_deadline_ms: int = 0,
-    ) -> tuple[JobRecord, bool]:
+    ) -> tuple[Job, bool]:
         """Queue a request of `tenant`; returns the job and whether an idempotency key matched an
         existing one of that tenant."""
         try:
@@ -133,7 +138,7 @@ class Engine:
             self.metrics.request_rejected(request, exc, tenant)
             raise
         self.metrics.request_accepted(record)
-        return record, deduplicated
+        return record.job, deduplicated
 
     def _submit(
         self, request: GenerateRequest, tenant: str, policy: TenantPolicy, call_deadline_ms: int
@@ -163,14 +168,14 @@ class Engine:
             record.start_s = self._fair.start(tenant, job.priority, cost, policy.weight, record.enqueued_at)
         self.tracing.submitted(record, started_ns, validated_ns)
         self.store.add(record)
-        self._live[job.id] = record
+        self.live[job.id] = record
         self._active[tenant] = self._active.get(tenant, 0) + 1
         if job.deadline_ms:
-            heapq.heappush(self._deadlines, (job.deadline_ms, job.id))
+            heapq.heappush(self.deadlines, (job.deadline_ms, job.id))
         self.queue.push(record, self._batch_key(record))
         record.append(JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED))
         log.debug("job queued", extra={"job_id": job.id, "model": job.model, "tenant": tenant})
-        self._wake.set()
+        self.wake.set()
         return record, False
 
     def _check_quota(self, tenant: str, policy: TenantPolicy) -> None:
@@ -190,12 +195,13 @@ class Engine:
         check_id("job_id", job_id)
         return self.store.get(job_id, tenant)
 
-    async def wait(self, record: JobRecord) -> JobRecord:
-        """Wait until the job is final."""
+    async def wait(self, job_id: str) -> Job:
+        """The job once it is final."""
+        record = self.store.get(job_id)
         await record.wait_final()
-        return record
+        return record.job
 
-    def get(self, job_id: str, *, tenant: str | None = None) -> Job:
+    async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
         """The job as clients see it (with queue position and waiting reason when queued)."""
         record = self.record(job_id, tenant=tenant)
         job = record.job
@@ -204,7 +210,10 @@ class Engine:
             job.waiting_reason = self._waiting_reason(record.plan.spec)
         return job
 
-    def list_jobs(
+    async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
+        return self.record(job_id, tenant=tenant).plan.request
+
+    async def list_jobs(
         self, states: list[JobState], model: str, limit: int, offset: int, *, tenant: str | None = None
     ) -> tuple[list[Job], int]:
         """Newest first, only `tenant`'s when given; returns the page and the next offset (0 when
@@ -226,7 +235,7 @@ class Engine:
             if record.job.state.terminal and seq >= len(record.events):
                 return
 
-    def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
+    async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
         """Cancel a queued or running job; a finished job is left as it is (returns False)."""
         record = self.record(job_id, tenant=tenant)
         job = record.job
@@ -240,7 +249,7 @@ class Engine:
         self._finish(record, JobState.CANCELLED, JobError("CANCELLED", "cancelled by the client"))
         return job, True
 
-    def abandon(self, job_id: str) -> None:
+    async def abandon(self, job_id: str) -> None:
         """The client of a `Generate` went away: past its deadline the job expires, else it is cancelled."""
         record = self.store.get(job_id)
         if record.job.state.terminal:
@@ -248,21 +257,17 @@ class Engine:
         deadline = record.job.deadline_ms
         # gRPC ends the call at the deadline; allow for the clocks' granularity.
         if deadline and time.time() * 1000 + 100 >= deadline:
-            self._expire(record)
+            self.expire(record)
         else:
-            self.cancel(job_id)
+            await self.cancel(job_id)
 
-    def artifact(self, job_id: str, index: int, *, tenant: str | None = None) -> tuple[bytes, GenerateResult]:
+    async def artifact(
+        self, job_id: str, index: int, *, tenant: str | None = None
+    ) -> tuple[bytes, GenerateResult]:
         """The full bytes of one artifact of a succeeded job."""
         record = self.record(job_id, tenant=tenant)
-        if record.result is None:
-            raise FailedPrecondition(f"job {job_id} has no result (state {record.job.state.value})")
-        if not 0 <= index < len(record.result.artifacts):
-            raise InvalidRequest(
-                f"index: job {job_id} has {len(record.result.artifacts)} artifacts (got {index})",
-                field="index",
-            )
-        return record.result.artifacts[index].data, record.result
+        result = result_with(job_id, record.job.state, record.result, index)
+        return result.artifacts[index].data, result
 
     def list_models(self, task: Task | None = None) -> list[ModelSpec]:
         return [self._with_serving(s) for s in self.catalog if task is None or task in s.tasks]
@@ -270,13 +275,13 @@ class Engine:
     def describe_model(self, name: str) -> ModelSpec:
         return self._with_serving(self.catalog.resolve(name))
 
-    def list_workers(self) -> list[WorkerInfo]:
+    async def list_workers(self) -> list[WorkerInfo]:
         return [w.snapshot() for w in self.workers.all()]
 
     def gauge_snapshot(self) -> Gauges:
         """Queued jobs by model and priority, running jobs by model, and the workers (the gauges)."""
-        gauges = Gauges(workers=self.list_workers())
-        for record in self._live.values():
+        gauges = Gauges(workers=[w.snapshot() for w in self.workers.all()])
+        for record in self.live.values():
             job = record.job
             if job.state is JobState.QUEUED:
                 gauges.queued_by_model[job.model] = gauges.queued_by_model.get(job.model, 0) + 1
@@ -286,15 +291,25 @@ class Engine:
         gauges.active_by_tenant.update(self._active)
         return gauges
 
-    def drain_worker(self, worker_id: str) -> WorkerInfo:
+    async def drain_worker(self, worker_id: str) -> WorkerInfo:
         check_id("worker_id", worker_id)
         handle = self.workers.get(worker_id)
         handle.drain()
         return handle.snapshot()
 
+    async def load_model(
+        self, name: str, workers: int, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        return await self.model_loads.load(name, workers, worker_ids, wait_s)
+
+    async def unload_model(
+        self, name: str, worker_ids: list[str], wait_s: float | None
+    ) -> tuple[ModelSpec, list[ModelOutcome]]:
+        return await self.model_loads.unload(name, worker_ids, wait_s)
+
     # ---- worker side ----------------------------------------------------------------------
 
-    def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
+    async def worker_connected(self, info: WorkerInfo, link: WorkerLink) -> WorkerHandle:
         """Register a worker (AlreadyExists when another live process holds its id)."""
         info.connected_at = info.last_heartbeat_at = utcnow()
         handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
@@ -303,19 +318,11 @@ class Engine:
         except AlreadyExists as exc:
             log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
             raise
-        if old is not None:
-            old.link.close()
-            if same_process(old.info, info):  # its own process: those jobs still run
-                handle.take_over(old)
-            else:  # another process, after the old one's lease expired
-                self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
-        log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
-        for warning in handle.warnings:
-            log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
-        self._wake.set()
+        await worker_joined(handle, old, self._lose_jobs)
+        self.wake.set()
         return handle
 
-    def worker_heartbeat(
+    async def worker_heartbeat(
         self,
         handle: WorkerHandle,
         loaded_models: list[str],
@@ -324,25 +331,13 @@ class Engine:
         model_bytes: dict[str, int] | None = None,
     ) -> None:
         handle.heartbeat(loaded_models, draining, model_bytes)
-        if running is None:
-            return
-        for job_id, assignment_id in handle.unlisted(running):
-            # The worker does not hold it (a lost result, an assignment it never ran): the slot
-            # is free again, and the job goes back to the queue as if its worker was lost.
-            handle.release(job_id, assignment_id)
-            self._wake.set()
-            record = self._current(job_id, assignment_id)
-            tenant = record.job.tenant if record is not None else ""
-            log.warning(
-                "job not held by its worker: released",
-                extra={"job_id": job_id, "worker_id": handle.id, "tenant": tenant},
-            )
-            if record is not None:
-                self._retry_or_fail(
-                    record, f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
-                )
+        if await requeue_unheld(handle, running, self._requeue):
+            self.wake.set()
 
-    def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
+    async def worker_model_answer(self, handle: WorkerHandle, answer: ModelLoaded) -> None:
+        self.model_loads.answered(handle, answer)
+
+    async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         handle.last_seen = time.monotonic()
         record = self._current(event.job_id, assignment_id)
         if record is None or event.kind is EventKind.STATE or event.kind is EventKind.RESULT:
@@ -353,19 +348,17 @@ class Engine:
         self.metrics.worker_event(record, event)
         self.tracing.worker_event(record)
 
-    def worker_result(
+    async def worker_result(
         self,
         handle: WorkerHandle,
         assignment_id: str,
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        encoding: ResultEncoding | None = None,
     ) -> None:
-        """A job's outcome; `encoding` is the result as the worker sent it (see `core.encoded`)."""
         handle.last_seen = time.monotonic()
         if self.workers.release(handle, job_id, assignment_id):
-            self._wake.set()
+            self.wake.set()
         record = self._current(job_id, assignment_id)
         if record is None:
             log.info("late result ignored", extra={"job_id": job_id, "worker_id": handle.id})
@@ -378,34 +371,28 @@ class Engine:
             if error.code == "UNAVAILABLE":  # the worker gave the job up (drain timeout): retry it
                 self._retry_or_fail(record, f"worker {handle.id} gave the job up: {error.message}")
                 return
-            state = JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
-            self._finish(record, state, error)
+            self._finish(record, end_state(error), error)
             return
         assert result is not None
-        result.job_id = job_id
-        # The controller's trace id is the job's, also for the jobs of a batch.
-        result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
-        result.report.tenant = record.job.tenant  # the controller's word, not the worker's
+        limit = record.plan.request.inline_limit_bytes or self.config.inline_limit_bytes
+        record.job.result = accept_result(
+            result, job_id, tracing.trace_id_of(job_id), record.job.tenant, limit
+        )
         record.result = result
-        record.job.result = self._client_view(record, result)
-        if encoding is not None and encoding.keeps(result):
-            # The result is what the worker sent: the store keeps its bytes instead of converting
-            # it back (with the controller's job id, trace id and tenant).
-            record.result_encoded = encoding.stamped(job_id, result.report.trace_id, result.report.tenant)
-        self._finish(record, JobState.SUCCEEDED)
+        self._finish(record, JobState.SUCCEEDED)  # the store may keep the worker's bytes (core.encoded)
 
-    def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
+    async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
         if self.workers.remove(handle):
             log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
-            self._lose_jobs(handle, reason)
+            await self._lose_jobs(handle, reason)
             self.model_loads.worker_lost(handle)
-            self._wake.set()
+            self.wake.set()
 
     # ---- internals ------------------------------------------------------------------------
 
     def _current(self, job_id: str, assignment_id: str) -> JobRecord | None:
         """The job if it still runs under this assignment (late or foreign results are ignored)."""
-        record = self._live.get(job_id)
+        record = self.live.get(job_id)
         if (
             record is None
             or record.assignment_id != assignment_id
@@ -414,13 +401,19 @@ class Engine:
             return None
         return record
 
-    def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
+    async def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
         """Requeue (or fail, when attempts are spent) the jobs a lost worker was running."""
         for job_id, assignment_id in list(handle.running.items()):
-            record = self._current(job_id, assignment_id)
-            if record is not None:
-                self._retry_or_fail(record, f"worker {handle.id} was lost while running the job ({reason})")
+            await self._requeue(
+                job_id, assignment_id, f"worker {handle.id} was lost while running the job ({reason})"
+            )
         handle.release_all()
+
+    async def _requeue(self, job_id: str, assignment_id: str, message: str) -> None:
+        """Put the job back in the queue (or fail it) if it still runs under `assignment_id`."""
+        record = self._current(job_id, assignment_id)
+        if record is not None:
+            self._retry_or_fail(record, message)
 
     def _retry_or_fail(self, record: JobRecord, message: str) -> None:
         """Put a running job back in the queue, or fail it with UNAVAILABLE when attempts are spent."""
@@ -442,10 +435,10 @@ class Engine:
                 error=JobError("UNAVAILABLE", message),
             )
         )
-        self._wake.set()
+        self.wake.set()
 
     def _finish(self, record: JobRecord, state: JobState, error: JobError | None = None) -> None:
-        if self._live.pop(record.job.id, None) is not None:  # once per job: it was active till now
+        if self.live.pop(record.job.id, None) is not None:  # once per job: it was active till now
             tenant = record.job.tenant
             left = self._active.get(tenant, 0) - 1
             if left > 0:
@@ -456,15 +449,7 @@ class Engine:
         self.metrics.finished(record)
         self.tracing.finished(record)
         self._freeze_soon(record.job.id)
-        log.info(
-            "job finished",
-            extra={
-                "job_id": record.job.id,
-                "tenant": record.job.tenant,
-                "state": state.value,
-                "error": error.message if error else "",
-            },
-        )
+        log_finished(record.job.id, record.job.tenant, state, error)
 
     def _freeze_soon(self, job_id: str) -> None:
         """Freeze a finished job once the callbacks already due (its waiters' wake-ups) have run."""
@@ -475,11 +460,6 @@ class Engine:
             return
         loop.call_soon(self.store.freeze_finished, job_id)
 
-    def _client_view(self, record: JobRecord, result: GenerateResult) -> GenerateResult:
-        """The result with oversized artifacts replaced by a download reference."""
-        limit = record.plan.request.inline_limit_bytes or self.config.inline_limit_bytes
-        return client_view(result, record.job.id, limit)
-
     def _waiting_reason(self, spec: ModelSpec) -> str:
         return waiting_reason(spec, self.workers.serving_count(spec))
 
@@ -489,112 +469,9 @@ class Engine:
         )
 
     def _batch_key(self, record: JobRecord) -> Hashable | None:
-        return batch_key(record.plan, self._batch_limit(record.plan.spec))
+        return batch_key(record.plan, batch_limit(self.config, record.plan.spec))
 
-    def _batch_limit(self, spec: ModelSpec) -> int:
-        return batch_limit(self.config, spec)
-
-    def _place(self, record: JobRecord) -> bool:
-        """Send this job (and queued jobs that can share its call) to the best free worker."""
-        handle = self.workers.pick(record.plan.spec)
-        if handle is None:
-            return False
-        spec = record.plan.spec
-        limit = self._batch_limit(spec)
-        if self.queue.batchable(record.job.id):
-            due = window_due(
-                enqueued=record.enqueued_at,
-                now=time.monotonic(),
-                window=self.config.batch_window_ms / 1000,
-                busy_window=self.config.batch_busy_window_ms / 1000,
-                model_running=self.workers.running_of(spec.id) > 0,
-                peers=self.queue.count_peers(record.job.id),
-                limit=limit,
-            )
-            if due is not None:  # wait a little for companions
-                self._window_due = min(self._window_due or due, due)
-                return False
-        batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
-        assignment_id = "asg-" + uuid.uuid4().hex[:16]
-        items = [self._start(r, handle, assignment_id) for r in batch]
-        now = time.monotonic()
-        for r in batch:
-            r.dispatched_at, r.batch_size = now, len(batch)
-        self.metrics.dispatched(batch)
-        self.tracing.dispatched(batch, handle.id, assignment_id)
-        handle.link.send(
-            Assignment(
-                assignment_id,
-                record.plan.spec,
-                items,
-                # A batch carries each job's own deadline in its request.
-                deadline_ms=record.job.deadline_ms if len(batch) == 1 else 0,
-                trace_context=self.tracing.assignment_context(batch),
-                batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(batch) > 1 else "",
-            )
-        )
-        return True
-
-    def _start(self, record: JobRecord, handle: WorkerHandle, assignment_id: str) -> AssignmentItem:
-        """Mark one job RUNNING on `handle` under `assignment_id`."""
-        job = record.job
-        job.state = JobState.RUNNING
-        job.started_at = utcnow()
-        job.attempts += 1
-        job.worker_id = handle.id
-        job.waiting_reason = ""
-        record.assignment_id = assignment_id
-        handle.start(job.id, assignment_id, record.plan.spec.id)
-        wait_ms = (time.monotonic() - record.enqueued_at) * 1000
-        record.append(
-            JobEvent(
-                job_id=job.id,
-                kind=EventKind.STATE,
-                state=JobState.RUNNING,
-                worker_id=handle.id,
-                attempt=job.attempts,
-            )
-        )
-        return AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms)
-
-    def dispatch(self) -> int:
-        """Give queued jobs to workers with free slots; returns how many were placed."""
-        budget = self.workers.free_slots()
-        return self.queue.take(self._place, budget) if budget and len(self.queue) else 0
-
-    async def _dispatch_loop(self) -> None:
-        while True:
-            timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else None
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
-                    await self._wake.wait()
-            self._wake.clear()
-            self._window_due = 0.0
-            try:
-                self.dispatch()
-            except Exception:  # a bug here must not stop dispatching for everyone
-                log.exception("dispatch failed")
-
-    def reap(self) -> None:
-        """Expire leases of silent workers, fail jobs past their deadline, evict old jobs."""
-        now = time.monotonic()
-        lease_s = self.config.lease_timeout_ms / 1000
-        for handle in self.workers.all():
-            if now - handle.last_seen > lease_s:
-                handle.link.close()
-                self.worker_lost(handle, f"no heartbeat for {lease_s:.1f} s")
-        now_ms = int(time.time() * 1000)
-        if len(self._deadlines) > 2 * len(self._live) + 1024:  # mostly jobs that finished in time
-            self._deadlines = [(r.job.deadline_ms, i) for i, r in self._live.items() if r.job.deadline_ms]
-            heapq.heapify(self._deadlines)
-        while self._deadlines and self._deadlines[0][0] <= now_ms:
-            _, job_id = heapq.heappop(self._deadlines)
-            record = self._live.get(job_id)  # gone when it finished in time
-            if record is not None:
-                self._expire(record)
-        self.store.evict()
-
-    def _expire(self, record: JobRecord) -> None:
+    def expire(self, record: JobRecord) -> None:
         """Fail a job whose deadline passed; a running one is told to stop at its next step."""
         job = record.job
         if job.state is JobState.RUNNING:
@@ -604,11 +481,3 @@ class Engine:
         self.queue.remove(job.id)
         where = "while running" if job.state is JobState.RUNNING else "while queued"
         self._finish(record, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}"))
-
-    async def _reaper_loop(self) -> None:
-        while True:
-            await asyncio.sleep(TICK_S)
-            try:
-                self.reap()
-            except Exception:
-                log.exception("reaper failed")

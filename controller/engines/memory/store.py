@@ -1,12 +1,17 @@
-"""The in-memory job store: live records, and finished jobs frozen to bytes until they expire."""
+"""The in-memory job store: live records, and finished jobs frozen to bytes until they expire.
+
+It is also the memory engine's fast path (`core.encoded`): it keeps a worker's result bytes as
+they came (`arriving`) and answers Generate from a frozen job's bytes (`encoded`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
-from omnirt.controller.core.encoded import EncodedJob
+from omnirt.controller.core.encoded import EncodedJob, ResultEncoding
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.engines.memory.frozen import FinishedJob, freeze, thaw
 from omnirt.errors import JobNotFound
@@ -16,7 +21,7 @@ from omnirt.types import EventKind, Job, JobError, JobEvent, JobState
 class JobStore:
     """In-memory jobs, newest last; finished jobs are evicted by count and age.
 
-    A finished record is frozen (`finished.FinishedJob`) by `freeze_finished`, which the engine
+    A finished record is frozen (`frozen.FinishedJob`) by `freeze_finished`, which the engine
     calls once the job's waiters have been woken; reads of a frozen job get a fresh record.
     """
 
@@ -29,6 +34,12 @@ class JobStore:
         self.ttl_s = ttl_s
         # Called with each evicted job's id (the artifact store deletes the job's objects).
         self.on_evict: Callable[[str], None] | None = None
+        # The worker's result the engine takes now, as it came: (job id, assignment id, encoding).
+        self._arriving: tuple[str, str, ResultEncoding] | None = None
+
+    def watch_evictions(self, hook: Callable[[str], None]) -> None:
+        """Call `hook` with the id of each job evicted from now on."""
+        self.on_evict = hook
 
     def add(self, record: JobRecord) -> None:
         self._jobs[record.job.id] = record
@@ -90,6 +101,7 @@ class JobStore:
         job.waiting_reason = ""
         job.queue_position = 0
         if state is JobState.SUCCEEDED and job.result is not None:
+            record.result_encoded = self._as_sent(record) or record.result_encoded
             record.append(JobEvent(job_id=job.id, kind=EventKind.RESULT, result=job.result))
         record.append(
             JobEvent(job_id=job.id, kind=EventKind.STATE, state=state, error=error, worker_id=job.worker_id)
@@ -97,6 +109,29 @@ class JobStore:
         record.finished_at_monotonic = time.monotonic()
         self._finished[job.id] = record.finished_at_monotonic
         self.evict()
+
+    @contextlib.contextmanager
+    def arriving(self, job_id: str, assignment_id: str, encoding: ResultEncoding) -> Iterator[None]:
+        """While the engine takes this worker's result (`core.encoded.ArrivingResults`): finishing
+        the job with it keeps the result's bytes as they came (see `_as_sent`)."""
+        self._arriving = (job_id, assignment_id, encoding)
+        try:
+            yield
+        finally:
+            self._arriving = None
+
+    def _as_sent(self, record: JobRecord) -> bytes | None:
+        """The record's result as the worker sent it, stamped with the controller's job id, trace
+        id and tenant, when it is the result arriving now and has every artifact as it came."""
+        if self._arriving is None:
+            return None
+        job_id, assignment_id, encoding = self._arriving
+        result = record.result
+        if job_id != record.job.id or assignment_id != record.assignment_id or result is None:
+            return None
+        if not encoding.keeps(result):
+            return None
+        return encoding.stamped(job_id, result.report.trace_id, result.report.tenant)
 
     def freeze_finished(self, job_id: str) -> None:
         """Keep a finished job as bytes from now on (no-op when it is gone or already frozen)."""

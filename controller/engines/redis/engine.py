@@ -27,23 +27,25 @@ from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_key, batch_key_id, batch_limit
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.encoded import ResultEncoding
 from omnirt.controller.core.jobs import (
     JobRecord,
-    client_view,
+    accept_result,
+    end_state,
+    log_finished,
     new_job,
     request_fingerprint,
+    requeue_unheld,
+    result_with,
     utcnow,
     waiting_reason,
+    worker_joined,
 )
 from omnirt.controller.core.model_loads import ModelLoads
 from omnirt.controller.core.router import (
     WorkerHandle,
     WorkerLink,
     WorkerRegistry,
-    id_taken,
     model_warnings,
-    same_process,
 )
 from omnirt.controller.core.tenants import (
     REASON_RATE,
@@ -54,6 +56,7 @@ from omnirt.controller.core.tenants import (
     rate_exceeded,
 )
 from omnirt.controller.core.validation import Plan, validate
+from omnirt.controller.engines.redis.cluster import Cluster
 from omnirt.controller.engines.redis.store import (
     QuotaRefusal,
     RedisJobStore,
@@ -61,12 +64,12 @@ from omnirt.controller.engines.redis.store import (
     raise_lost_cancel,
 )
 from omnirt.controller.engines.redis.upkeep import SLOW_TICK_S, RedisUpkeep
+from omnirt.controller.engines.redis.waiters import Waiters
 from omnirt.controller.observability import tracing
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
 from omnirt.errors import (
     AlreadyExists,
-    FailedPrecondition,
     InvalidRequest,
     OmniRTError,
     QuotaExceeded,
@@ -84,12 +87,9 @@ from omnirt.types import (
     ModelSpec,
     Task,
     WorkerInfo,
-    WorkerState,
 )
 
 log = logging.getLogger("omnirt.controller")
-# How long a waiter sleeps between checks when no notification comes.
-WAIT_S = 1.0
 EVENT_PAGE = 512
 
 
@@ -121,13 +121,13 @@ class RedisEngine:
         # Jobs this controller takes part in (submitted here, or running on one of its workers).
         self.records: dict[str, JobRecord] = {}
         self.running: dict[str, JobRecord] = {}
-        self.waiters: dict[str, set[asyncio.Event]] = {}
+        self.waiters = Waiters()  # Generate's and WatchJob's on this controller
         self.wake = asyncio.Event()
         self.store_ok = True
         # Worker results that could not be stored yet (Redis away): retried every tick.
         self.pending: list[Callable[[], Awaitable[None]]] = []
         self.depth = Gauges()  # the cluster's queue and running jobs, read on each upkeep tick
-        self.cluster: list[WorkerInfo] = []
+        self.cluster = Cluster(self.store, self.id, self.workers, config.lease_timeout_ms, SLOW_TICK_S)
         self.upkeep = RedisUpkeep(self)
 
     # ---- life cycle -----------------------------------------------------------------------
@@ -171,11 +171,10 @@ class RedisEngine:
         call_deadline_ms: int = 0,
     ) -> tuple[Job, bool]:
         try:
-            job, deduplicated = await self._submit(request, tenant, policy, call_deadline_ms)
+            return await self._submit(request, tenant, policy, call_deadline_ms)
         except OmniRTError as exc:
             self.metrics.request_rejected(request, exc, tenant)
             raise
-        return job, deduplicated
 
     async def _submit(
         self, request: GenerateRequest, tenant: str, policy: TenantPolicy, call_deadline_ms: int
@@ -246,25 +245,8 @@ class RedisEngine:
         with self._guard():
             return await self.store.load(job_id, tenant)
 
-    def _waiter(self, job_id: str) -> asyncio.Event:
-        event = asyncio.Event()
-        self.waiters.setdefault(job_id, set()).add(event)
-        return event
-
-    def _unwait(self, job_id: str, event: asyncio.Event) -> None:
-        waiters = self.waiters.get(job_id)
-        if waiters is not None:
-            waiters.discard(event)
-            if not waiters:
-                del self.waiters[job_id]
-
-    def notify(self, job_id: str) -> None:
-        for event in self.waiters.get(job_id, ()):
-            event.set()
-
     async def wait(self, job_id: str) -> Job:
-        changed = self._waiter(job_id)
-        try:
+        with self.waiters.waiting(job_id) as changed:
             await self._load(job_id)  # NOT_FOUND for an unknown job
             while True:
                 # Only the state on each wake-up (progress events wake us too), the job once final.
@@ -273,12 +255,7 @@ class RedisEngine:
                 raise_lost_cancel()  # the client went away during that call
                 if state is None or state.terminal:
                     return (await self._load(job_id)).job
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(WAIT_S):  # not wait_for: see jobs.py
-                        await changed.wait()
-                changed.clear()
-        finally:
-            self._unwait(job_id, changed)
+                await changed()
 
     async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
         stored = await self._load(job_id, tenant)
@@ -288,7 +265,7 @@ class RedisEngine:
                 job.queue_position = await self.store.position(job_id)
             with contextlib.suppress(Exception):
                 spec = self.catalog.resolve(job.model)
-                job.waiting_reason = waiting_reason(spec, self._serving(spec))
+                job.waiting_reason = waiting_reason(spec, self.cluster.serving(spec))
         return job
 
     async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
@@ -308,8 +285,7 @@ class RedisEngine:
     async def watch(
         self, job_id: str, after_sequence: int = 0, *, tenant: str | None = None
     ) -> AsyncIterator[JobEvent]:
-        changed = self._waiter(job_id)
-        try:
+        with self.waiters.waiting(job_id) as changed:
             await self._load(job_id, tenant)  # NOT_FOUND for an unknown job (or another tenant's)
             seq = after_sequence
             while True:
@@ -324,14 +300,8 @@ class RedisEngine:
                     yield event
                 if (state is None or state.terminal) and len(events) < EVENT_PAGE:
                     return
-                if events:
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(WAIT_S):  # not wait_for: see jobs.py
-                        await changed.wait()
-                changed.clear()
-        finally:
-            self._unwait(job_id, changed)
+                if not events:
+                    await changed()
 
     async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
         error = JobError("CANCELLED", "cancelled by the client")
@@ -379,7 +349,7 @@ class RedisEngine:
 
     def closed(self, job_id: str, state: JobState, error: JobError | None) -> None:
         """A job this controller knows reached a final state: let the observers see it."""
-        self.notify(job_id)
+        self.waiters.notify(job_id)
         record = self.records.pop(job_id, None) or self.running.get(job_id)
         if record is None:
             self.tracing.discard(job_id)  # adopted here once, then requeued and run elsewhere
@@ -387,15 +357,7 @@ class RedisEngine:
         record.job.state, record.job.error = state, error
         self.metrics.finished(record)
         self.tracing.finished(record)
-        log.info(
-            "job finished",
-            extra={
-                "job_id": job_id,
-                "tenant": record.job.tenant,
-                "state": state.value,
-                "error": error.message if error else "",
-            },
-        )
+        log_finished(job_id, record.job.tenant, state, error)
 
     async def abandon(self, job_id: str) -> None:
         stored = await self._load(job_id)
@@ -411,23 +373,8 @@ class RedisEngine:
         self, job_id: str, index: int, *, tenant: str | None = None
     ) -> tuple[bytes, GenerateResult]:
         stored = await self._load(job_id, tenant)
-        result = stored.job.result
-        if result is None:
-            raise FailedPrecondition(f"job {job_id} has no result (state {stored.job.state.value})")
-        if not 0 <= index < len(result.artifacts):
-            raise InvalidRequest(
-                f"index: job {job_id} has {len(result.artifacts)} artifacts (got {index})", field="index"
-            )
-        data = stored.artifact_bytes(index)
-        if data is None:
-            data = result.artifacts[index].data
-            # An artifact-store object has no bytes here: the edge streams it from the store.
-            if not data and result.artifacts[index].size_bytes and not result.artifacts[index].object_uri:
-                raise FailedPrecondition(
-                    f"the bytes of artifact {index} of job {job_id} are gone (artifact dir "
-                    f"{self.store.artifact_dir} not shared with the controller that stored them?)"
-                )
-        return data, result
+        result = result_with(job_id, stored.job.state, stored.job.result, index)
+        return self.store.artifacts.data_of(job_id, stored.fields, index, result.artifacts[index]), result
 
     def list_models(self, task: Task | None = None) -> list[ModelSpec]:
         return [self._with_serving(s) for s in self.catalog if task is None or task in s.tasks]
@@ -436,47 +383,16 @@ class RedisEngine:
         return self._with_serving(self.catalog.resolve(name))
 
     def _with_serving(self, spec: ModelSpec) -> ModelSpec:
-        local = self.model_loads.warm_on(spec)
-        # Workers of other controllers as last seen: where the model is warm, not its bytes.
-        remote = {w.id: 0 for w in self.cluster if w.id not in local and spec.id in w.loaded_models}
-        return dataclasses.replace(spec, serving_workers=self._serving(spec), warm_on={**remote, **local})
-
-    def _serving(self, spec: ModelSpec) -> int:
-        """Workers serving `spec` on any controller (this one's now, the others' as last seen)."""
-        local = {w.id for w in self.workers.candidates(spec)}
-        remote = {
-            w.id
-            for w in self.cluster
-            if w.id not in self._local_ids()
-            and w.execution_mode == spec.execution_mode
-            and (not w.models or spec.id in w.models)
-            and w.state is WorkerState.READY
-        }
-        return len(local | remote)
-
-    def _local_ids(self) -> set[str]:
-        return {w.id for w in self.workers.all()}
+        warm_on = self.cluster.warm_on(spec, self.model_loads.warm_on(spec))
+        return dataclasses.replace(spec, serving_workers=self.cluster.serving(spec), warm_on=warm_on)
 
     async def list_workers(self) -> list[WorkerInfo]:
-        local = [w.snapshot() for w in self.workers.all()]
-        ids = {w.id for w in local}
-        with contextlib.suppress(redis.exceptions.RedisError):
-            self.cluster = await self.store.workers(_now_ms())
-        return sorted(local + [w for w in self.cluster if w.id not in ids], key=lambda w: w.id)
+        return await self.cluster.listing()
 
     async def drain_worker(self, worker_id: str) -> WorkerInfo:
         check_id("worker_id", worker_id)
-        with contextlib.suppress(OmniRTError):
-            handle = self.workers.get(worker_id)
-            handle.drain()
-            return handle.snapshot()
-        for info in await self.list_workers():
-            if info.id == worker_id:
-                with self._guard():
-                    await self.store.publish(f"d {worker_id}")
-                info.state = WorkerState.DRAINING
-                return info
-        return self.workers.get(worker_id).snapshot()  # raises WorkerNotFound
+        with self._guard():
+            return await self.cluster.drain(worker_id)
 
     async def load_model(
         self, name: str, workers: int, worker_ids: list[str], wait_s: float | None
@@ -501,45 +417,18 @@ class RedisEngine:
         another controller: the claim in Redis decides, in one script, see `CLAIM_WORKER`)."""
         info.connected_at = info.last_heartbeat_at = utcnow()
         handle = WorkerHandle(info=info, link=link, warnings=model_warnings(info, self.catalog))
-        lease_ms = self.config.lease_timeout_ms
+        lease_s = self.config.lease_timeout_ms / 1000
         try:
-            self.workers.check(info, lease_ms / 1000)
-            try:
-                holder = await self.store.claim_worker(info, self.id, self.claim_ms())
-            except redis.exceptions.RedisError:
-                holder = None  # not checked while Redis is away: the upkeep tick claims it later
-            if holder is not None:
-                raise id_taken(dataclasses.replace(info, hostname=holder[0], pid=holder[1]))
-            old = self.workers.add(handle, lease_ms / 1000)
+            self.workers.check(info, lease_s)
+            await self.cluster.claim(info)
+            old = self.workers.add(handle, lease_s)
         except AlreadyExists as exc:
             log.warning("worker refused: %s", exc.message, extra={"worker_id": info.id})
             raise
-        if old is not None:
-            old.link.close()
-            if same_process(old.info, info):  # its own process: those jobs still run
-                handle.take_over(old)
-            else:  # another process, after the old one's lease expired
-                await self._lose_jobs(old, f"worker {old.id} was replaced by a new process")
-        log.info("worker connected", extra={"worker_id": info.id, "mode": info.execution_mode})
-        for warning in handle.warnings:
-            log.warning("worker %s: %s", info.id, warning, extra={"worker_id": info.id})
-        with contextlib.suppress(redis.exceptions.RedisError):  # else the next upkeep tick writes it
-            await self.store.put_workers([handle.snapshot()], self.id, self.claim_ms(), _now_ms() + lease_ms)
+        await worker_joined(handle, old, self._lose_jobs)
+        await self.cluster.listed(handle)
         self.wake.set()
         return handle
-
-    def claim_ms(self) -> int:
-        """How long a worker id's claim lives past its last renewal: a lease, and at least three
-        upkeep ticks (it is renewed once a tick; a shorter life would lapse between renewals and
-        let a retrying twin in, and the two would then take the id from each other in turn)."""
-        return max(self.config.lease_timeout_ms, int(3000 * SLOW_TICK_S))
-
-    def id_lost(self, handle: WorkerHandle) -> None:
-        """Another process holds this worker's id now (its claim expired while Redis was away or
-        this controller stalled, and that one took it): this one's stream ends (`worker_lost`
-        requeues its jobs), and it is refused when it comes back while the other lives."""
-        log.warning("worker id taken by another process: disconnecting", extra={"worker_id": handle.id})
-        handle.link.close()
 
     async def worker_heartbeat(
         self,
@@ -550,21 +439,8 @@ class RedisEngine:
         model_bytes: dict[str, int] | None = None,
     ) -> None:
         handle.heartbeat(loaded_models, draining, model_bytes)
-        if running is None:
-            return
-        for job_id, assignment_id in handle.unlisted(running):
-            # The worker does not hold it (a lost result, an assignment it never ran): the slot
-            # is free again, and the job goes back to the queue as if its worker was lost.
-            handle.release(job_id, assignment_id)
+        if await requeue_unheld(handle, running, self._requeue_lost):
             self.wake.set()
-            log.warning(
-                "job not held by its worker: released", extra={"job_id": job_id, "worker_id": handle.id}
-            )
-            message = f"worker {handle.id} does not hold the job (its heartbeat leaves it out)"
-            try:
-                await self.requeue(job_id, assignment_id, message)
-            except redis.exceptions.RedisError:
-                self.store_ok = False  # still in `running`: the next lease renewal requeues it
 
     async def worker_event(self, handle: WorkerHandle, assignment_id: str, event: JobEvent) -> None:
         handle.last_seen = time.monotonic()
@@ -580,7 +456,7 @@ class RedisEngine:
         if appended and record is not None and record.assignment_id == assignment_id:
             self.metrics.worker_event(record, event)
             self.tracing.worker_event(record)
-        self.notify(event.job_id)
+        self.waiters.notify(event.job_id)
 
     async def worker_result(
         self,
@@ -589,7 +465,6 @@ class RedisEngine:
         job_id: str,
         result: GenerateResult | None,
         error: JobError | None,
-        encoding: ResultEncoding | None = None,  # unused: Redis stores its own conversion
     ) -> None:
         handle.last_seen = time.monotonic()
         if self.workers.release(handle, job_id, assignment_id):
@@ -628,20 +503,17 @@ class RedisEngine:
         artifacts: dict[int, bytes] = {}
         view = None
         if error is not None:
-            state_event.state = JobState.CANCELLED if error.code == "CANCELLED" else JobState.FAILED
+            state_event.state = end_state(error)
         else:
             assert result is not None
             state_event.state = JobState.SUCCEEDED
-            result.job_id = job_id
-            result.report.trace_id = tracing.trace_id_of(job_id) or result.report.trace_id
             try:
                 stored = await self.store.load(job_id)
             except OmniRTError:
                 log.info("result of an unknown or expired job ignored", extra={"job_id": job_id})
                 return
-            request = stored.request
-            result.report.tenant = stored.job.tenant  # the controller's word, not the worker's
-            view = client_view(result, job_id, request.inline_limit_bytes or self.config.inline_limit_bytes)
+            limit = stored.request.inline_limit_bytes or self.config.inline_limit_bytes
+            view = accept_result(result, job_id, tracing.trace_id_of(job_id), stored.job.tenant, limit)
             # Objects in the artifact store (`object_uri`) have no bytes here to keep.
             artifacts = {
                 a.index: a.data
@@ -670,22 +542,12 @@ class RedisEngine:
 
     async def requeue(self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0) -> None:
         """Queue a running job again (or fail it when its attempts are spent)."""
-        failed_error = JobError(
-            "UNAVAILABLE", f"{message}; gave up after {self.config.max_attempts} attempts"
-        )
-        outcome = await self.store.requeue(
+        outcome, failed_error = await self.store.requeue(
             job_id,
+            message,
             assignment_id=assignment_id,
             lease_before_ms=lease_before_ms,
             max_attempts=self.config.max_attempts,
-            queued=JobEvent(
-                job_id=job_id,
-                kind=EventKind.STATE,
-                state=JobState.QUEUED,
-                error=JobError("UNAVAILABLE", message),
-            ),
-            failed_error=failed_error,
-            failed=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.FAILED, error=failed_error),
             now_ms=_now_ms(),
         )
         record = self.running.pop(job_id, None)
@@ -707,15 +569,21 @@ class RedisEngine:
             log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
             await self._lose_jobs(handle, reason)
             self.model_loads.worker_lost(handle)
-            with contextlib.suppress(redis.exceptions.RedisError):
-                await self.store.drop_worker(handle.info, self.id)
+            await self.cluster.dropped(handle)
             self.wake.set()
 
     async def _lose_jobs(self, handle: WorkerHandle, reason: str) -> None:
         for job_id, assignment_id in list(handle.running.items()):
-            message = f"worker {handle.id} was lost while running the job ({reason})"
-            try:
-                await self.requeue(job_id, assignment_id, message)
-            except redis.exceptions.RedisError:
-                self.store_ok = False  # the lease expires; any controller requeues it later
+            await self._requeue_lost(
+                job_id, assignment_id, f"worker {handle.id} was lost while running the job ({reason})"
+            )
         handle.release_all()
+
+    async def _requeue_lost(self, job_id: str, assignment_id: str, message: str) -> None:
+        """`requeue` a job its worker no longer runs. While Redis is away the job stays in
+        `running`: the next lease renewal requeues it (or, should this controller stop, its
+        lease expires and any controller does)."""
+        try:
+            await self.requeue(job_id, assignment_id, message)
+        except redis.exceptions.RedisError:
+            self.store_ok = False

@@ -7,13 +7,9 @@ What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -24,9 +20,11 @@ from redis.backoff import ExponentialBackoff
 from omnirt._internal import convert as c
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
 from omnirt.controller.engines.redis import scripts
+from omnirt.controller.engines.redis.artifacts import ArtifactFiles
 from omnirt.controller.observability.metrics import Gauges
 from omnirt.errors import JobNotFound, QueueFull
 from omnirt.types import (
+    EventKind,
     GenerateRequest,
     GenerateResult,
     Job,
@@ -75,19 +73,6 @@ class StoredJob:
     owner: str
     enqueued_ms: int
     fields: dict[bytes, bytes]
-
-    def artifact_bytes(self, index: int) -> bytes | None:
-        """Bytes kept beside the result (artifacts over the inline limit), or None."""
-        data = self.fields.get(f"artifact:{index}".encode())
-        if data is not None:
-            return data
-        path = self.fields.get(f"artifact_path:{index}".encode())
-        if path is None:
-            return None
-        try:
-            return Path(path.decode()).read_bytes()
-        except OSError:
-            return None
 
 
 @dataclass
@@ -143,12 +128,11 @@ class RedisJobStore:
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 1),
             retry_on_error=[redis.exceptions.ConnectionError],
         )
-        self.p = prefix
+        self.prefix = prefix
         self.channel = prefix + "notify"
         self.ttl_s = max(1, int(job_ttl_s))
         self.idempotency_ttl_s = max(1, int(idempotency_ttl_s))
-        self.artifact_limit = artifact_limit_bytes
-        self.artifact_dir = Path(artifact_dir or os.path.join(tempfile.gettempdir(), "omnirt-artifacts"))
+        self.artifacts = ArtifactFiles(artifact_dir, artifact_limit_bytes, self.ttl_s)
         self._scripts = {
             name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
             for name in ("CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
@@ -173,7 +157,7 @@ class RedisJobStore:
         await self.redis.aclose()
 
     async def _run(self, name: str, *args: Any) -> Any:
-        return await self._scripts[name](keys=[], args=[self.p, *args])
+        return await self._scripts[name](keys=[], args=[self.prefix, *args])
 
     async def ping(self) -> bool:
         return bool(await self.redis.ping())
@@ -243,7 +227,7 @@ class RedisJobStore:
 
     async def load(self, job_id: str, tenant: str | None = None) -> StoredJob:
         """The job; with `tenant`, JobNotFound unless it is that tenant's (as for an unknown id)."""
-        fields: dict[bytes, bytes] = await self.redis.hgetall(self.p + "job:" + job_id)
+        fields: dict[bytes, bytes] = await self.redis.hgetall(self.prefix + "job:" + job_id)
         if not fields or b"static" not in fields:
             raise job_not_found(job_id)
         if tenant is not None and fields.get(b"tenant", b"").decode() != tenant:
@@ -276,19 +260,19 @@ class RedisJobStore:
         )
 
     async def state(self, job_id: str) -> JobState | None:
-        value = await self.redis.hget(self.p + "job:" + job_id, "state")
+        value = await self.redis.hget(self.prefix + "job:" + job_id, "state")
         return JobState[value.decode()] if value else None
 
     async def states(self, job_ids: Sequence[str]) -> list[JobState | None]:
         """The states of several jobs in one round trip (None: unknown or expired)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
-                pipe.hget(self.p + "job:" + job_id, "state")
+                pipe.hget(self.prefix + "job:" + job_id, "state")
             values = await pipe.execute()
         return [JobState[v.decode()] if v else None for v in values]
 
     async def position(self, job_id: str) -> int:
-        rank = await self.redis.zrank(self.p + "queue", job_id)
+        rank = await self.redis.zrank(self.prefix + "queue", job_id)
         return int(rank or 0)
 
     async def list_ids(
@@ -302,17 +286,17 @@ class RedisJobStore:
         picked: list[str] = []
         skipped, start = 0, 0
         while len(picked) <= limit:
-            ids = await self.redis.zrevrange(self.p + listing, start, start + LIST_PAGE - 1)
+            ids = await self.redis.zrevrange(self.prefix + listing, start, start + LIST_PAGE - 1)
             if not ids:
                 break
             start += len(ids)
             async with self.redis.pipeline(transaction=False) as pipe:
                 for job_id in ids:
-                    pipe.hmget(self.p + "job:" + job_id.decode(), "state", "model", "tenant")
+                    pipe.hmget(self.prefix + "job:" + job_id.decode(), "state", "model", "tenant")
                 rows = await pipe.execute()
             gone = [job_id for job_id, (state, *_) in zip(ids, rows, strict=True) if state is None]
             if gone:  # expired jobs leave the listing
-                await self.redis.zrem(self.p + listing, *gone)
+                await self.redis.zrem(self.prefix + listing, *gone)
                 start -= len(gone)
             for job_id, (state, job_model, job_tenant) in zip(ids, rows, strict=True):
                 if (
@@ -335,7 +319,7 @@ class RedisJobStore:
 
     async def events(self, job_id: str, after: int, count: int = 512) -> list[JobEvent]:
         """Events with a sequence above `after` (the stream entry id is 0-SEQUENCE)."""
-        entries = await self.redis.xrange(self.p + "events:" + job_id, f"(0-{after}", "+", count=count)
+        entries = await self.redis.xrange(self.prefix + "events:" + job_id, f"(0-{after}", "+", count=count)
         out = []
         for entry_id, fields in entries:
             event = c.event_from_proto(types_pb2.JobEvent.FromString(fields[b"e"]))
@@ -424,12 +408,7 @@ class RedisJobStore:
 
         Returns (changed, the state it had, its owner, its assignment).
         """
-        extra: list[Any] = []
-        for index, data in (artifacts or {}).items():
-            if len(data) <= self.artifact_limit:
-                extra += [f"artifact:{index}", data]
-            else:
-                extra += [f"artifact_path:{index}", self._write_artifact(job_id, index, data)]
+        extra = self.artifacts.fields(job_id, artifacts or {})
         answer = await self._run(
             "FINISH",
             job_id,
@@ -452,43 +431,24 @@ class RedisJobStore:
             return False, before, "", ""
         return True, before, answer[2].decode(), answer[3].decode()
 
-    def _write_artifact(self, job_id: str, index: int, data: bytes) -> str:
-        """Large artifacts go to the (shared) artifact directory; Redis keeps the path."""
-        folder = self.artifact_dir / job_id
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / str(index)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
-        return str(path)
-
-    def sweep_artifacts(self, now: float) -> int:
-        """Delete artifact folders older than the job TTL (their jobs expired); how many."""
-        if not self.artifact_dir.is_dir():
-            return 0
-        removed = 0
-        for folder in self.artifact_dir.iterdir():
-            try:
-                if now - folder.stat().st_mtime > self.ttl_s:
-                    shutil.rmtree(folder)
-                    removed += 1
-            except OSError:
-                continue  # another controller removed it first
-        return removed
-
     async def requeue(
         self,
         job_id: str,
+        message: str,
         *,
         assignment_id: str = "",
         lease_before_ms: int = 0,
         max_attempts: int,
-        queued: JobEvent,
-        failed_error: JobError,
-        failed: JobEvent,
         now_ms: int,
-    ) -> str:
-        """Queue a running job again, or fail it when attempts are spent: 'queued', 'failed' or 'no'."""
+    ) -> tuple[str, JobError]:
+        """Queue a running job again, `message` saying why (its QUEUED event's UNAVAILABLE error),
+        or fail it when attempts are spent: 'queued', 'failed' or 'no', and the error a failed
+        job gets."""
+        failed_error = JobError("UNAVAILABLE", f"{message}; gave up after {max_attempts} attempts")
+        queued = JobEvent(
+            job_id=job_id, kind=EventKind.STATE, state=JobState.QUEUED, error=JobError("UNAVAILABLE", message)
+        )
+        failed = JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.FAILED, error=failed_error)
         answer = await self._run(
             "REQUEUE",
             job_id,
@@ -501,7 +461,7 @@ class RedisJobStore:
             _bytes(c.error_to_proto(failed_error)),
             _bytes(c.event_to_proto(failed)),
         )
-        return str(answer[0].decode())
+        return str(answer[0].decode()), failed_error
 
     async def renew(self, owner: str, job_ids: Sequence[str], expiry_ms: int) -> int:
         if not job_ids:
@@ -509,11 +469,11 @@ class RedisJobStore:
         return int(await self._run("RENEW", owner, expiry_ms, *job_ids))
 
     async def expired_leases(self, now_ms: int, count: int = 200) -> list[str]:
-        ids = await self.redis.zrangebyscore(self.p + "running", "-inf", now_ms, start=0, num=count)
+        ids = await self.redis.zrangebyscore(self.prefix + "running", "-inf", now_ms, start=0, num=count)
         return [i.decode() for i in ids]
 
     async def due_deadlines(self, now_ms: int, count: int = 200) -> list[str]:
-        ids = await self.redis.zrangebyscore(self.p + "deadlines", "-inf", now_ms, start=0, num=count)
+        ids = await self.redis.zrangebyscore(self.prefix + "deadlines", "-inf", now_ms, start=0, num=count)
         return [i.decode() for i in ids]
 
     async def publish(self, message: str) -> None:
@@ -526,12 +486,12 @@ class RedisJobStore:
         by tenant: the cluster's."""
         tenants = await self.tenants()
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.p + "qdepth")
-            pipe.hgetall(self.p + "runmodels")
+            pipe.hgetall(self.prefix + "qdepth")
+            pipe.hgetall(self.prefix + "runmodels")
             for model in models:
-                pipe.zcard(self.p + "queue:m:" + model)
+                pipe.zcard(self.prefix + "queue:m:" + model)
             for tenant in tenants:
-                pipe.scard(self.p + "active:" + tenant)
+                pipe.scard(self.prefix + "active:" + tenant)
             queued, running, *counts = await pipe.execute()
         per_model, per_tenant = counts[: len(models)], counts[len(models) :]
         return Gauges(
@@ -543,36 +503,36 @@ class RedisJobStore:
 
     async def active(self, tenant: str) -> int:
         """The tenant's jobs queued or running (what max_queued counts), on every controller."""
-        return int(await self.redis.scard(self.p + "active:" + tenant))
+        return int(await self.redis.scard(self.prefix + "active:" + tenant))
 
     # ---- tidying (the upkeep's) ---------------------------------------------------------
 
     async def tenants(self) -> list[str]:
-        return sorted(t.decode() for t in await self.redis.smembers(self.p + "tenants"))
+        return sorted(t.decode() for t in await self.redis.smembers(self.prefix + "tenants"))
 
     async def sweep_listing(
         self, tenant: str | None, max_score_ms: int, offset: int, count: int
     ) -> tuple[int, int]:
         """Drop expired or evicted jobs from a listing (see SWEEP_LISTING): (next offset, removed)."""
         answer = await self._plain_scripts["SWEEP_LISTING"](
-            keys=[], args=[self.p, self.listing_key(tenant), max_score_ms, offset, count]
+            keys=[], args=[self.prefix, self.listing_key(tenant), max_score_ms, offset, count]
         )
         return int(answer[0]), int(answer[1])
 
     async def sweep_active(self, tenant: str, cursor: int, count: int) -> tuple[int, int]:
         """Drop jobs no longer active from the tenant's set (see SWEEP_ACTIVE): (cursor, removed)."""
-        answer = await self._plain_scripts["SWEEP_ACTIVE"](keys=[], args=[self.p, tenant, cursor, count])
+        answer = await self._plain_scripts["SWEEP_ACTIVE"](keys=[], args=[self.prefix, tenant, cursor, count])
         return int(answer[0]), int(answer[1])
 
     async def prune_fair(self, now_s: float) -> int:
         """Drop the fair-share finish tags at or before `now_s`; how many."""
-        return int(await self._plain_scripts["PRUNE_FAIR"](keys=[], args=[self.p, repr(now_s)]))
+        return int(await self._plain_scripts["PRUNE_FAIR"](keys=[], args=[self.prefix, repr(now_s)]))
 
     async def claim_worker(self, info: WorkerInfo, owner: str, lease_ms: int) -> tuple[str, int] | None:
         """Take worker id `info.id` for its process (`info.instance_id`) on controller `owner`;
         None when taken, else the (host, pid) of the other live process that holds it."""
         answer = await self._plain_scripts["CLAIM_WORKER"](
-            keys=[], args=[self.p, info.id, info.instance_id, owner, info.hostname, info.pid, lease_ms]
+            keys=[], args=[self.prefix, info.id, info.instance_id, owner, info.hostname, info.pid, lease_ms]
         )
         if answer[0] == b"ok":
             return None
@@ -585,7 +545,7 @@ class RedisJobStore:
         `expiry_ms`); returns the ids another process or controller holds now (not renewed)."""
         if not workers:
             return []
-        args: list[Any] = [self.p, owner, lease_ms, expiry_ms]
+        args: list[Any] = [self.prefix, owner, lease_ms, expiry_ms]
         for w in workers:
             args += [w.id, w.instance_id, w.hostname, w.pid, _bytes(c.worker_to_proto(w))]
         lost = await self._plain_scripts["WORKERS_SEEN"](keys=[], args=args)
@@ -593,13 +553,15 @@ class RedisJobStore:
 
     async def drop_worker(self, info: WorkerInfo, owner: str) -> None:
         """Forget a worker `owner` held (claim and listing), unless another one holds its id now."""
-        await self._plain_scripts["DROP_WORKER"](keys=[], args=[self.p, owner, info.id, info.instance_id])
+        await self._plain_scripts["DROP_WORKER"](
+            keys=[], args=[self.prefix, owner, info.id, info.instance_id]
+        )
 
     async def workers(self, now_ms: int) -> list[WorkerInfo]:
         """Workers connected to any controller (their controller refreshed them lately)."""
-        stale = await self.redis.zrangebyscore(self.p + "workers:seen", "-inf", now_ms)
+        stale = await self.redis.zrangebyscore(self.prefix + "workers:seen", "-inf", now_ms)
         if stale:
-            await self.redis.hdel(self.p + "workers", *stale)
-            await self.redis.zrem(self.p + "workers:seen", *stale)
-        rows = await self.redis.hgetall(self.p + "workers")
+            await self.redis.hdel(self.prefix + "workers", *stale)
+            await self.redis.zrem(self.prefix + "workers:seen", *stale)
+        rows = await self.redis.hgetall(self.prefix + "workers")
         return [c.worker_from_proto(cluster_pb2.WorkerInfo.FromString(v)) for v in rows.values()]

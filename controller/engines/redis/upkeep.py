@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import redis.exceptions
@@ -21,17 +21,19 @@ from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.core.validation import Plan
+from omnirt.controller.engines.redis.cluster import Cluster
 from omnirt.controller.engines.redis.store import Claimed, RedisJobStore, raise_lost_cancel
+from omnirt.controller.engines.redis.waiters import Waiters
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
 from omnirt.errors import OmniRTError
-from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec, WorkerInfo
+from omnirt.types import EventKind, Job, JobError, JobEvent, JobState, ModelSpec
 
 log = logging.getLogger("omnirt.controller")
 TICK_S = 0.1
 # How often the dispatcher looks at the queue without being woken (a lost notification).
 POLL_S = 0.5
-SLOW_TICK_S = 1.0  # also renews worker-id claims: see RedisEngine.claim_ms
+SLOW_TICK_S = 1.0  # also renews worker-id claims: see Cluster.claim_ms
 ARTIFACT_SWEEP_S = 60.0
 SWEEP_PAGE = 500
 TIDY_S = 5.0  # how often the fair-share tags, tenants' active sets and listings are tidied
@@ -61,26 +63,24 @@ class UpkeepEngine(Protocol):
     def tracing(self) -> JobTracing: ...
     @property
     def wake(self) -> asyncio.Event: ...
-    # The jobs this controller takes part in, those running on its workers, the jobs someone
-    # waits on, and the worker results kept while Redis was away.
+    @property
+    def cluster(self) -> Cluster: ...
+    # The jobs this controller takes part in, those running on its workers, the tasks waiting
+    # on jobs, and the worker results kept while Redis was away.
     @property
     def records(self) -> dict[str, JobRecord]: ...
     @property
     def running(self) -> dict[str, JobRecord]: ...
     @property
-    def waiters(self) -> Mapping[str, object]: ...
+    def waiters(self) -> Waiters: ...
     @property
     def pending(self) -> list[Callable[[], Awaitable[None]]]: ...
 
-    # What the upkeep finds out for the engine: readiness, the cluster's workers and gauges.
+    # What the upkeep finds out for the engine: readiness and the cluster's gauges.
     store_ok: bool
-    cluster: list[WorkerInfo]
     depth: Gauges
 
     # The engine's own transitions, which the upkeep's loops call for.
-    def notify(self, job_id: str) -> None: ...
-    def claim_ms(self) -> int: ...
-    def id_lost(self, handle: WorkerHandle) -> None: ...
     def stop_local(self, job_id: str, assignment_id: str, reason: str) -> None: ...
     def closed(self, job_id: str, state: JobState, error: JobError | None) -> None: ...
     async def requeue(
@@ -97,6 +97,7 @@ class RedisUpkeep:
         self.engine = engine
         self.controller_id, self.config, self.catalog = engine.id, engine.config, engine.catalog
         self.store, self.workers, self.wake = engine.store, engine.workers, engine.wake
+        self.cluster, self.waiters = engine.cluster, engine.waiters
         self.metrics, self.tracing = engine.metrics, engine.tracing
         self.records, self.running, self.pending = engine.records, engine.running, engine.pending
         # When a job held back for batch companions must go anyway (monotonic; 0 = none).
@@ -330,24 +331,15 @@ class RedisUpkeep:
                 if not self.engine.store_ok:
                     log.warning("job store reachable again: %s", self.config.store)
                     self.wake.set()
-                    self._notify_waiters()
+                    self.waiters.notify_all()
                 self.engine.store_ok = True
                 # This controller's workers into the cluster's view, and their ids' claims renewed.
-                expiry = _now_ms() + self.config.lease_timeout_ms
-                handles = self.workers.all()
-                snapshots = [w.snapshot() for w in handles]
-                lost = await self.store.put_workers(
-                    snapshots, self.controller_id, self.engine.claim_ms(), expiry
-                )
-                for handle in handles:
-                    if handle.id in lost:
-                        self.engine.id_lost(handle)
-                self.engine.cluster = await self.store.workers(_now_ms())
+                await self.cluster.publish()
                 self.engine.depth = await self.store.depth([spec.id for spec in self.catalog])
                 await self._sweep_records()
                 if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
                     last_sweep = time.monotonic()
-                    await asyncio.to_thread(self.store.sweep_artifacts, time.time())
+                    await asyncio.to_thread(self.store.artifacts.sweep, time.time())
                 await self._tidy()
             except redis.exceptions.RedisError as exc:
                 if self.engine.store_ok:
@@ -396,7 +388,7 @@ class RedisUpkeep:
                 await pubsub.subscribe(self.store.channel)
                 # Catch up on whatever was missed while not subscribed.
                 self.wake.set()
-                self._notify_waiters()
+                self.waiters.notify_all()
                 async for message in pubsub.listen():
                     raise_lost_cancel()
                     if message.get("type") == "message":
@@ -408,17 +400,12 @@ class RedisUpkeep:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
 
-    def _notify_waiters(self) -> None:
-        """Wake every waiter to look again (what it waits for may have come meanwhile)."""
-        for job_id in list(self.engine.waiters):
-            self.engine.notify(job_id)
-
     def _on_message(self, text: str) -> None:
         kind, _, rest = text.partition(" ")
         if kind == "q":
             self.wake.set()
         elif kind == "e":
-            self.engine.notify(rest)
+            self.waiters.notify(rest)
         elif kind == "c":
             job_id, assignment_id, owner, reason = [*rest.split(" "), "", "", ""][:4]
             if owner == self.controller_id:

@@ -12,17 +12,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.engines.memory.engine import MemoryEngine
 from omnirt.controller.observability.tracing import JobTracing, trace_id_of
 from omnirt.errors import InvalidRequest, ModelNotFound
 from omnirt.types import EventKind, GenerateResult, JobEvent, Progress
-from tests.unit.controller.test_engine import connect, make_engine, request
+from tests.unit.controller.test_engine import connect, make_engine, now, request, submit
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-def traced_engine(**kw: object) -> tuple[Engine, InMemorySpanExporter]:
+def traced_engine(**kw: object) -> tuple[MemoryEngine, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -31,7 +31,7 @@ def traced_engine(**kw: object) -> tuple[Engine, InMemorySpanExporter]:
     return engine, exporter
 
 
-def samples(engine: Engine) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def samples(engine: MemoryEngine) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     text = engine.metrics.render().decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value
@@ -45,13 +45,13 @@ def test_one_job_makes_its_spans_metrics_and_trace_id() -> None:
     parent = propagate.extract({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
     token = otel_context.attach(parent)
     try:
-        record, _ = engine.submit(request(seed=1, num_inference_steps=2))
+        record, _ = submit(engine, request(seed=1, num_inference_steps=2))
     finally:
         otel_context.detach(token)
     job_id = record.job.id
     assert trace_id_of(job_id) == CLIENT_TRACE
     link = connect(engine, "w1")
-    engine.dispatch()
+    engine.upkeep.dispatch()
     (assignment,) = link.assignments()
     assert assignment.trace_context["traceparent"].split("-")[1] == CLIENT_TRACE
     handle = engine.workers.get("w1")
@@ -59,9 +59,9 @@ def test_one_job_makes_its_spans_metrics_and_trace_id() -> None:
     stage = JobEvent(
         job_id=job_id, kind=EventKind.STAGE, stage="denoise", stage_finished=True, stage_duration_ms=40
     )
-    engine.worker_event(handle, assignment.assignment_id, progress)
-    engine.worker_event(handle, assignment.assignment_id, stage)
-    engine.worker_result(handle, assignment.assignment_id, job_id, GenerateResult(job_id), None)
+    now(engine.worker_event(handle, assignment.assignment_id, progress))
+    now(engine.worker_event(handle, assignment.assignment_id, stage))
+    now(engine.worker_result(handle, assignment.assignment_id, job_id, GenerateResult(job_id), None))
     assert record.result is not None and record.result.report.trace_id == CLIENT_TRACE
 
     spans = {s.name: s for s in exporter.get_finished_spans()}
@@ -87,11 +87,11 @@ def test_one_job_makes_its_spans_metrics_and_trace_id() -> None:
 
 def test_a_batch_carries_each_jobs_trace_and_a_lost_worker_requeues() -> None:
     engine, exporter = traced_engine(max_batch_size=4)
-    first, _ = engine.submit(request(seed=1))
-    second, _ = engine.submit(request(seed=2))
+    first, _ = submit(engine, request(seed=1))
+    second, _ = submit(engine, request(seed=2))
     link = connect(engine, "w1")
-    engine.dispatch()
-    engine.submit(request(seed=3, priority=7))  # no free slot: it waits
+    engine.upkeep.dispatch()
+    submit(engine, request(seed=3, priority=7))  # no free slot: it waits
     (batch,) = link.assignments()
     assert len(batch.items) == 2
     for record in (first, second):
@@ -100,7 +100,7 @@ def test_a_batch_carries_each_jobs_trace_and_a_lost_worker_requeues() -> None:
     assert got[("omnirt_queue_depth", frozenset({("model", "tiny-sd")}))] == 1
     assert got[("omnirt_queue_depth_by_priority", frozenset({("priority", "7")}))] == 1
     assert got[("omnirt_jobs_running", frozenset({("model", "tiny-sd")}))] == 2
-    engine.worker_lost(engine.workers.get("w1"), "gone")
+    now(engine.worker_lost(engine.workers.get("w1"), "gone"))
     queues = [s for s in exporter.get_finished_spans() if s.name == "queue"]
     executes = [s for s in exporter.get_finished_spans() if s.name == "execute"]
     assert len(queues) == 2 and len(executes) == 2 and not executes[0].status.is_ok
@@ -110,9 +110,9 @@ def test_a_batch_carries_each_jobs_trace_and_a_lost_worker_requeues() -> None:
 def test_a_rejected_request_is_counted_with_its_code() -> None:
     engine, _ = traced_engine()
     with pytest.raises(InvalidRequest):
-        engine.submit(request(width=60))
+        submit(engine, request(width=60))
     with pytest.raises(ModelNotFound):
-        engine.submit(request(model="no-such-model"))
+        submit(engine, request(model="no-such-model"))
     got = samples(engine)
     assert (
         got[
@@ -154,9 +154,9 @@ def test_an_idle_controller_exports_a_zero_per_catalog_model() -> None:
         assert got[("omnirt_jobs_running", frozenset({("model", model)}))] == 0, model
     assert got[("omnirt_queue_depth_by_priority", frozenset({("priority", "0")}))] == 0
     assert not [key for key in got if key[0] == "omnirt_queue_depth" and dict(key[1]).keys() != {"model"}]
-    engine.submit(request(seed=1, priority=3))
-    engine.submit(request(model="null", seed=2))
-    engine.submit(request(model="null", seed=3))
+    submit(engine, request(seed=1, priority=3))
+    submit(engine, request(model="null", seed=2))
+    submit(engine, request(model="null", seed=3))
     depth = {
         dict(labels)["model"]: v
         for (name, labels), v in samples(engine).items()

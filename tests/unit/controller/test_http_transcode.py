@@ -199,8 +199,8 @@ def test_a_bad_last_event_id_is_a_400_naming_the_header() -> None:
 
 
 def test_the_last_resort_answer_is_a_500_json_error_without_internals() -> None:
-    engine = SimpleNamespace(metrics=EngineMetrics(SimpleNamespace()))  # type: ignore[arg-type]
-    gateway = HttpGateway(engine, {}, "127.0.0.1:0", 1024)  # type: ignore[arg-type]
+    metrics = EngineMetrics(SimpleNamespace())  # type: ignore[arg-type]
+    gateway = HttpGateway(SimpleNamespace(), metrics, {}, "127.0.0.1:0", 1024)  # type: ignore[arg-type]
 
     async def boom(request: web.Request) -> web.Response:
         raise RuntimeError("secret detail in /srv/omnirt/config.toml")

@@ -9,7 +9,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
 from omnirt.controller.observability.tracing import IdOnlyTracer, JobTracing, trace_id_of
-from tests.unit.controller.test_engine import connect, make_engine, request
+from tests.unit.controller.test_engine import connect, make_engine, request, submit
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
@@ -38,14 +38,14 @@ def test_jobs_keep_trace_ids_and_send_the_execute_context_to_workers() -> None:
     engine.tracing = JobTracing(IdOnlyTracer())
     token = otel_context.attach(propagate.extract({"traceparent": f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"}))
     try:
-        traced, _ = engine.submit(request(seed=1, num_inference_steps=2))
+        traced, _ = submit(engine, request(seed=1, num_inference_steps=2))
     finally:
         otel_context.detach(token)
-    fresh, _ = engine.submit(request(seed=2, num_inference_steps=3))
+    fresh, _ = submit(engine, request(seed=2, num_inference_steps=3))
     assert trace_id_of(traced.job.id) == CLIENT_TRACE
     assert len(trace_id_of(fresh.job.id)) == 32 and trace_id_of(fresh.job.id) != CLIENT_TRACE
     link = connect(engine, "w1", slots=2)
-    engine.dispatch()
+    engine.upkeep.dispatch()
     contexts = {a.items[0].job_id: a.trace_context["traceparent"] for a in link.assignments()}
     for record in (traced, fresh):
         _, trace_id, _, flags = contexts[record.job.id].split("-")
@@ -77,7 +77,7 @@ def test_a_job_accepted_by_another_controller_continues_its_trace_here() -> None
     provider.add_span_processor(SimpleSpanProcessor(exported))
     a = make_engine()
     a.tracing = JobTracing(provider.get_tracer("a"))
-    record, _ = a.submit(request(seed=1, num_inference_steps=2))
+    record, _ = submit(a, request(seed=1, num_inference_steps=2))
     job_id = record.job.id
     stored = a.tracing.traceparent(job_id)
     assert stored.startswith("00-") and a.tracing.traceparent("job-unknown") == ""

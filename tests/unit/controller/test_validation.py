@@ -10,9 +10,10 @@ from omnirt._internal import convert as c
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog, CatalogError, load_file
 from omnirt.controller.core.validation import validate
-from omnirt.controller.engines.memory.engine import Engine
+from omnirt.controller.engines.memory.engine import MemoryEngine
 from omnirt.errors import InvalidRequest, JobNotFound, ModelNotFound, WorkerNotFound
 from omnirt.types import Adapter, GenerateRequest, MediaInput, MediaRole, ModelSpec, Task
+from tests.unit.controller.test_engine import now, submit
 
 
 @pytest.fixture(scope="module")
@@ -311,34 +312,34 @@ def test_a_big_catalog_lists_a_bounded_part_of_itself() -> None:
 
 
 def test_job_and_worker_ids_are_bounded_before_any_lookup(catalog: Catalog) -> None:
-    engine = Engine(ControllerConfig(), catalog)
+    engine = MemoryEngine(ControllerConfig(), catalog)
     for call, field in [
-        (lambda: engine.get("j" * 100_000), "job_id"),
-        (lambda: engine.cancel("j" * 100_000), "job_id"),
-        (lambda: engine.artifact("j" * 100_000, 0), "job_id"),
-        (lambda: engine.drain_worker("w" * 100_000), "worker_id"),
+        (lambda: now(engine.get("j" * 100_000)), "job_id"),
+        (lambda: now(engine.cancel("j" * 100_000)), "job_id"),
+        (lambda: now(engine.artifact("j" * 100_000, 0)), "job_id"),
+        (lambda: now(engine.drain_worker("w" * 100_000)), "worker_id"),
     ]:
         with pytest.raises(InvalidRequest) as info:
             call()
         assert info.value.field == field and len(info.value.message) <= MESSAGE_CHARS
     with pytest.raises(JobNotFound) as missing:
-        engine.get("job-" + "0" * 100)
+        now(engine.get("job-" + "0" * 100))
     assert len(missing.value.message) <= MESSAGE_CHARS
 
 
 def test_a_worker_named_after_its_pod_can_be_drained(catalog: Catalog) -> None:
     # Kubernetes pod names (the worker id in deploy/k8s) may have 253 characters.
-    engine = Engine(ControllerConfig(), catalog)
+    engine = MemoryEngine(ControllerConfig(), catalog)
     with pytest.raises(WorkerNotFound):
-        engine.drain_worker("w" * 253)
+        now(engine.drain_worker("w" * 253))
 
 
 def test_a_reused_idempotency_key_is_quoted_bounded(catalog: Catalog) -> None:
-    engine = Engine(ControllerConfig(), catalog)
+    engine = MemoryEngine(ControllerConfig(), catalog)
     key = "k" * 256
-    engine.submit(req(idempotency_key=key))
+    submit(engine, req(idempotency_key=key))
     with pytest.raises(InvalidRequest) as info:
-        engine.submit(req(idempotency_key=key, prompt="another"))
+        submit(engine, req(idempotency_key=key, prompt="another"))
     assert info.value.field == "idempotency_key" and len(info.value.message) <= MESSAGE_CHARS
 
 

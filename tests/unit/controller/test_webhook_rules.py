@@ -11,9 +11,10 @@ import pytest
 from standardwebhooks.webhooks import Webhook as Verifier
 
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.validation import validate
+from omnirt.controller.core.validation import parse_webhook_url, validate
+from omnirt.controller.http.transcode import job_json
 from omnirt.controller.webhooks import payload
-from omnirt.controller.webhooks.addresses import AddressPolicy, parse_url, refused_kind
+from omnirt.controller.webhooks.addresses import AddressPolicy, refused_kind
 from omnirt.controller.webhooks.signing import Signer
 from omnirt.errors import InvalidRequest
 from omnirt.types import (
@@ -83,7 +84,7 @@ def test_allow_list_admits_ranges_and_hosts_only() -> None:
 )
 def test_bad_urls_name_webhook_url(url: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        parse_url(url)
+        parse_webhook_url(url)
     assert caught.value.field == "webhook.url"
 
 
@@ -131,7 +132,7 @@ def test_body_links_artifacts_and_never_inlines_bytes() -> None:
     event.time = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     kind = payload.webhook_event(event)
     assert kind is WebhookEvent.COMPLETED
-    data = json.loads(payload.body(kind, event, job, "http://gw:8080"))
+    data = json.loads(payload.body(kind, event, job, "http://gw:8080", job_json))
     assert data["type"] == "job.completed" and data["sequence"] == 5
     assert data["timestamp"] == "2026-01-02T03:04:05Z"
     out = data["data"]["result"]["artifacts"][0]

@@ -1,0 +1,198 @@
+"""The memory engine's background work: dispatching queued jobs to free workers, and the reaper
+(silent workers' leases, deadlines, evicting old finished jobs).
+
+The twin of `engines/redis/upkeep.py`, through the same kind of narrow interface
+(`UpkeepEngine`): the loops and the placement of jobs run here, the job transitions they call
+for (expire a job, lose a worker) stay the engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Protocol
+
+from omnirt._internal.protocol.messages import Assignment, AssignmentItem
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.batching import batch_limit, window_due
+from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
+from omnirt.controller.engines.memory.queue import JobQueue
+from omnirt.controller.engines.memory.store import JobStore
+from omnirt.controller.observability.metrics import EngineMetrics
+from omnirt.controller.observability.tracing import JobTracing
+from omnirt.types import EventKind, JobEvent, JobState
+
+log = logging.getLogger("omnirt.controller")
+TICK_S = 0.1
+
+
+class UpkeepEngine(Protocol):
+    """What `MemoryUpkeep` needs of its engine (`MemoryEngine` is one), and nothing more."""
+
+    # The parts the upkeep works with: the engine never replaces them, so they are taken once
+    # (but the observers, `metrics` and `tracing`, are read when used: tests swap them).
+    @property
+    def config(self) -> ControllerConfig: ...
+    @property
+    def store(self) -> JobStore: ...
+    @property
+    def queue(self) -> JobQueue: ...
+    @property
+    def workers(self) -> WorkerRegistry: ...
+    @property
+    def metrics(self) -> EngineMetrics: ...
+    @property
+    def tracing(self) -> JobTracing: ...
+    @property
+    def wake(self) -> asyncio.Event: ...
+    # The jobs queued or running, and the heap of (deadline_ms, job id) of those with a deadline
+    # (the engine pushes, the reaper pops the due ones).
+    @property
+    def live(self) -> Mapping[str, JobRecord]: ...
+    @property
+    def deadlines(self) -> list[tuple[int, str]]: ...
+
+    # The engine's own transitions, which the upkeep's loops call for.
+    def expire(self, record: JobRecord) -> None: ...
+    async def worker_lost(self, handle: WorkerHandle, reason: str) -> None: ...
+
+
+class MemoryUpkeep:
+    """The loops a `MemoryEngine` runs while it serves, and the placement of queued jobs."""
+
+    def __init__(self, engine: UpkeepEngine) -> None:
+        self.engine = engine
+        self.config, self.store, self.queue = engine.config, engine.store, engine.queue
+        self.workers, self.wake = engine.workers, engine.wake
+        # When a job held back for batch companions must go anyway (monotonic; 0 = none).
+        self._window_due = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._dispatch_loop()), asyncio.create_task(self._reaper_loop())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ---- dispatch -------------------------------------------------------------------------
+
+    def dispatch(self) -> int:
+        """Give queued jobs to workers with free slots; returns how many were placed."""
+        budget = self.workers.free_slots()
+        return self.queue.take(self._place, budget) if budget and len(self.queue) else 0
+
+    def _place(self, record: JobRecord) -> bool:
+        """Send this job (and queued jobs that can share its call) to the best free worker."""
+        handle = self.workers.pick(record.plan.spec)
+        if handle is None:
+            return False
+        spec = record.plan.spec
+        limit = batch_limit(self.config, spec)
+        if self.queue.batchable(record.job.id):
+            due = window_due(
+                enqueued=record.enqueued_at,
+                now=time.monotonic(),
+                window=self.config.batch_window_ms / 1000,
+                busy_window=self.config.batch_busy_window_ms / 1000,
+                model_running=self.workers.running_of(spec.id) > 0,
+                peers=self.queue.count_peers(record.job.id),
+                limit=limit,
+            )
+            if due is not None:  # wait a little for companions
+                self._window_due = min(self._window_due or due, due)
+                return False
+        batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
+        assignment_id = "asg-" + uuid.uuid4().hex[:16]
+        items = [self._start(r, handle, assignment_id) for r in batch]
+        now = time.monotonic()
+        for r in batch:
+            r.dispatched_at, r.batch_size = now, len(batch)
+        self.engine.metrics.dispatched(batch)
+        self.engine.tracing.dispatched(batch, handle.id, assignment_id)
+        handle.link.send(
+            Assignment(
+                assignment_id,
+                model=record.plan.spec,
+                items=items,
+                # A batch carries each job's own deadline in its request.
+                deadline_ms=record.job.deadline_ms if len(batch) == 1 else 0,
+                trace_context=self.engine.tracing.assignment_context(batch),
+                batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(batch) > 1 else "",
+            )
+        )
+        return True
+
+    def _start(self, record: JobRecord, handle: WorkerHandle, assignment_id: str) -> AssignmentItem:
+        """Mark one job RUNNING on `handle` under `assignment_id`."""
+        job = record.job
+        job.state = JobState.RUNNING
+        job.started_at = utcnow()
+        job.attempts += 1
+        job.worker_id = handle.id
+        job.waiting_reason = ""
+        record.assignment_id = assignment_id
+        handle.start(job.id, assignment_id, record.plan.spec.id)
+        wait_ms = (time.monotonic() - record.enqueued_at) * 1000
+        record.append(
+            JobEvent(
+                job_id=job.id,
+                kind=EventKind.STATE,
+                state=JobState.RUNNING,
+                worker_id=handle.id,
+                attempt=job.attempts,
+            )
+        )
+        return AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms)
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
+                    await self.wake.wait()
+            self.wake.clear()
+            self._window_due = 0.0
+            try:
+                self.dispatch()
+            except Exception:  # a bug here must not stop dispatching for everyone
+                log.exception("dispatch failed")
+
+    # ---- the reaper -----------------------------------------------------------------------
+
+    async def reap(self) -> None:
+        """Expire leases of silent workers, fail jobs past their deadline, evict old jobs."""
+        now = time.monotonic()
+        lease_s = self.config.lease_timeout_ms / 1000
+        for handle in self.workers.all():
+            if now - handle.last_seen > lease_s:
+                handle.link.close()
+                await self.engine.worker_lost(handle, f"no heartbeat for {lease_s:.1f} s")
+        now_ms = int(time.time() * 1000)
+        live, deadlines = self.engine.live, self.engine.deadlines
+        if len(deadlines) > 2 * len(live) + 1024:  # mostly jobs that finished in time
+            deadlines[:] = [(r.job.deadline_ms, i) for i, r in live.items() if r.job.deadline_ms]
+            heapq.heapify(deadlines)
+        while deadlines and deadlines[0][0] <= now_ms:
+            _, job_id = heapq.heappop(deadlines)
+            record = live.get(job_id)  # gone when it finished in time
+            if record is not None:
+                self.engine.expire(record)
+        self.store.evict()
+
+    async def _reaper_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                await self.reap()
+            except Exception:
+                log.exception("reaper failed")
