@@ -18,7 +18,7 @@ from collections.abc import Callable
 import grpc
 
 from omnirt import types as t
-from omnirt._internal import convert as _convert
+from omnirt._internal import catalog_convert
 from omnirt.v1 import models_pb2, models_pb2_grpc
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.connection import REFUSALS
@@ -99,7 +99,7 @@ class Preload:
                 else:  # the controller is away: the next session asks again
                     log.warning("preload: cannot describe model %r: %s", model_id, exc.code().name)
                 continue
-            spec = _convert.model_from_proto(response.model)
+            spec = catalog_convert.model_from_proto(response.model)
             if spec.execution_mode and spec.execution_mode != self._config.mode:
                 log.warning(
                     "preload: model %r runs in mode %r, not %r; not preloaded",

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
 from omnirt.controller.core.artifact_store import ArtifactStore, object_chunks
 from omnirt.controller.core.bounds import check_id, echo
@@ -247,7 +248,7 @@ class ModelServicer(models_pb2_grpc.ModelServiceServicer):
         context: grpc.aio.ServicerContext[models_pb2.ListModelsRequest, models_pb2.ListModelsResponse],
     ) -> models_pb2.ListModelsResponse:
         specs = self.engine.list_models(c.task_from_proto(request.task))
-        return models_pb2.ListModelsResponse(models=[c.model_to_proto(s) for s in specs])
+        return models_pb2.ListModelsResponse(models=[catalog_convert.model_to_proto(s) for s in specs])
 
     async def DescribeModel(
         self,
@@ -255,7 +256,7 @@ class ModelServicer(models_pb2_grpc.ModelServiceServicer):
         context: grpc.aio.ServicerContext[models_pb2.DescribeModelRequest, models_pb2.DescribeModelResponse],
     ) -> models_pb2.DescribeModelResponse:
         return models_pb2.DescribeModelResponse(
-            model=c.model_to_proto(self.engine.describe_model(request.model))
+            model=catalog_convert.model_to_proto(self.engine.describe_model(request.model))
         )
 
     async def LoadModel(
@@ -267,7 +268,7 @@ class ModelServicer(models_pb2_grpc.ModelServiceServicer):
             request.model, request.workers, list(request.worker_ids), context.time_remaining()
         )
         return models_pb2.LoadModelResponse(
-            model=spec.id, outcomes=[c.model_outcome_to_proto(o) for o in outcomes]
+            model=spec.id, outcomes=[catalog_convert.model_outcome_to_proto(o) for o in outcomes]
         )
 
     async def UnloadModel(
@@ -279,7 +280,7 @@ class ModelServicer(models_pb2_grpc.ModelServiceServicer):
             request.model, list(request.worker_ids), context.time_remaining()
         )
         return models_pb2.UnloadModelResponse(
-            model=spec.id, outcomes=[c.model_outcome_to_proto(o) for o in outcomes]
+            model=spec.id, outcomes=[catalog_convert.model_outcome_to_proto(o) for o in outcomes]
         )
 
 
@@ -312,7 +313,7 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         context: grpc.aio.ServicerContext[cluster_pb2.ListWorkersRequest, cluster_pb2.ListWorkersResponse],
     ) -> cluster_pb2.ListWorkersResponse:
         return cluster_pb2.ListWorkersResponse(
-            workers=[c.worker_to_proto(w) for w in await self.engine.list_workers()]
+            workers=[catalog_convert.worker_to_proto(w) for w in await self.engine.list_workers()]
         )
 
     async def DrainWorker(
@@ -321,5 +322,5 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         context: grpc.aio.ServicerContext[cluster_pb2.DrainWorkerRequest, cluster_pb2.DrainWorkerResponse],
     ) -> cluster_pb2.DrainWorkerResponse:
         return cluster_pb2.DrainWorkerResponse(
-            worker=c.worker_to_proto(await self.engine.drain_worker(request.worker_id))
+            worker=catalog_convert.worker_to_proto(await self.engine.drain_worker(request.worker_id))
         )

@@ -36,7 +36,9 @@ from omnirt.errors import Unavailable
 from omnirt.types import JobError
 
 log = logging.getLogger("omnirt.controller.edges.worker_stream")
-_CLOSE = object()
+# The end of the link, queued after the messages before it (a marker, not a message).
+_CLOSE = None
+Pending = ControllerMessage | tuple[pb.ConnectResponse, ControllerMessage] | None
 
 
 class StreamLink:
@@ -44,7 +46,7 @@ class StreamLink:
 
     def __init__(self) -> None:
         # Messages, or (converted, message) for one that did not fit in the last batch.
-        self._pending: deque[object] = deque()
+        self._pending: deque[Pending] = deque()
         self._ready = asyncio.Event()
         # The worker's handle (told when its assignments are written: until then its heartbeats
         # cannot list them), and the assignments of the messages the last `take` returned.
@@ -65,14 +67,14 @@ class StreamLink:
         not written: the messages still queued, and the assignments of a write not seen through
         (one the worker got already it takes as the same assignment again, a no-op; a drain is
         not resent that way, as a second one stops the worker's jobs)."""
-        unsent: list[object] = list(self._taken)
+        unsent: list[ControllerMessage] = list(self._taken)
         for message in self._pending:
             if message is not _CLOSE:
                 unsent.append(message[1] if isinstance(message, tuple) else message)
         self._pending = deque([_CLOSE])
         self._taken.clear()
         for message in unsent:
-            other.send(message)  # type: ignore[arg-type]
+            other.send(message)
 
     def written(self) -> None:
         """The messages the last `take` returned were written to the worker."""
@@ -103,7 +105,7 @@ class StreamLink:
             if isinstance(head, tuple):  # converted already: it did not fit in the last batch
                 message, outbound = head
             else:
-                message, outbound = wire.to_worker(head), head  # type: ignore[arg-type]
+                message, outbound = wire.to_worker(head), head
             if max_messages > 1:
                 total += message.ByteSize()
                 if taken and total > STREAM_BATCH_MAX_BYTES:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from omnirt import errors
+from omnirt._internal import catalog_convert
 from omnirt._internal import convert as conv
 from omnirt._internal.requests import artifact_file_name, build_request, parse_state, parse_task
 from omnirt.types import (
@@ -339,13 +340,13 @@ def list_models(task: Task | str | None) -> Plan[list[ModelSpec]]:
     """`Client.list_models`."""
     message = models_pb2.ListModelsRequest(task=conv.task_to_proto(parse_task(task) if task else None))
     reply = yield Unary("models", "ListModels", message)
-    return [conv.model_from_proto(m) for m in reply.models]
+    return [catalog_convert.model_from_proto(m) for m in reply.models]
 
 
 def describe_model(name: str) -> Plan[ModelSpec]:
     """`Client.describe_model`."""
     reply = yield Unary("models", "DescribeModel", models_pb2.DescribeModelRequest(model=name))
-    return conv.model_from_proto(reply.model)
+    return catalog_convert.model_from_proto(reply.model)
 
 
 def load_model(
@@ -354,20 +355,20 @@ def load_model(
     """`Client.load_model`."""
     message = models_pb2.LoadModelRequest(model=model, workers=workers, worker_ids=list(worker_ids))
     reply = yield Unary("models", "LoadModel", message, timeout)
-    return [conv.model_outcome_from_proto(o) for o in reply.outcomes]
+    return [catalog_convert.model_outcome_from_proto(o) for o in reply.outcomes]
 
 
 def unload_model(model: str, worker_ids: Sequence[str], timeout: float | None) -> Plan[list[ModelOutcome]]:
     """`Client.unload_model`."""
     message = models_pb2.UnloadModelRequest(model=model, worker_ids=list(worker_ids))
     reply = yield Unary("models", "UnloadModel", message, timeout)
-    return [conv.model_outcome_from_proto(o) for o in reply.outcomes]
+    return [catalog_convert.model_outcome_from_proto(o) for o in reply.outcomes]
 
 
 def list_workers() -> Plan[list[WorkerInfo]]:
     """`Client.list_workers`."""
     reply = yield Unary("cluster", "ListWorkers", cluster_pb2.ListWorkersRequest())
-    return [conv.worker_from_proto(w) for w in reply.workers]
+    return [catalog_convert.worker_from_proto(w) for w in reply.workers]
 
 
 def list_sessions(model: str) -> Plan[list[SessionInfo]]:
@@ -379,7 +380,7 @@ def list_sessions(model: str) -> Plan[list[SessionInfo]]:
 def drain_worker(worker_id: str) -> Plan[WorkerInfo]:
     """`Client.drain_worker`."""
     reply = yield Unary("cluster", "DrainWorker", cluster_pb2.DrainWorkerRequest(worker_id=worker_id))
-    return conv.worker_from_proto(reply.worker)
+    return catalog_convert.worker_from_proto(reply.worker)
 
 
 def webhook_secret(tenant: str) -> Plan[str]:

@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from omnirt import types as t
-from omnirt.v1 import cluster_pb2, models_pb2, types_pb2
+from omnirt.v1 import types_pb2
 
 # ---- enums -------------------------------------------------------------------------------
 
@@ -45,21 +45,23 @@ def task_to_proto(task: t.Task | str | None) -> Any:
 
 def task_from_proto(value: int) -> t.Task | None:
     """`omnirt.v1.Task` number -> `Task` (None when unspecified or unknown to this SDK)."""
-    task = _tables(types_pb2.Task, "TASK_", t.Task)[0].get(value)
+    task: t.Task | None = _tables(types_pb2.Task, "TASK_", t.Task)[0].get(value)
     if task is not None:
-        return task  # type: ignore[no-any-return]
+        return task
     name = types_pb2.Task.Name(value) if value in types_pb2.Task.values() else ""
     return t.Task[name.removeprefix("TASK_")] if name and value else None
 
 
-def _enum_to_proto(enum_type: Any, prefix: str, value: Any) -> Any:
+def enum_to_proto(enum_type: Any, prefix: str, value: Any) -> Any:
+    """A Python enum member -> its number in `enum_type` (names `PREFIX` + the member's name)."""
     if not value:
         return 0
     number = _tables(enum_type, prefix, type(value))[1].get(value)
     return number if number is not None else int(enum_type.Value(prefix + value.name))
 
 
-def _enum_from_proto(enum_type: Any, prefix: str, py_enum: Any, value: int) -> Any:
+def enum_from_proto(enum_type: Any, prefix: str, py_enum: Any, value: int) -> Any:
+    """A number of `enum_type` -> the member of `py_enum` (None for 0 or a number it lacks)."""
     member = _tables(enum_type, prefix, py_enum)[0].get(value)
     if member is not None:
         return member
@@ -69,11 +71,11 @@ def _enum_from_proto(enum_type: Any, prefix: str, py_enum: Any, value: int) -> A
 
 
 def state_to_proto(state: t.JobState | None) -> Any:
-    return _enum_to_proto(types_pb2.JobState, "JOB_STATE_", state)
+    return enum_to_proto(types_pb2.JobState, "JOB_STATE_", state)
 
 
 def state_from_proto(value: int) -> t.JobState | None:
-    return _enum_from_proto(types_pb2.JobState, "JOB_STATE_", t.JobState, value)
+    return enum_from_proto(types_pb2.JobState, "JOB_STATE_", t.JobState, value)
 
 
 # ---- small helpers -----------------------------------------------------------------------
@@ -200,7 +202,7 @@ def request_to_proto(req: t.GenerateRequest) -> types_pb2.GenerateRequest:
 
 def media_to_proto(item: t.MediaInput, target: types_pb2.MediaInput) -> None:
     """Fill `target` (a new `omnirt.v1.MediaInput`) from `item`: its URI, else its bytes."""
-    target.role = _enum_to_proto(types_pb2.MediaRole, "MEDIA_ROLE_", item.role)
+    target.role = enum_to_proto(types_pb2.MediaRole, "MEDIA_ROLE_", item.role)
     target.mime_type = item.mime_type
     if item.uri:
         target.uri = item.uri
@@ -210,7 +212,7 @@ def media_to_proto(item: t.MediaInput, target: types_pb2.MediaInput) -> None:
 
 def media_from_proto(media: types_pb2.MediaInput) -> t.MediaInput:
     """`omnirt.v1.MediaInput` -> `MediaInput` (an unknown role is None: validation refuses it)."""
-    role = _enum_from_proto(types_pb2.MediaRole, "MEDIA_ROLE_", t.MediaRole, media.role)
+    role = enum_from_proto(types_pb2.MediaRole, "MEDIA_ROLE_", t.MediaRole, media.role)
     return t.MediaInput(role=role, data=media.data, uri=media.uri, mime_type=media.mime_type)
 
 
@@ -218,13 +220,13 @@ def webhook_to_proto(w: t.Webhook) -> types_pb2.Webhook:
     """`Webhook` -> `omnirt.v1.Webhook` (an unknown event name is a ValueError naming it)."""
     msg = types_pb2.Webhook(url=w.url, progress_interval_ms=w.progress_interval_ms)
     for name in w.events:
-        msg.events.append(_enum_to_proto(types_pb2.WebhookEvent, "WEBHOOK_EVENT_", t.WebhookEvent(name)))
+        msg.events.append(enum_to_proto(types_pb2.WebhookEvent, "WEBHOOK_EVENT_", t.WebhookEvent(name)))
     return msg
 
 
 def webhook_from_proto(m: types_pb2.Webhook) -> t.Webhook:
     """`omnirt.v1.Webhook` -> `Webhook`; unknown event numbers are left out (the servicer refuses them)."""
-    events = [_enum_from_proto(types_pb2.WebhookEvent, "WEBHOOK_EVENT_", t.WebhookEvent, e) for e in m.events]
+    events = [enum_from_proto(types_pb2.WebhookEvent, "WEBHOOK_EVENT_", t.WebhookEvent, e) for e in m.events]
     return t.Webhook(
         url=m.url, events=[e for e in events if e is not None], progress_interval_ms=m.progress_interval_ms
     )
@@ -263,7 +265,7 @@ def request_from_proto(msg: types_pb2.GenerateRequest) -> t.GenerateRequest:
 def artifact_to_proto(a: t.Artifact) -> types_pb2.Artifact:
     return types_pb2.Artifact(
         index=a.index,
-        kind=_enum_to_proto(types_pb2.MediaKind, "MEDIA_KIND_", a.kind),
+        kind=enum_to_proto(types_pb2.MediaKind, "MEDIA_KIND_", a.kind),
         mime_type=a.mime_type,
         data=a.data,
         uri=a.uri,
@@ -287,7 +289,7 @@ def artifact_to_proto(a: t.Artifact) -> types_pb2.Artifact:
 def artifact_from_proto(m: types_pb2.Artifact) -> t.Artifact:
     return t.Artifact(
         index=m.index,
-        kind=_enum_from_proto(types_pb2.MediaKind, "MEDIA_KIND_", t.MediaKind, m.kind),
+        kind=enum_from_proto(types_pb2.MediaKind, "MEDIA_KIND_", t.MediaKind, m.kind),
         mime_type=m.mime_type,
         data=m.data,
         uri=m.uri,
@@ -448,7 +450,7 @@ def job_to_proto(j: t.Job, *, with_result: bool = True) -> types_pb2.Job:
 def job_from_proto(m: types_pb2.Job) -> t.Job:
     return t.Job(
         id=m.id,
-        state=state_from_proto(m.state),  # type: ignore[arg-type]
+        state=state_from_proto(m.state),  # type: ignore[arg-type]  # a controller's job always has a state
         model=m.model,
         task=task_from_proto(m.task),
         priority=m.priority,
@@ -523,162 +525,3 @@ def event_from_proto(m: types_pb2.JobEvent) -> t.JobEvent:
         e.kind = t.EventKind.RESULT
         e.result = result_from_proto(m.result)
     return e
-
-
-# ---- catalog and cluster -----------------------------------------------------------------
-
-
-def model_to_proto(s: t.ModelSpec) -> models_pb2.ModelSpec:
-    d, lim = s.defaults, s.limits
-    return models_pb2.ModelSpec(
-        id=s.id,
-        aliases=s.aliases,
-        family=s.family,
-        tasks=[task_to_proto(x) for x in s.tasks],
-        execution_mode=s.execution_mode,
-        source=s.source,
-        pipeline_class=s.pipeline_class,
-        defaults=models_pb2.ModelDefaults(
-            width=d.width,
-            height=d.height,
-            num_frames=d.num_frames,
-            fps=d.fps,
-            num_inference_steps=d.num_inference_steps,
-            guidance_scale=d.guidance_scale,
-            scheduler=d.scheduler,
-            strength=d.strength,
-            duration_ms=d.duration_ms,
-        ),
-        limits=models_pb2.ModelLimits(
-            max_width=lim.max_width,
-            max_height=lim.max_height,
-            max_num_frames=lim.max_num_frames,
-            max_inference_steps=lim.max_inference_steps,
-            max_num_outputs=lim.max_num_outputs,
-            max_batch_size=lim.max_batch_size,
-            max_prompt_chars=lim.max_prompt_chars,
-            max_input_bytes=lim.max_input_bytes,
-            max_duration_ms=lim.max_duration_ms,
-        ),
-        supports_batching=s.supports_batching,
-        presets=[
-            models_pb2.Preset(name=p.name, description=p.description, overrides=struct_from_dict(p.overrides))
-            for p in s.presets
-        ],
-        description=s.description,
-        runtime=struct_from_dict(s.runtime),
-        serving_workers=s.serving_workers,
-        streaming=s.streaming,
-        warm_on=[models_pb2.WarmWorker(worker_id=k, memory_bytes=v) for k, v in sorted(s.warm_on.items())],
-    )
-
-
-def model_from_proto(m: models_pb2.ModelSpec) -> t.ModelSpec:
-    d, lim = m.defaults, m.limits
-    return t.ModelSpec(
-        id=m.id,
-        aliases=list(m.aliases),
-        family=m.family,
-        tasks=[x for x in (task_from_proto(v) for v in m.tasks) if x is not None],
-        execution_mode=m.execution_mode,
-        source=m.source,
-        pipeline_class=m.pipeline_class,
-        defaults=t.ModelDefaults(
-            width=d.width,
-            height=d.height,
-            num_frames=d.num_frames,
-            fps=d.fps,
-            num_inference_steps=d.num_inference_steps,
-            guidance_scale=d.guidance_scale,
-            scheduler=d.scheduler,
-            strength=d.strength,
-            duration_ms=d.duration_ms,
-        ),
-        limits=t.ModelLimits(
-            max_width=lim.max_width,
-            max_height=lim.max_height,
-            max_num_frames=lim.max_num_frames,
-            max_inference_steps=lim.max_inference_steps,
-            max_num_outputs=lim.max_num_outputs,
-            max_batch_size=lim.max_batch_size,
-            max_prompt_chars=lim.max_prompt_chars,
-            max_input_bytes=lim.max_input_bytes,
-            max_duration_ms=lim.max_duration_ms,
-        ),
-        supports_batching=m.supports_batching,
-        presets=[t.Preset(p.name, p.description, dict_from_struct(p.overrides)) for p in m.presets],
-        description=m.description,
-        runtime=dict_from_struct(m.runtime),
-        serving_workers=m.serving_workers,
-        streaming=m.streaming,
-        warm_on={w.worker_id: w.memory_bytes for w in m.warm_on},
-    )
-
-
-def model_outcome_to_proto(o: t.ModelOutcome) -> models_pb2.ModelOutcome:
-    msg = models_pb2.ModelOutcome(
-        worker_id=o.worker_id,
-        loaded=o.loaded,
-        load_ms=o.load_ms,
-        memory_bytes=o.memory_bytes,
-        unchanged=o.unchanged,
-    )
-    if o.error is not None:
-        msg.error.CopyFrom(error_to_proto(o.error))
-    return msg
-
-
-def model_outcome_from_proto(m: models_pb2.ModelOutcome) -> t.ModelOutcome:
-    return t.ModelOutcome(
-        worker_id=m.worker_id,
-        loaded=m.loaded,
-        error=error_from_proto(m.error) if m.HasField("error") else None,
-        load_ms=m.load_ms,
-        memory_bytes=m.memory_bytes,
-        unchanged=m.unchanged,
-    )
-
-
-def worker_to_proto(w: t.WorkerInfo) -> cluster_pb2.WorkerInfo:
-    msg = cluster_pb2.WorkerInfo(
-        id=w.id,
-        state=_enum_to_proto(cluster_pb2.WorkerState, "WORKER_STATE_", w.state),
-        execution_mode=w.execution_mode,
-        backend=w.backend,
-        models=w.models,
-        loaded_models=w.loaded_models,
-        slots=w.slots,
-        busy_slots=w.busy_slots,
-        hostname=w.hostname,
-        pid=w.pid,
-        version=w.version,
-        labels=w.labels,
-        running_job_ids=w.running_job_ids,
-        unknown_models=w.unknown_models,
-        instance_id=w.instance_id,
-    )
-    ts_to_proto(w.connected_at, msg.connected_at)
-    ts_to_proto(w.last_heartbeat_at, msg.last_heartbeat_at)
-    return msg
-
-
-def worker_from_proto(m: cluster_pb2.WorkerInfo) -> t.WorkerInfo:
-    return t.WorkerInfo(
-        id=m.id,
-        state=_enum_from_proto(cluster_pb2.WorkerState, "WORKER_STATE_", t.WorkerState, m.state),
-        execution_mode=m.execution_mode,
-        backend=m.backend,
-        models=list(m.models),
-        loaded_models=list(m.loaded_models),
-        slots=m.slots,
-        busy_slots=m.busy_slots,
-        hostname=m.hostname,
-        pid=m.pid,
-        version=m.version,
-        connected_at=ts_from_proto(m, "connected_at"),
-        last_heartbeat_at=ts_from_proto(m, "last_heartbeat_at"),
-        labels=dict(m.labels),
-        running_job_ids=list(m.running_job_ids),
-        unknown_models=list(m.unknown_models),
-        instance_id=m.instance_id,
-    )

@@ -22,6 +22,7 @@ import pytest
 
 import omnirt
 from omnirt import types as t
+from omnirt._internal import catalog_convert
 from omnirt._internal import convert as _convert
 from omnirt._internal.protocol.v1 import gateway_pb2 as pb
 from omnirt._internal.protocol.v1 import gateway_pb2_grpc
@@ -261,7 +262,7 @@ def _null_assignment(index: int) -> pb.ConnectResponse:
     )
     item = pb.AssignmentItem(job_id=f"job-{index}", request=_convert.request_to_proto(request), attempt=1)
     assignment = pb.Assignment(
-        assignment_id=f"asg-{index}", items=[item], model=_convert.model_to_proto(spec)
+        assignment_id=f"asg-{index}", items=[item], model=catalog_convert.model_to_proto(spec)
     )
     return pb.ConnectResponse(assignment=assignment)
 

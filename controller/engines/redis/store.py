@@ -17,6 +17,7 @@ import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
 from omnirt.controller.engines.redis import scripts
@@ -547,7 +548,7 @@ class RedisJobStore:
             return []
         args: list[Any] = [self.prefix, owner, lease_ms, expiry_ms]
         for w in workers:
-            args += [w.id, w.instance_id, w.hostname, w.pid, _bytes(c.worker_to_proto(w))]
+            args += [w.id, w.instance_id, w.hostname, w.pid, _bytes(catalog_convert.worker_to_proto(w))]
         lost = await self._plain_scripts["WORKERS_SEEN"](keys=[], args=args)
         return [worker_id.decode() for worker_id in lost]
 
@@ -564,4 +565,6 @@ class RedisJobStore:
             await self.redis.hdel(self.prefix + "workers", *stale)
             await self.redis.zrem(self.prefix + "workers:seen", *stale)
         rows = await self.redis.hgetall(self.prefix + "workers")
-        return [c.worker_from_proto(cluster_pb2.WorkerInfo.FromString(v)) for v in rows.values()]
+        return [
+            catalog_convert.worker_from_proto(cluster_pb2.WorkerInfo.FromString(v)) for v in rows.values()
+        ]

@@ -10,6 +10,7 @@ reader decides what that costs (a job, never the stream).
 from __future__ import annotations
 
 from omnirt import types as t
+from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
 from omnirt._internal.protocol import messages as m
 from omnirt._internal.protocol.v1 import gateway_pb2 as pb
@@ -218,7 +219,7 @@ class SpecCache:
             return hit[1]
         if len(self._specs) >= self._limit:
             self._specs.clear()
-        message = c.model_to_proto(spec)
+        message = catalog_convert.model_to_proto(spec)
         self._specs[id(spec)] = (spec, message)
         return message
 
@@ -283,7 +284,7 @@ def from_controller(msg: pb.ConnectResponse) -> m.ControllerMessage | None:
     if kind == "session_offer":
         return session_offer_from_proto(msg.session_offer)
     if kind == "load_model":
-        return m.LoadModel(msg.load_model.request_id, c.model_from_proto(msg.load_model.model))
+        return m.LoadModel(msg.load_model.request_id, catalog_convert.model_from_proto(msg.load_model.model))
     if kind == "unload_model":
         u = msg.unload_model
         return m.UnloadModel(u.request_id, u.model_id, u.deadline_ms)
@@ -341,7 +342,7 @@ def assignment_from_proto(msg: pb.Assignment) -> m.Assignment:
     ]
     return m.Assignment(
         assignment_id=msg.assignment_id,
-        model=c.model_from_proto(msg.model),
+        model=catalog_convert.model_from_proto(msg.model),
         items=items,
         deadline_ms=msg.deadline_ms,
         trace_context=dict(msg.trace_context),
@@ -408,7 +409,7 @@ def session_offer_from_proto(msg: pb.SessionOffer) -> m.SessionOffer:
         deadline_ms=msg.deadline_ms,
     )
     try:
-        offer.model = c.model_from_proto(msg.model)
+        offer.model = catalog_convert.model_from_proto(msg.model)
         offer.settings = session_settings_from_proto(msg.open)
     except Exception as exc:  # a NaN in config, say
         offer.error = t.JobError("INVALID_ARGUMENT", f"the worker cannot read the session offer: {exc}")

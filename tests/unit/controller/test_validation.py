@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from omnirt._internal import convert as c
+from omnirt._internal import catalog_convert
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.catalog import Catalog, CatalogError, load_file
 from omnirt.controller.core.validation import validate
@@ -284,7 +284,7 @@ def test_a_catalog_sets_its_own_prompt_and_input_limits(tmp_path) -> None:  # ty
     assert catalog.resolve("tiny-sd").limits.max_prompt_chars == 32_000  # the default
     # DescribeModel (and each Assignment) carries them.
     spec = catalog.resolve("long")
-    assert c.model_from_proto(c.model_to_proto(spec)).limits == spec.limits
+    assert catalog_convert.model_from_proto(catalog_convert.model_to_proto(spec)).limits == spec.limits
 
 
 def test_adapter_paths_in_bounds_are_accepted(catalog: Catalog) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
 from omnirt.controller.core.catalog import Catalog, CatalogError, load_file
 from omnirt.controller.core.validation import validate
@@ -96,7 +97,9 @@ def test_text2audio_needs_a_prompt(catalog: Catalog) -> None:
 def test_the_limit_travels_in_the_model_spec(catalog: Catalog) -> None:
     spec = catalog.resolve("my-audio")
     assert spec.limits.max_duration_ms == 2048
-    assert c.model_from_proto(c.model_to_proto(spec)).limits.max_duration_ms == 2048
+    assert (
+        catalog_convert.model_from_proto(catalog_convert.model_to_proto(spec)).limits.max_duration_ms == 2048
+    )
 
 
 def test_a_negative_limit_in_a_catalog_file_is_refused(tmp_path: Path) -> None:

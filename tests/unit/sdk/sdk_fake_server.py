@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from omnirt import errors
+from omnirt._internal import catalog_convert
 from omnirt._internal import convert as conv
 from omnirt.types import (
     Artifact,
@@ -266,13 +267,13 @@ class _Models(models_pb2_grpc.ModelServiceServicer):
         self.fake.check("ListModels", context)
         task = conv.task_from_proto(request.task)
         models = [m for m in MODELS if task is None or task in m.tasks]
-        return models_pb2.ListModelsResponse(models=[conv.model_to_proto(m) for m in models])
+        return models_pb2.ListModelsResponse(models=[catalog_convert.model_to_proto(m) for m in models])
 
     def DescribeModel(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.check("DescribeModel", context)
         for m in MODELS:
             if request.model in (m.id, *m.aliases):
-                return models_pb2.DescribeModelResponse(model=conv.model_to_proto(m))
+                return models_pb2.DescribeModelResponse(model=catalog_convert.model_to_proto(m))
         err = errors.ModelNotFound(f"unknown model {request.model!r} (did you mean 'tiny-sd'?)")
         context.set_trailing_metadata(err.trailing_metadata())
         context.abort(err.code, err.message)
@@ -280,12 +281,12 @@ class _Models(models_pb2_grpc.ModelServiceServicer):
     def LoadModel(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.check("LoadModel", context)
         outcome = ModelOutcome("w-1", loaded=True, load_ms=12.5, memory_bytes=1 << 20)
-        return models_pb2.LoadModelResponse(outcomes=[conv.model_outcome_to_proto(outcome)])
+        return models_pb2.LoadModelResponse(outcomes=[catalog_convert.model_outcome_to_proto(outcome)])
 
     def UnloadModel(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.check("UnloadModel", context)
         outcome = ModelOutcome("w-1", unchanged=True)
-        return models_pb2.UnloadModelResponse(outcomes=[conv.model_outcome_to_proto(outcome)])
+        return models_pb2.UnloadModelResponse(outcomes=[catalog_convert.model_outcome_to_proto(outcome)])
 
 
 class _Cluster(cluster_pb2_grpc.ClusterServiceServicer):
@@ -294,11 +295,11 @@ class _Cluster(cluster_pb2_grpc.ClusterServiceServicer):
 
     def ListWorkers(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.check("ListWorkers", context)
-        return cluster_pb2.ListWorkersResponse(workers=[conv.worker_to_proto(w) for w in WORKERS])
+        return cluster_pb2.ListWorkersResponse(workers=[catalog_convert.worker_to_proto(w) for w in WORKERS])
 
     def DrainWorker(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.check("DrainWorker", context)
-        return cluster_pb2.DrainWorkerResponse(worker=conv.worker_to_proto(WORKERS[0]))
+        return cluster_pb2.DrainWorkerResponse(worker=catalog_convert.worker_to_proto(WORKERS[0]))
 
     def ListSessions(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.fake.check("ListSessions", context)

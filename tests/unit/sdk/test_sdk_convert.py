@@ -72,7 +72,7 @@ def test_enums_map_both_ways_and_unknown_numbers_are_none() -> None:
     for state in t.JobState:
         assert c.state_from_proto(c.state_to_proto(state)) is state
     for ws in t.WorkerState:
-        number = c._enum_to_proto(cluster_pb2.WorkerState, "WORKER_STATE_", ws)
+        number = c.enum_to_proto(cluster_pb2.WorkerState, "WORKER_STATE_", ws)
         assert cluster_pb2.WorkerState.Name(number) == "WORKER_STATE_" + ws.name
     assert c.task_to_proto(None) == 0 and c.task_from_proto(0) is None and c.task_from_proto(9999) is None
     assert c.state_from_proto(0) is None and c.state_from_proto(9999) is None
