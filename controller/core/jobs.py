@@ -179,6 +179,9 @@ class JobRecord:
     plan: Plan
     fingerprint: bytes = b""
     events: list[JobEvent] = field(default_factory=list)
+    # `plan.request` encoded (omnirt.v1.GenerateRequest) by the store, once: every attempt's
+    # assignment and the frozen job carry these bytes.
+    request_encoded: bytes = b""
     # The result with every artifact's bytes; `job.result` is the same minus oversized bytes.
     result: GenerateResult | None = None
     # `result` encoded (omnirt.v1.GenerateResult) as the worker sent it, when it is that (the

@@ -56,7 +56,7 @@ def freeze(record: JobRecord) -> FinishedJob:
         job=c.job_to_proto(job, with_result=False).SerializeToString(),
         result=result,
         full_result=full_result,
-        request=c.request_to_proto(record.plan.request).SerializeToString(),
+        request=record.request_encoded or c.request_to_proto(record.plan.request).SerializeToString(),
         events=tuple(_event_bytes(e) for e in record.events),
     )
 
@@ -105,6 +105,7 @@ def thaw(entry: FinishedJob) -> JobRecord:
         job=job,
         plan=Plan(spec=entry.spec, request=request),
         fingerprint=entry.fingerprint,
+        request_encoded=entry.request,
         events=events,
         result=full,
         finished_at_monotonic=entry.finished_at_monotonic,

@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
+from omnirt._internal import convert as c
 from omnirt.controller.core.encoded import EncodedJob, ResultEncoding
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.engines.memory.frozen import FinishedJob, freeze, thaw
@@ -42,6 +43,8 @@ class JobStore:
         self.on_evict = hook
 
     def add(self, record: JobRecord) -> None:
+        """Keep a new job, its resolved request encoded once (assignments and freezing reuse it)."""
+        record.request_encoded = c.request_to_proto(record.plan.request).SerializeToString()
         self._jobs[record.job.id] = record
         if record.job.idempotency_key:
             self._by_key[record.job.tenant, record.job.idempotency_key] = record.job.id

@@ -152,7 +152,7 @@ class MemoryUpkeep:
                 attempt=job.attempts,
             )
         )
-        return AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms)
+        return AssignmentItem(job.id, record.plan.request, job.attempts, wait_ms, record.request_encoded)
 
     async def _dispatch_loop(self) -> None:
         while True:

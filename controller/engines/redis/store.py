@@ -78,14 +78,21 @@ class StoredJob:
 
 @dataclass
 class Claimed:
-    """One job a claim marked RUNNING."""
+    """One job a claim marked RUNNING, with its resolved request as stored (encoded once, at
+    submit): it goes to the worker as these bytes, and is read only for a job this controller
+    does not hold (`request`)."""
 
     job_id: str
     attempts: int
-    request: GenerateRequest
+    request_encoded: bytes
     enqueued_ms: int
     traceparent: str = ""  # of the job's span on the controller that accepted it
     tenant: str = ""
+
+    @property
+    def request(self) -> GenerateRequest:
+        """The request, read from its bytes."""
+        return c.request_from_proto(types_pb2.GenerateRequest.FromString(self.request_encoded))
 
 
 def raise_lost_cancel() -> None:
@@ -359,12 +366,11 @@ class RedisJobStore:
         claimed = []
         rest = answer[2:]
         for i in range(0, len(rest), 6):
-            request = c.request_from_proto(types_pb2.GenerateRequest.FromString(rest[i + 2]))
             claimed.append(
                 Claimed(
                     rest[i].decode(),
                     int(rest[i + 1]),
-                    request,
+                    rest[i + 2],
                     int(rest[i + 3]),
                     rest[i + 4].decode(),
                     rest[i + 5].decode(),

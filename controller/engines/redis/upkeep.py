@@ -171,12 +171,13 @@ class RedisUpkeep:
         items = []
         for c in claimed:
             self.tracing.adopt(c.job_id, c.traceparent)  # accepted by another controller
-            record = self.records.get(c.job_id) or JobRecord(
-                job=Job(
-                    id=c.job_id, state=JobState.RUNNING, model=spec.id, task=c.request.task, tenant=c.tenant
-                ),
-                plan=Plan(spec, c.request),
-            )
+            record = self.records.get(c.job_id)
+            if record is None:  # accepted by another controller: read from its bytes
+                request = c.request
+                job = Job(
+                    id=c.job_id, state=JobState.RUNNING, model=spec.id, task=request.task, tenant=c.tenant
+                )
+                record = JobRecord(job=job, plan=Plan(spec, request))
             job = record.job
             job.state, job.attempts, job.worker_id, job.started_at = (
                 JobState.RUNNING,
@@ -192,7 +193,13 @@ class RedisUpkeep:
             self.running[c.job_id] = record
             batch.append(record)
             items.append(
-                AssignmentItem(c.job_id, c.request, c.attempts, max(0.0, float(now - c.enqueued_ms)))
+                AssignmentItem(
+                    c.job_id,
+                    record.plan.request,
+                    c.attempts,
+                    max(0.0, float(now - c.enqueued_ms)),
+                    encoded_request=c.request_encoded,
+                )
             )
         await asyncio.gather(
             *(
@@ -218,7 +225,7 @@ class RedisUpkeep:
                 assignment_id,
                 spec,
                 items,
-                deadline_ms=claimed[0].request.deadline_ms if len(claimed) == 1 else 0,
+                deadline_ms=batch[0].plan.request.deadline_ms if len(batch) == 1 else 0,
                 trace_context=self.tracing.assignment_context(batch),
                 batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(claimed) > 1 else "",
             )

@@ -310,23 +310,25 @@ def _welcome_to_proto(w: m.Welcome) -> pb.Welcome:
 
 
 def assignment_to_proto(a: m.Assignment) -> pb.Assignment:
-    """An Assignment as a message (its model's spec encoded once per spec)."""
-    return pb.Assignment(
+    """An Assignment as a message.
+
+    Its model's spec is encoded once per spec; each request comes from the bytes its item
+    carries (the controller's store encoded it once), else is converted.
+    """
+    msg = pb.Assignment(
         assignment_id=a.assignment_id,
-        items=[
-            pb.AssignmentItem(
-                job_id=i.job_id,
-                request=c.request_to_proto(i.request),
-                attempt=i.attempt,
-                queue_wait_ms=i.queue_wait_ms,
-            )
-            for i in a.items
-        ],
         model=_SPECS.encoded(a.model),
         deadline_ms=a.deadline_ms,
         trace_context=a.trace_context,
         batch_group_id=a.batch_group_id,
     )
+    for i in a.items:
+        item = msg.items.add(job_id=i.job_id, attempt=i.attempt, queue_wait_ms=i.queue_wait_ms)
+        if i.encoded_request:
+            item.request.MergeFromString(i.encoded_request)
+        else:
+            item.request.CopyFrom(c.request_to_proto(i.request))
+    return msg
 
 
 def assignment_from_proto(msg: pb.Assignment) -> m.Assignment:

@@ -127,6 +127,10 @@ class AssignmentItem:
     request: t.GenerateRequest
     attempt: int = 1
     queue_wait_ms: float = 0.0
+    # The controller's side only: `request` as its store encoded it once for the job (an
+    # omnirt.v1.GenerateRequest's bytes), sent as they are instead of converting it again per
+    # attempt. Empty on the worker, which reads `request`.
+    encoded_request: bytes = b""
 
 
 @dataclass

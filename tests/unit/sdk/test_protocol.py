@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from omnirt import types as t
+from omnirt._internal import convert as c
 from omnirt._internal.protocol import convert as wire
 from omnirt._internal.protocol import messages as m
 from omnirt._internal.protocol import tolerant
@@ -221,3 +222,13 @@ def test_a_batch_written_in_two_parts_is_read_whole_as_protobuf_reads_it() -> No
     _deep_assignment(second.batch.messages.add(), "a-2", ["j-2"])
     messages = tolerant.controller_messages(first.SerializeToString() + second.SerializeToString())
     assert [getattr(x, "job_ids", None) or [x.cancel.job_id] for x in messages] == [["j-1"], ["j-2"]]
+
+
+def test_an_item_whose_request_is_encoded_already_goes_as_those_bytes() -> None:
+    encoded = c.request_to_proto(REQUEST).SerializeToString()
+    item = m.AssignmentItem("j", t.GenerateRequest(model="stale"), encoded_request=encoded)
+    sent = wire.to_worker(m.Assignment("a", SPEC, [item]))
+    assert sent.assignment.items[0].request.SerializeToString() == encoded
+    read = wire.from_controller(gateway_pb2.ConnectResponse.FromString(sent.SerializeToString()))
+    assert isinstance(read, m.Assignment)
+    assert read.items[0].request == REQUEST and read.items[0].encoded_request == b""
