@@ -13,7 +13,7 @@ from omnirt import types as t
 from omnirt._internal import convert as _convert
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import realtime_pb2
-from omnirt.worker.sessions.api import Geometry
+from omnirt.worker.realtime.api import Geometry
 
 AUDIO_FORMAT = "pcm_s16le"
 

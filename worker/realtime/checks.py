@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from omnirt import types as t
 from omnirt._internal.protocol.messages import SessionSettings
-from omnirt.worker.sessions import media, wire
-from omnirt.worker.sessions.api import Geometry
+from omnirt.worker.realtime import media, wire
+from omnirt.worker.realtime.api import Geometry
 
 # The input a session holds, in chunks of the model (max_buffered_samples = this * chunk_samples);
 # one AudioChunk may carry at most as much.

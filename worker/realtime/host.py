@@ -49,9 +49,8 @@ from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.worker.log import job_context
 from omnirt.worker.modes.executor import Executor
 from omnirt.worker.modes.report import trace_id
-from omnirt.worker.redact import public_error
-from omnirt.worker.sessions import media, wire
-from omnirt.worker.sessions.api import (
+from omnirt.worker.realtime import media, wire
+from omnirt.worker.realtime.api import (
     ChunkOut,
     Geometry,
     OpenRequest,
@@ -59,8 +58,9 @@ from omnirt.worker.sessions.api import (
     SpeaksText,
     StreamingSession,
 )
-from omnirt.worker.sessions.checks import MAX_BUFFERED_CHUNKS, check_audio, check_geometry, check_settings
-from omnirt.worker.sessions.stats import SessionStats
+from omnirt.worker.realtime.checks import MAX_BUFFERED_CHUNKS, check_audio, check_geometry, check_settings
+from omnirt.worker.realtime.stats import SessionStats
+from omnirt.worker.redact import public_error
 
 log = logging.getLogger(__name__)
 
