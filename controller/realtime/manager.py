@@ -272,7 +272,7 @@ class SessionManager:
 
     # ---- the client's side -------------------------------------------------------------
 
-    async def send(self, session: Session, message: ControllerSessionMessage) -> bool:
+    async def send(self, session: Session, message: SessionInput) -> bool:
         """Relay one input message (waits while the worker is behind); False once it ended."""
         return await session.to_worker.put(message)
 
