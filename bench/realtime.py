@@ -13,7 +13,7 @@ of 16 kHz pcm_s16le (17,920 samples) in, 28 JPEG frames of 64x64 out.
   out / wall time from the first send to the last chunk), the largest `SessionProgress.lag_ms`
   and the `SessionReport`.
 - **Relay cost.** The same chunks pushed in this process (`TalkingHeadPipeline.open(...).push`
-  plus the worker's JPEG encode, `omnirt.worker.sessions.media.jpeg_frames`) and through OmniRT
+  plus the worker's JPEG encode, `omnirt.worker.realtime.media.jpeg_frames`) and through OmniRT
   (one session, client -> controller -> worker -> back, each chunk sent when the last came
   back), alternating which goes first each round (ABAB). OmniRT's added cost per chunk is the
   median of the rounds' differences.
@@ -205,7 +205,7 @@ def sessions_at(client: omnirt.Client, settings: Settings, concurrency: int, pac
 def relay_cost(client: omnirt.Client, model_dir: Path, rounds: int) -> dict[str, Any]:
     """The same chunks in this process and through OmniRT, alternating; per-chunk medians."""
     from omnirt.worker.pipelines.talking_head import TalkingHeadPipeline
-    from omnirt.worker.sessions import media
+    from omnirt.worker.realtime import media
     from omnirt.worker.tiny.registry import ensure_builtin
 
     pipe = TalkingHeadPipeline.from_pretrained(ensure_builtin(MODEL, model_dir), "cpu")

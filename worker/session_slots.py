@@ -21,7 +21,7 @@ from omnirt.worker.assignments import model_refusal
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
 from omnirt.worker.modes.executor import Executor
-from omnirt.worker.sessions.host import SessionHost
+from omnirt.worker.realtime.host import SessionHost
 
 log = logging.getLogger(__name__)
 

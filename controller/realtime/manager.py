@@ -6,7 +6,10 @@ life, and relayed both ways through two bounded `Pipe`s: the client's input to t
 WorkerSession stream, the worker's output to the client. Nothing is stored: a session lives in
 the controller it was opened on (and, with Redis, is listed there for the others; see
 `registry.py`). The edges (`servicer.py` for gRPC, `websocket.py` for the original OmniRT's
-WebSocket protocol) call `open`, then `send` / `receive` / `stop`.
+WebSocket protocol) call `open`, then `send` / `receive` / `stop` (through `relay.py`); the
+worker's WorkerSession stream (`servicer.worker_session`) calls `attach` and fills the session's
+pipe. Everything here is the plain messages of `omnirt._internal.protocol.realtime`: the edges
+convert.
 
 Flow: `open` checks the request, reserves a slot, sends SessionOffer on the worker's Connect
 stream, waits for the worker's WorkerSession stream to attach (`ATTACH_TIMEOUT_S`) and for its
@@ -23,13 +26,23 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from omnirt._internal import convert as c
-from omnirt._internal.protocol import convert as wire
-from omnirt._internal.protocol.messages import SessionOffer
-from omnirt._internal.protocol.v1 import gateway_pb2 as gw
+from omnirt._internal.protocol.messages import SessionOffer, SessionSettings
+from omnirt._internal.protocol.realtime import (
+    AudioChunk,
+    ControllerSessionMessage,
+    OutputChunk,
+    SessionAttach,
+    SessionFailed,
+    SessionInput,
+    SessionOutput,
+    SessionReady,
+    SessionRequest,
+    Stop,
+    TextInput,
+)
 from omnirt.controller.core.bounds import bad, check_extra, check_labels, check_length, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.observability import tracing
@@ -43,9 +56,7 @@ from omnirt.errors import (
     Unavailable,
     error_for,
 )
-from omnirt.types import ModelSpec, WorkerInfo
-from omnirt.v1 import realtime_pb2 as rt
-from omnirt.v1 import types_pb2
+from omnirt.types import JobError, MediaRole, ModelSpec, WorkerInfo
 
 log = logging.getLogger("omnirt.controller.realtime")
 
@@ -87,9 +98,9 @@ class Session:
     opened_at: float = field(default_factory=time.monotonic)
     opened_wall: float = field(default_factory=time.time)
     labels: dict[str, str] = field(default_factory=dict)
-    # client -> worker: WorkerSessionResponse (input / stop); worker -> client: WorkerSessionRequest
-    to_worker: Pipe[gw.WorkerSessionResponse] = field(default_factory=lambda: Pipe(PIPE_MESSAGES))
-    from_worker: Pipe[gw.WorkerSessionRequest] = field(default_factory=lambda: Pipe(PIPE_MESSAGES))
+    # client -> worker: its input, or a stop; worker -> client: ready, chunks, progress, the end
+    to_worker: Pipe[ControllerSessionMessage] = field(default_factory=lambda: Pipe(PIPE_MESSAGES))
+    from_worker: Pipe[SessionOutput] = field(default_factory=lambda: Pipe(PIPE_MESSAGES))
     attached: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str = ""
     ended: bool = False
@@ -166,7 +177,7 @@ class SessionManager:
 
     # ---- open --------------------------------------------------------------------------
 
-    async def open(self, request: rt.SessionOpen, tenant: str = "") -> tuple[Session, rt.SessionReady]:
+    async def open(self, request: SessionSettings, tenant: str = "") -> tuple[Session, SessionReady]:
         """Place and start a session; raises an OmniRTError when it cannot start."""
         spec = self.catalog.resolve(request.model)
         if not spec.streaming:
@@ -193,8 +204,7 @@ class SessionManager:
         worker.sessions.add(session.id)
         self._count("opened", spec.id)
         try:
-            settings = wire.session_settings_from_proto(request)
-            settings.model = spec.id
+            settings = replace(request, model=spec.id)
             deadline = int((time.time() + self.max_duration_s) * 1000) if self.max_duration_s else 0
             worker.send(SessionOffer(session.id, spec, settings, trace_context, deadline))
             try:
@@ -206,12 +216,8 @@ class SessionManager:
                 ) from None
             async with asyncio.timeout(READY_TIMEOUT_S):
                 first = await session.from_worker.get()
-            kind = first.WhichOneof("message") if first is not None else None
-            if kind == "ready":
-                assert first is not None
-                ready = rt.SessionReady()
-                ready.CopyFrom(first.ready)
-                ready.session_id, ready.model, ready.trace_id = session.id, spec.id, session.trace_id
+            if isinstance(first, SessionReady):
+                ready = replace(first, session_id=session.id, model=spec.id, trace_id=session.trace_id)
                 if self.shared is not None:
                     await self.shared.put(self.record(session))
                 log.info(
@@ -245,7 +251,7 @@ class SessionManager:
 
     # ---- the worker's stream -----------------------------------------------------------
 
-    def attach(self, attach: gw.SessionAttach) -> Session:
+    def attach(self, attach: SessionAttach) -> Session:
         """The worker's WorkerSession stream for `attach.session_id` (only the offered worker's)."""
         session = self.sessions.get(attach.session_id)
         if (
@@ -266,14 +272,14 @@ class SessionManager:
 
     # ---- the client's side -------------------------------------------------------------
 
-    async def send(self, session: Session, message: rt.SessionRequest) -> bool:
+    async def send(self, session: Session, message: SessionInput) -> bool:
         """Relay one input message (waits while the worker is behind); False once it ended."""
-        return await session.to_worker.put(gw.WorkerSessionResponse(input=message))
+        return await session.to_worker.put(message)
 
-    async def receive(self, session: Session) -> gw.WorkerSessionRequest | None:
-        """The worker's next message (chunk, progress, closed, error); None at the end."""
+    async def receive(self, session: Session) -> SessionOutput | None:
+        """The worker's next message (chunk, progress, closed, failed); None at the end."""
         message = await session.from_worker.get()
-        if message is not None and message.WhichOneof("message") == "chunk":
+        if isinstance(message, OutputChunk):
             session.chunks_out += 1
             if self.metrics is not None:
                 self.metrics.chunk(session.model.id)
@@ -285,8 +291,7 @@ class SessionManager:
             return
         session.stop_reason = reason
         # A stop jumps the input queue: the worker must not compute what the client left behind.
-        stop = gw.WorkerSessionResponse(stop=reason)
-        session.to_worker.finish(stop)
+        session.to_worker.finish(Stop(reason))
         if not session.attached.is_set():
             self.release(session, reason)
 
@@ -314,8 +319,7 @@ class SessionManager:
         )  # fmt: skip
 
     def _fail(self, session: Session, code: str, message: str) -> None:
-        error = gw.WorkerSessionRequest(error=types_pb2.JobError(code=code, message=message))
-        session.from_worker.finish(error)
+        session.from_worker.finish(SessionFailed(JobError(code, message)))
         session.to_worker.finish()
 
     def _count(self, outcome: str, model: str) -> None:
@@ -326,23 +330,23 @@ class SessionManager:
         return sum(1 for s in self.sessions.values() if not model or s.model.id == model)
 
 
-def error_of(message: gw.WorkerSessionRequest | None, otherwise: str) -> OmniRTError:
+def error_of(message: SessionOutput | None, otherwise: str) -> OmniRTError:
     """The OmniRTError a worker's `error` message stands for (its code, message and field)."""
-    if message is not None and message.WhichOneof("message") == "error":
+    if isinstance(message, SessionFailed):
         e = message.error
         return error_for(e.code or "INTERNAL", e.message or otherwise, field=e.field)
     return Unavailable(otherwise)
 
 
-def check_open(request: rt.SessionOpen) -> None:
+def check_open(request: SessionSettings) -> None:
     """Sizes and names of a SessionOpen (what the model makes of them is the worker's call)."""
-    images = [m for m in request.inputs if m.role in (types_pb2.MEDIA_ROLE_IMAGE, types_pb2.MEDIA_ROLE_VIDEO)]
+    images = [m for m in request.inputs if m.role in (MediaRole.IMAGE, MediaRole.VIDEO)]
     if len(request.inputs) != len(images) or len(images) > 1:
         raise bad(
             "inputs", "one reference image (MEDIA_ROLE_IMAGE) or video (MEDIA_ROLE_VIDEO), nothing else"
         )
     for media in images:
-        if media.WhichOneof("source") != "data":
+        if media.uri or not media.data:
             raise bad("inputs.uri", "a session's reference is sent as bytes (`data`), not by URI")
         if len(media.data) > MAX_REFERENCE_BYTES:
             raise bad("inputs.data", f"at most {MAX_REFERENCE_BYTES} bytes (got {len(media.data)})")
@@ -360,22 +364,21 @@ def check_open(request: rt.SessionOpen) -> None:
         raise bad("sample_rate", f"at most 192000 (got {request.sample_rate})")
     if request.idle_timeout_ms > MAX_IDLE_TIMEOUT_MS:
         raise bad("idle_timeout_ms", f"at most {MAX_IDLE_TIMEOUT_MS} (got {request.idle_timeout_ms})")
-    check_labels(dict(request.labels))
-    check_extra(c.dict_from_struct(request.config))
+    check_labels(request.labels)
+    check_extra(request.config)
 
 
-def check_input(message: rt.SessionRequest) -> str:
-    """The kind of an input message after the open, checked for size; raises InvalidRequest."""
-    kind = message.WhichOneof("message")
-    if kind is None:
+def check_input(message: SessionRequest | None) -> SessionInput:
+    """An input message after the open (None: an empty one), checked for size; raises InvalidRequest."""
+    if message is None:
         raise bad("message", "an empty SessionRequest")
-    if kind == "open":
+    if isinstance(message, SessionSettings):
         raise bad("open", "the session is open already: SessionOpen is the first message only")
-    if kind == "audio" and len(message.audio.data) > MAX_AUDIO_MESSAGE_BYTES:
+    if isinstance(message, AudioChunk) and len(message.data) > MAX_AUDIO_MESSAGE_BYTES:
         raise bad(
-            "audio.data", f"at most {MAX_AUDIO_MESSAGE_BYTES} bytes a message (got {len(message.audio.data)})"
+            "audio.data", f"at most {MAX_AUDIO_MESSAGE_BYTES} bytes a message (got {len(message.data)})"
         )
-    if kind == "text":
-        check_length("text.text", message.text.text, MAX_TEXT_CHARS)
-        check_length("text.voice", message.text.voice, 128)
-    return kind
+    if isinstance(message, TextInput):
+        check_length("text.text", message.text, MAX_TEXT_CHARS)
+        check_length("text.voice", message.voice, 128)
+    return message

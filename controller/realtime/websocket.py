@@ -27,20 +27,23 @@ import binascii
 import json
 import logging
 import struct
+import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import WSMsgType, web
 from google.protobuf import json_format
 
+from omnirt import types as t
 from omnirt._internal import convert as c
+from omnirt._internal.protocol import realtime as wire
+from omnirt._internal.protocol.messages import SessionSettings
 from omnirt.controller.edges.auth import caller
 from omnirt.controller.http.security import WS_PROTOCOL
 from omnirt.controller.realtime.manager import SessionManager
-from omnirt.controller.realtime.servicer import relay
+from omnirt.controller.realtime.relay import relay
 from omnirt.errors import InvalidRequest, OmniRTError
 from omnirt.v1 import realtime_pb2 as rt
-from omnirt.v1 import types_pb2
 
 log = logging.getLogger("omnirt.controller.realtime.websocket")
 
@@ -95,55 +98,51 @@ async def serve(ws: web.WebSocketResponse, manager: SessionManager, tenant: str)
     await ws.send_json(created(ready))
     # The socket closing without session.close is the client gone, not the end of its input.
     async for response in relay(manager, session, opened, inputs(ws), gone=lambda: True):
-        kind = response.WhichOneof("message")
-        if kind == "chunk":
-            chunk = response.chunk
+        if isinstance(response, wire.OutputChunk):
             await ws.send_json(
                 {
                     "type": "metrics",
-                    "chunk_index": chunk.sequence,
+                    "chunk_index": response.sequence,
                     "infer_ms": 0,
                     "encode_ms": 0,
-                    "pts_ms": chunk.pts_ms,
-                    "latency_ms": round(chunk.latency_ms, 3),
-                    "frame_count": len(chunk.frames),
+                    "pts_ms": response.pts_ms,
+                    "latency_ms": round(response.latency_ms, 3),
+                    "frame_count": len(response.frames),
                 }
             )
-            await ws.send_bytes(video_message(list(chunk.frames)))
-        elif kind == "progress":
-            await ws.send_json({"type": "session.progress", **json_of(response.progress)})
-        elif kind == "closed":
-            closed = response.closed
-            await ws.send_json(
-                {"type": "session.closed", "reason": closed.reason, "report": json_of(closed.report)}
-            )
+            await ws.send_bytes(video_message(response.frames))
+        elif isinstance(response, wire.SessionProgress):
+            await ws.send_json({"type": "session.progress", **json_of(wire.progress_to_proto(response))})
+        elif isinstance(response, wire.SessionClosed):
+            report = json_of(wire.report_to_proto(response.report))
+            await ws.send_json({"type": "session.closed", "reason": response.reason, "report": report})
             await ws.close(code=1000, message=b"session closed")
             return
 
 
-async def inputs(ws: web.WebSocketResponse) -> AsyncIterator[rt.SessionRequest]:
-    """The client's frames as SessionRequests; pings are answered here."""
+async def inputs(ws: web.WebSocketResponse) -> AsyncIterator[wire.SessionInput]:
+    """The client's frames as session input; pings are answered here."""
     async for frame in ws:
         if frame.type is WSMsgType.BINARY:
             data: bytes = frame.data
             if data[:4] != AUDIO_MAGIC:
                 raise InvalidRequest("audio: a binary message is b'AUDI' + pcm_s16le", field="audio")
-            yield rt.SessionRequest(audio=rt.AudioChunk(data=data[4:]))
+            yield wire.AudioChunk(data=data[4:])
         elif frame.type is WSMsgType.TEXT:
             message = parse(frame.data)
             kind = message.get("type")
             if kind == "ping":
                 await ws.send_json({"type": "pong"})
             elif kind == "session.cancel":
-                yield rt.SessionRequest(interrupt=rt.Interrupt())
+                yield wire.Interrupt()
             elif kind == "session.close":
-                yield rt.SessionRequest(end=rt.EndInput())
+                yield wire.EndInput()
                 return
             elif kind == "text":
                 text, voice = message.get("text"), message.get("voice", "")
                 if not isinstance(text, str) or not isinstance(voice, str):
                     raise InvalidRequest("text: `text` (and `voice`) must be strings", field="text")
-                yield rt.SessionRequest(text=rt.TextInput(text=text, voice=voice))
+                yield wire.TextInput(text=text, voice=voice)
             else:
                 raise InvalidRequest(
                     f"type: unknown message type {str(kind)[:40]!r} (session.cancel, session.close, "
@@ -164,8 +163,8 @@ def parse(text: str) -> dict[str, Any]:
     return data
 
 
-def session_open(message: dict[str, Any]) -> rt.SessionOpen:
-    """A session.create message as a SessionOpen."""
+def session_open(message: dict[str, Any]) -> SessionSettings:
+    """A session.create message as a SessionOpen's settings."""
     if message.get("type") != "session.create":
         raise InvalidRequest("type: the first message must be session.create", field="type")
     model, inputs, config = message.get("model"), message.get("inputs", {}), message.get("config", {})
@@ -173,7 +172,7 @@ def session_open(message: dict[str, Any]) -> rt.SessionOpen:
         raise InvalidRequest("model: required (a string)", field="model")
     if not isinstance(inputs, dict) or not isinstance(config, dict):
         raise InvalidRequest("inputs: `inputs` and `config` must be objects", field="inputs")
-    opened = rt.SessionOpen(model=model)
+    opened = SessionSettings(model=model)
     image = inputs.get("image_b64")
     if image is not None:
         if not isinstance(image, str):
@@ -182,29 +181,37 @@ def session_open(message: dict[str, Any]) -> rt.SessionOpen:
             data = base64.b64decode(image, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidRequest("inputs.image_b64: not base64", field="inputs.image_b64") from None
-        opened.inputs.append(types_pb2.MediaInput(role=types_pb2.MEDIA_ROLE_IMAGE, data=data))
+        opened.inputs.append(t.MediaInput(role=t.MediaRole.IMAGE, data=data))
     rest = dict(config)
     for name in OPEN_FIELDS:
         if name in rest:
             value = rest.pop(name)
-            try:
-                setattr(opened, name, value)
-            except (TypeError, ValueError):
-                raise InvalidRequest(
-                    f"config.{name}: {value!r} is not valid here", field=f"config.{name}"
-                ) from None
+            if not _fits(name, value):
+                raise InvalidRequest(f"config.{name}: {value!r} is not valid here", field=f"config.{name}")
+            setattr(opened, name, float(value) if name == "fps" else value)
     labels = rest.pop("labels", {})
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise InvalidRequest("config.labels: an object of strings", field="config.labels")
     opened.labels.update(labels)
     try:
-        opened.config.CopyFrom(c.struct_from_dict(rest))
+        # Through a Struct, as a gRPC client's config comes: numbers are floats.
+        opened.config = c.dict_from_struct(c.struct_from_dict(rest), finite=False)
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"config: {exc}", field="config") from None
     return opened
 
 
-def created(ready: rt.SessionReady) -> dict[str, Any]:
+def _fits(name: str, value: Any) -> bool:
+    """Whether `value` fits SessionOpen's field `name` as protobuf takes it: a string, a number
+    (fps: a bool counts, as in Python), or a whole number in uint32's range (no bool)."""
+    if name == "video_encoding":
+        return isinstance(value, str)
+    if name == "fps":  # any float (NaN, inf: check_open names `fps`), an int a float can hold
+        return isinstance(value, float) or (isinstance(value, int) and abs(value) <= sys.float_info.max)
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 32
+
+
+def created(ready: wire.SessionReady) -> dict[str, Any]:
     encoding = "jpeg-seq" if ready.video_encoding in ("", "jpeg") else ready.video_encoding
     return {
         "type": "session.created",

@@ -18,7 +18,7 @@ from omnirt import types as t
 from omnirt._internal.modes import EXECUTION_MODES, ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor, FamilyExecutor
-from omnirt.worker.sessions.api import OpenRequest, StreamingSession
+from omnirt.worker.realtime.api import OpenRequest, StreamingSession
 
 if TYPE_CHECKING:
     from omnirt.worker.config import WorkerConfig

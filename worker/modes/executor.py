@@ -19,7 +19,7 @@ from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.failures import CANCELLED, DEADLINE_EXCEEDED
-from omnirt.worker.sessions.api import OpenRequest, SessionRefused, StreamingSession
+from omnirt.worker.realtime.api import OpenRequest, SessionRefused, StreamingSession
 
 if TYPE_CHECKING:
     from omnirt.worker.config import WorkerConfig

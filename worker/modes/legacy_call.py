@@ -41,10 +41,10 @@ from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs, call_parameters
 from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.pipelines.previews import PreviewMaker
+from omnirt.worker.realtime import speech_session, talking_head_session
+from omnirt.worker.realtime.api import OpenRequest, SessionRefused, StreamingSession
 from omnirt.worker.runtime import adapters, backends, inference_mode, quantization, step_cache
 from omnirt.worker.runtime import options as runtime_options
-from omnirt.worker.sessions import speech_session, talking_head_session
-from omnirt.worker.sessions.api import OpenRequest, SessionRefused, StreamingSession
 
 log = logging.getLogger(__name__)
 

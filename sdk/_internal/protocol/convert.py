@@ -372,8 +372,14 @@ def session_settings_to_proto(s: m.SessionSettings) -> realtime_pb2.SessionOpen:
     return opened
 
 
-def session_settings_from_proto(opened: realtime_pb2.SessionOpen) -> m.SessionSettings:
-    """A SessionOpen as plain values; ValueError for a config that cannot be read (a NaN, say)."""
+def session_settings_from_proto(
+    opened: realtime_pb2.SessionOpen, *, finite: bool = True
+) -> m.SessionSettings:
+    """A SessionOpen as plain values; ValueError for a config that cannot be read (a NaN, say).
+
+    `finite=False` keeps NaN and infinities in the config (the controller refuses them naming
+    the key, as it does a request's `extra`).
+    """
     return m.SessionSettings(
         model=opened.model,
         inputs=[c.media_from_proto(media) for media in opened.inputs],
@@ -384,7 +390,7 @@ def session_settings_from_proto(opened: realtime_pb2.SessionOpen) -> m.SessionSe
         width=opened.width,
         height=opened.height,
         labels=dict(opened.labels),
-        config=c.dict_from_struct(opened.config),
+        config=c.dict_from_struct(opened.config, finite=finite),
         idle_timeout_ms=opened.idle_timeout_ms,
     )
 

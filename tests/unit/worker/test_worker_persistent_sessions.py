@@ -38,7 +38,7 @@ from omnirt.worker.modes.persistent.executor import PersistentWorkerExecutor
 from omnirt.worker.modes.persistent.launch import pid_alive
 from omnirt.worker.modes.persistent.session import GroupSession
 from omnirt.worker.pipelines.talking_head import TalkingHeadPipeline
-from omnirt.worker.sessions.api import OpenRequest, SessionRefused
+from omnirt.worker.realtime.api import OpenRequest, SessionRefused
 from omnirt.worker.tiny import registry
 
 MAX_DIFF = 1

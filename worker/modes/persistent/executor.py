@@ -50,9 +50,9 @@ from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
+from omnirt.worker.realtime.api import OpenRequest, StreamingSession
 from omnirt.worker.runtime import backends
 from omnirt.worker.runtime import options as runtime_options
-from omnirt.worker.sessions.api import OpenRequest, StreamingSession
 
 log = logging.getLogger(__name__)
 

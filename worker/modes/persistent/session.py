@@ -22,7 +22,7 @@ import numpy as np
 from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
 from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec, launch_spec
 from omnirt.worker.modes.persistent.settings import STREAMING_CLASSES
-from omnirt.worker.sessions.api import ChunkOut, Geometry, OpenRequest, SessionRefused
+from omnirt.worker.realtime.api import ChunkOut, Geometry, OpenRequest, SessionRefused
 
 if TYPE_CHECKING:
     from omnirt.worker.config import WorkerConfig

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from omnirt import types as t
 from omnirt._internal.protocol.messages import SessionSettings
-from omnirt.worker.sessions import media, wire
-from omnirt.worker.sessions.api import Geometry
+from omnirt._internal.protocol.realtime import AudioChunk
+from omnirt.worker.realtime import media
+from omnirt.worker.realtime.api import Geometry
 
 # The input a session holds, in chunks of the model (max_buffered_samples = this * chunk_samples);
 # one AudioChunk may carry at most as much.
@@ -25,8 +26,10 @@ def invalid(field: str, message: str) -> t.JobError:
 
 def check_settings(settings: SessionSettings) -> t.JobError | None:
     """What of the SessionOpen this worker cannot serve, before the model is opened."""
-    if settings.audio_format not in ("", wire.AUDIO_FORMAT):
-        return invalid("audio_format", f"{settings.audio_format!r} is not served; send {wire.AUDIO_FORMAT!r}")
+    if settings.audio_format not in ("", media.AUDIO_FORMAT):
+        return invalid(
+            "audio_format", f"{settings.audio_format!r} is not served; send {media.AUDIO_FORMAT!r}"
+        )
     served = media.video_encodings()
     if settings.video_encoding not in ("", *served):
         return invalid(
@@ -54,7 +57,7 @@ def check_geometry(settings: SessionSettings, geometry: Geometry) -> t.JobError 
 
 
 def check_audio(
-    audio: wire.AudioIn, geometry: Geometry, *, model_id: str, expected: int, closed: bool
+    audio: AudioChunk, geometry: Geometry, *, model_id: str, expected: int, closed: bool
 ) -> t.JobError | None:
     """One audio message of a session of `model_id`: the model must take audio, the input must
     be open (`closed`: `end` was read), the sequence number the `expected` one (or 0), the data
@@ -71,7 +74,7 @@ def check_audio(
         return invalid("audio.sequence", f"got {audio.sequence}, expected {expected} (or 0)")
     if len(audio.data) % 2:
         return invalid(
-            "audio.data", f"{len(audio.data)} bytes is not whole 16-bit samples ({wire.AUDIO_FORMAT})"
+            "audio.data", f"{len(audio.data)} bytes is not whole 16-bit samples ({media.AUDIO_FORMAT})"
         )
     most = MAX_BUFFERED_CHUNKS * geometry.chunk_samples
     if len(audio.data) > 2 * most:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from omnirt import types as t
+from omnirt.worker.realtime.api import ChunkOut, Geometry, OpenRequest, SessionRefused
 from omnirt.worker.redact import redact_paths
 from omnirt.worker.runtime.backends import Placement
-from omnirt.worker.sessions.api import ChunkOut, Geometry, OpenRequest, SessionRefused
 from omnirt.worker.tiny import registry as tiny_models
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""A session's output frames as bytes: one JPEG per frame, or one fragmented-MP4 segment per chunk."""
+"""A session's media: the one audio format it takes; its output frames as bytes, one JPEG per
+frame or one fragmented-MP4 segment per chunk."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from fractions import Fraction
 import numpy as np
 from PIL import Image
 
+AUDIO_FORMAT = "pcm_s16le"  # signed 16-bit little-endian, mono: the input and the chunks' audio
 JPEG = "jpeg"
 FMP4 = "fmp4"
 JPEG_QUALITY = 90

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from omnirt.worker.sessions.wire import SessionReport
+from omnirt._internal.protocol.realtime import SessionReport
 
 
 class SessionStats:

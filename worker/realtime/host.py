@@ -44,14 +44,14 @@ import grpc
 import numpy as np
 
 from omnirt import types as t
+from omnirt._internal.protocol import realtime as wire
 from omnirt._internal.protocol.messages import SessionOffer, SessionSettings
 from omnirt._internal.protocol.v1 import gateway_pb2_grpc
 from omnirt.worker.log import job_context
 from omnirt.worker.modes.executor import Executor
 from omnirt.worker.modes.report import trace_id
-from omnirt.worker.redact import public_error
-from omnirt.worker.sessions import media, wire
-from omnirt.worker.sessions.api import (
+from omnirt.worker.realtime import media
+from omnirt.worker.realtime.api import (
     ChunkOut,
     Geometry,
     OpenRequest,
@@ -59,8 +59,9 @@ from omnirt.worker.sessions.api import (
     SpeaksText,
     StreamingSession,
 )
-from omnirt.worker.sessions.checks import MAX_BUFFERED_CHUNKS, check_audio, check_geometry, check_settings
-from omnirt.worker.sessions.stats import SessionStats
+from omnirt.worker.realtime.checks import MAX_BUFFERED_CHUNKS, check_audio, check_geometry, check_settings
+from omnirt.worker.realtime.stats import SessionStats
+from omnirt.worker.redact import public_error
 
 log = logging.getLogger(__name__)
 
@@ -133,14 +134,14 @@ class SessionHost:
             stub = gateway_pb2_grpc.WorkerGatewayServiceStub(self._channel)
             self._call = call = stub.WorkerSession(metadata=self._metadata)
             try:
-                await call.write(
-                    wire.attach_message(self.session_id, self._worker_id, self._instance_id, self._token)
+                await self._write(
+                    wire.SessionAttach(self.session_id, self._worker_id, self._instance_id, self._token)
                 )
                 error = self._refusal or await self._open()
                 if error is not None:
                     log.info("session refused: %s %s", error.code, error.message)
                     await self._end_model()
-                    await self._finish(wire.error_message(self._public(error)))
+                    await self._finish(wire.SessionFailed(self._public(error)))
                     await self._until_closed()
                     return
                 await self._relay()
@@ -150,11 +151,8 @@ class SessionHost:
                 log.exception("session failed")
                 await self._end_model()
                 with contextlib.suppress(*STREAM_ERRORS):
-                    await self._finish(
-                        wire.error_message(
-                            t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}")
-                        )
-                    )
+                    error = t.JobError("INTERNAL", f"worker error: {type(exc).__name__}: {exc}")
+                    await self._finish(wire.SessionFailed(error))
             finally:
                 await self._end_model()
                 call.cancel()
@@ -200,16 +198,22 @@ class SessionHost:
         assert self._geometry is not None
         geometry = self._geometry
         self._stats = SessionStats(self._worker_id, geometry.sample_rate)
-        await self._call.write(
-            wire.ready_message(
-                session_id=self.session_id,
-                model=self.offer.model.id,
-                trace_id=trace_id(self.offer.trace_context),
-                geometry=geometry,
-                video_encoding=self._encoding,
-                max_buffered_samples=self.max_buffered_samples,
-            )
+        ready = wire.SessionReady(
+            session_id=self.session_id,
+            model=self.offer.model.id,
+            trace_id=trace_id(self.offer.trace_context),
+            chunk_samples=geometry.chunk_samples,
+            sample_rate=geometry.sample_rate,
+            channels=geometry.channels,
+            audio_format=media.AUDIO_FORMAT,
+            video_encoding=self._encoding,
+            fps=geometry.fps,
+            width=geometry.width,
+            height=geometry.height,
+            frames_per_chunk=geometry.frames_per_chunk,
+            max_buffered_samples=self.max_buffered_samples,
         )
+        await self._write(ready)
         log.info("session open: model %s, %d-sample chunks", self.offer.model.id, geometry.chunk_samples)
         reader = asyncio.create_task(self._read_loop(), name=f"omnirt-session-read-{self.session_id}")
         pusher = asyncio.create_task(self._push_loop(), name=f"omnirt-session-push-{self.session_id}")
@@ -238,19 +242,22 @@ class SessionHost:
                     report.real_time_factor,
                     report.underruns,
                 )
-                await self._finish(wire.closed_message(value, report))
+                await self._finish(wire.SessionClosed(value, report))
             else:
                 log.info("session failed: %s %s", value.code, value.message)
-                await self._finish(wire.error_message(self._public(value)))
+                await self._finish(wire.SessionFailed(self._public(value)))
             await asyncio.wait([reader], timeout=CLOSE_WAIT_S)  # the controller closes after the last message
         finally:
             for task in (timer, speaker, pusher, reader):
                 task.cancel()
             await asyncio.gather(timer, speaker, pusher, reader, return_exceptions=True)
 
-    async def _finish(self, message: Any) -> None:
+    async def _write(self, message: wire.WorkerSessionMessage) -> None:
+        await self._call.write(wire.to_controller(message))
+
+    async def _finish(self, message: wire.SessionClosed | wire.SessionFailed) -> None:
         """The last message, then half-close."""
-        await self._call.write(message)
+        await self._write(message)
         await self._call.done_writing()
 
     async def _until_closed(self) -> None:
@@ -300,18 +307,18 @@ class SessionHost:
                 return
             if self._outcome.done():
                 continue  # the session is ending: read until the controller closes
-            problem = self._take(wire.input_from_proto(msg), time.monotonic())
+            problem = self._take(wire.from_controller(msg), time.monotonic())
             if problem is not None:
                 self._settle("error", problem)
 
-    def _take(self, item: wire.SessionInput | None, at: float) -> t.JobError | None:
+    def _take(self, item: wire.SessionInput | wire.Stop | None, at: float) -> t.JobError | None:
         """Act on one input; the JobError that ends the session, or None."""
         assert self._geometry is not None and self._stats is not None
-        if isinstance(item, wire.StopIn):
+        if isinstance(item, wire.Stop):
             self._settle("closed", item.reason or "cancelled")
-        elif isinstance(item, wire.AudioIn):
+        elif isinstance(item, wire.AudioChunk):
             return self._take_audio(item, at)
-        elif isinstance(item, wire.InterruptIn):
+        elif isinstance(item, wire.Interrupt):
             dropped = len(self._buffer) // 2 + self._queued_samples
             self._interrupts += 1
             self._buffer.clear()
@@ -322,7 +329,7 @@ class SessionHost:
             if self._input_closed and not self._ended:
                 self._end_input(at)  # the end was queued behind the dropped speech
             log.debug("interrupt: dropped %d buffered sample(s) and the speech not yet buffered", dropped)
-        elif isinstance(item, wire.TextIn):
+        elif isinstance(item, wire.TextInput):
             if not isinstance(self._stream, SpeaksText):
                 return t.JobError(
                     "FAILED_PRECONDITION",
@@ -332,7 +339,7 @@ class SessionHost:
             if self._input_closed:
                 return t.JobError("FAILED_PRECONDITION", "text after end: the input is closed", "text")
             self._queue(item, at)
-        elif isinstance(item, wire.EndIn):
+        elif isinstance(item, wire.EndInput):
             self._input_closed = True
             if self._behind_speech():
                 self._queue(item, at)
@@ -357,11 +364,11 @@ class SessionHost:
 
     def _queue(self, item: wire.SessionInput, at: float) -> None:
         self._queued.append((item, at))
-        if isinstance(item, wire.AudioIn):
+        if isinstance(item, wire.AudioChunk):
             self._queued_samples += len(item.data) // 2
         self._turn.set()
 
-    def _take_audio(self, audio: wire.AudioIn, at: float) -> t.JobError | None:
+    def _take_audio(self, audio: wire.AudioChunk, at: float) -> t.JobError | None:
         assert self._geometry is not None and self._stats is not None
         problem = check_audio(
             audio,
@@ -403,20 +410,20 @@ class SessionHost:
             self._room.set()  # the reader may wait on the queue's length
             self._speaking = True
             try:
-                if isinstance(item, wire.TextIn):
+                if isinstance(item, wire.TextInput):
                     problem = await self._speak(item, at)
                     if problem is not None:
                         self._settle("error", problem)
                         return
-                elif isinstance(item, wire.AudioIn):
+                elif isinstance(item, wire.AudioChunk):
                     self._queued_samples -= len(item.data) // 2
                     await self._feed(item.data, at, self._interrupts)
-                elif isinstance(item, wire.EndIn):
+                elif isinstance(item, wire.EndInput):
                     self._end_input(at)
             finally:
                 self._speaking = False
 
-    async def _speak(self, text: wire.TextIn, at: float) -> t.JobError | None:
+    async def _speak(self, text: wire.TextInput, at: float) -> t.JobError | None:
         """One text, synthesized piece by piece (in a thread) into the buffer."""
         assert isinstance(self._stream, SpeaksText) and self._stats is not None
         stream, epoch = self._stream, self._interrupts
@@ -496,20 +503,19 @@ class SessionHost:
             latency_ms, lag_ms = stats.chunk_sent(out.pts_ms, duration_ms, ready_at, time.monotonic())
             as_frames = self._encoding == media.JPEG or not encoded  # a speech session: neither
             frames, segment = (encoded, b"") if as_frames else ([], encoded[0])
-            await self._call.write(
-                wire.chunk_message(
-                    sequence=sequence,
-                    pts_ms=out.pts_ms,
-                    duration_ms=duration_ms,
-                    frames=frames,
-                    segment=segment,
-                    audio=out.audio.astype("<i2").tobytes(),
-                    sample_rate=geometry.sample_rate,
-                    latency_ms=latency_ms,
-                )
+            chunk = wire.OutputChunk(
+                sequence=sequence,
+                pts_ms=out.pts_ms,
+                duration_ms=duration_ms,
+                frames=frames,
+                segment=segment,
+                audio=out.audio.astype("<i2").tobytes(),
+                sample_rate=geometry.sample_rate,
+                latency_ms=latency_ms,
             )
-            await self._call.write(
-                wire.progress_message(
+            await self._write(chunk)
+            await self._write(
+                wire.SessionProgress(
                     chunks_in=stats.chunks_in,
                     chunks_out=stats.chunks_out,
                     lag_ms=lag_ms,

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from omnirt import types as t
-from omnirt.worker.runtime.backends import Placement
-from omnirt.worker.sessions.api import ChunkOut, Geometry, OpenRequest, SessionRefused
-from omnirt.worker.sessions.talking_head_session import (
+from omnirt.worker.realtime.api import ChunkOut, Geometry, OpenRequest, SessionRefused
+from omnirt.worker.realtime.talking_head_session import (
     ResidentTalkingHeads,
     TalkingHeadStream,
     session_seed,
 )
+from omnirt.worker.runtime.backends import Placement
 from omnirt.worker.tiny import registry as tiny_models
 
 if TYPE_CHECKING:
