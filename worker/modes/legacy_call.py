@@ -34,7 +34,7 @@ from omnirt.worker.modes import step_hook
 from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.events import StepMonitor, first_outputs
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor
-from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
+from omnirt.worker.modes.schedulers import fresh_scheduler, own_tokenizers, seed_noise_sampler
 from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
@@ -283,6 +283,7 @@ class LegacyCallRun(AssignmentRun):
         if setting is not None or not in_inference_mode:
             call_options[inference_mode.NAME] = in_inference_mode
         with (
+            own_tokenizers(view),
             inference_mode.call_context(in_inference_mode),
             step_cache.enabled(view, options, int(first.common.get("num_inference_steps", 0))) as usage,
         ):

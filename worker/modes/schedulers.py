@@ -1,14 +1,23 @@
-"""Each pipeline call's own scheduler: a copy of a pristine one made from the pipeline's config.
+"""What a pipeline call must not share with another call of the same cached pipeline.
 
-Schedulers keep per-call state (timesteps, step index, DPM-Solver's model outputs) and several
-slots may run the same cached pipeline at once, so every call (legacy_call's pipeline call,
-modular's pass through the stages) gets a scheduler of its own; the weights stay shared.
+Several slots may run one cached pipeline at once (legacy_call's pipeline call, modular's pass
+through the stages), each on a shallow copy of it (a view); the weights stay shared, but:
+
+* schedulers keep per-call state (timesteps, step index, DPM-Solver's model outputs): every call
+  gets a copy of a pristine one made from the pipeline's config (`fresh_scheduler`);
+* a fast tokenizer (a `tokenizers` backend) keeps its padding and truncation between calls: a
+  call sets them, then encodes, so two calls on one tokenizer may pad one prompt as the other
+  asked (11 tokens against 77, and a job failed). Every call borrows tokenizers no other call
+  uses (`own_tokenizers`): the pipeline's own when free, else a copy, kept for the next call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from omnirt.worker.pipelines.args import scheduler_class
@@ -30,6 +39,36 @@ def fresh_scheduler(base: Any, name: str) -> tuple[Any, list[str]]:
     if template is None:
         template = templates[cls] = cls.from_config(base.config)
     return scheduler_copy(template), warnings
+
+
+# A pipeline's fast tokenizer -> the tokenizers of it no call holds now (itself first, then the
+# copies made while it was busy: at most one per call that ran at once).
+_FREE_TOKENIZERS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def own_tokenizers(view: Any) -> Iterator[None]:
+    """While the block runs, `view`'s fast tokenizers are its alone (see the module docstring)."""
+    components = getattr(view, "components", None) or {}
+    lent: list[tuple[str, Any, Any]] = []
+    for name, tokenizer in components.items():
+        if not hasattr(tokenizer, "backend_tokenizer"):  # slow tokenizers keep no call state
+            continue
+        with _TOKENIZERS_LOCK:
+            free = _FREE_TOKENIZERS.setdefault(tokenizer, [tokenizer])
+            borrowed = free.pop() if free else None
+        if borrowed is None:
+            borrowed = copy.deepcopy(tokenizer)
+        # Not diffusers' __setattr__: it would write the name into the config the view shares.
+        object.__setattr__(view, name, borrowed)
+        lent.append((name, tokenizer, borrowed))
+    try:
+        yield
+    finally:
+        with _TOKENIZERS_LOCK:
+            for _, tokenizer, borrowed in lent:
+                _FREE_TOKENIZERS.setdefault(tokenizer, []).append(borrowed)
 
 
 def scheduler_copy(template: Any) -> Any:

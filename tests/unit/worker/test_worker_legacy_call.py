@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -282,3 +285,52 @@ def test_two_slots_share_one_cached_pipeline_safely(executor: LegacyCallExecutor
 
     both = asyncio.run(together())
     assert {o[0].job_id: o[0].result.artifacts[0].sha256 for o in both} == alone
+
+
+def test_two_calls_at_once_on_one_pipeline_never_share_a_tokenizer(
+    executor: LegacyCallExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast tokenizer sets its padding and truncation, then encodes: two calls of one pipeline
+    using it at once could pad one call's prompt as the other asked (seen: 11 tokens against 77,
+    a job failed INTERNAL). Each call must hold tokenizers no other call is using."""
+    from transformers import CLIPTokenizer
+
+    run_assignment(executor, make_assignment(job_ids=("warm",), steps=1))  # loaded before the race
+    original = CLIPTokenizer.__call__
+    inside: dict[int, int] = {}
+    shared: list[int] = []
+    lock = threading.Lock()
+    both_in = threading.Barrier(2, timeout=5)
+    first = threading.local()
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            inside[id(self)] = inside.get(id(self), 0) + 1
+            if inside[id(self)] > 1:
+                shared.append(id(self))
+        try:
+            if not getattr(first, "done", False):  # each call's first encode waits for the other's
+                first.done = True
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    both_in.wait()
+            return original(self, *args, **kwargs)
+        finally:
+            with lock:
+                inside[id(self)] -= 1
+
+    monkeypatch.setattr(CLIPTokenizer, "__call__", counted)
+    outcomes: list[list] = []
+    threads = [
+        threading.Thread(
+            target=lambda job=job: outcomes.append(
+                run_assignment(executor, make_assignment(job_ids=(job,), steps=1))[0]
+            )
+        )
+        for job in ("left", "right")
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [o.error for run in outcomes for o in run] == [None, None]
+    assert not shared, "two calls used one tokenizer at the same time"

@@ -41,6 +41,7 @@ from omnirt.worker.modes.executor import StopCheck
 from omnirt.worker.modes.modular import stages
 from omnirt.worker.modes.modular.families import ModularFamily
 from omnirt.worker.modes.modular.pipelines import STEP_CALLBACK
+from omnirt.worker.modes.schedulers import own_tokenizers
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs
 from omnirt.worker.pipelines.previews import PreviewMaker
 
@@ -269,7 +270,8 @@ class BlocksGroup:
 
         started = time.perf_counter()
         self.recorder.stage_started(job_ids, "encode")
-        rows = [(self._encode(view, plan, self._args(plan), guided), plan.num_outputs) for plan in group]
+        with own_tokenizers(view):  # another call may encode on this pipeline at the same time
+            rows = [(self._encode(view, plan, self._args(plan), guided), plan.num_outputs) for plan in group]
         self.recorder.stage_finished(job_ids, "encode", started)
         self._check_stop(job_ids)
 

@@ -62,7 +62,7 @@ from omnirt.worker.modes.executor import CancelFlags, EventSink
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
 from omnirt.worker.modes.modular import stages
 from omnirt.worker.modes.modular.families import ModularFamily, modular_families, modular_family
-from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
+from omnirt.worker.modes.schedulers import fresh_scheduler, own_tokenizers, seed_noise_sampler
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import MEDIA_ARGUMENTS, ItemPlan, check_call_arguments
 from omnirt.worker.pipelines.loader import CacheKey
@@ -459,7 +459,8 @@ class ModularRun(AssignmentRun):
 
         started = time.perf_counter()
         self.recorder.stage_started(job_ids, "encode")
-        hidden, hits = self._encode(view, group, guided, encoder_adapters(view, active), cached.key)
+        with own_tokenizers(view):  # another call may encode on this pipeline at the same time
+            hidden, hits = self._encode(view, group, guided, encoder_adapters(view, active), cached.key)
         self.recorder.stage_finished(job_ids, "encode", started)
 
         started = time.perf_counter()
