@@ -70,7 +70,7 @@ CLEAN = {
     "sdk/_internal/protocol/__init__.py": "",
     "sdk/_internal/protocol/v1/__init__.py": "",
     "sdk/_internal/protocol/v1/gateway_pb2.py": "from google.protobuf import descriptor\n",
-    "worker/protocol.py": "from omnirt._internal.protocol.v1 import gateway_pb2\n",
+    "worker/connection.py": "from omnirt._internal.protocol.v1 import gateway_pb2\n",
     "worker/modes/__init__.py": "",
     "worker/modes/base.py": """\
         import importlib
