@@ -22,8 +22,7 @@ from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.edges.audit import AuditLog
-from omnirt.controller.edges.auth import Authenticator
-from omnirt.controller.edges.auth_interceptor import AuthInterceptor
+from omnirt.controller.edges.auth import Authenticator, AuthInterceptor
 from omnirt.controller.edges.interceptors import ErrorInterceptor
 from omnirt.controller.edges.servicers import ClusterServicer, GenerationServicer, ModelServicer
 from omnirt.controller.edges.tls import ServerTls

@@ -50,7 +50,6 @@ MODEL_STACK = frozenset(
 # place under engines/ where `_pb2` is allowed.
 STORES = (
     "omnirt.controller.engines.memory.store",
-    "omnirt.controller.engines.memory.frozen",
     "omnirt.controller.engines.redis.store",
 )
 
@@ -231,7 +230,7 @@ RULES = (
     Rule(
         "engines-no-pb2",
         "protobuf stops at the edges: an engine (queue, batching, executor side) imports no _pb2 module; "
-        "only the stores (memory/store.py, memory/frozen.py, redis/store.py) may",
+        "only the stores (memory/store.py, redis/store.py) may",
         lambda m: within(m, "omnirt.controller.engines") and _not_stores(m),
         is_pb2,
     ),

@@ -5,7 +5,7 @@ it from the worker's message to a dataclass and back for every answer and for th
 copies of every artifact's bytes. So, beside the engine interface (which sees dataclasses only):
 
 * while the engine takes a worker's result, the worker stream hands the store the result as it
-  came (`ArrivingResults.arriving`, with a `ResultEncoding`: `edges.convert.WireResult`), and
+  came (`ArrivingResults.arriving`, with a `ResultEncoding`: `edges.worker_stream.WireResult`), and
   the memory store keeps those bytes when it finishes the job instead of converting the result
   back (as the client's view, or as the full result when an artifact's bytes were cut from it);
 * Generate answers from the store's bytes (`EncodedJobs`) instead of converting the job again.

@@ -18,10 +18,9 @@ from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
 from omnirt.controller.core.artifact_store import ArtifactStore, object_chunks
 from omnirt.controller.core.bounds import check_id, echo
-from omnirt.controller.core.encoded import EncodedJobs
+from omnirt.controller.core.encoded import EncodedJob, EncodedJobs
 from omnirt.controller.core.engine_client import EngineClient
 from omnirt.controller.edges.auth import TENANT_RE, caller
-from omnirt.controller.edges.convert import generate_response
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.webhooks.dispatcher import WebhookDispatcher
 from omnirt.errors import InvalidRequest, PermissionDenied, error_for
@@ -324,3 +323,18 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServiceServicer):
         return cluster_pb2.DrainWorkerResponse(
             worker=catalog_convert.worker_to_proto(await self.engine.drain_worker(request.worker_id))
         )
+
+
+def generate_response(job: Job, encoded: EncodedJob | None) -> generation_pb2.GenerateResponse:
+    """A final job's GenerateResponse: parsed from the store's bytes when it has them (straight
+    into the answer's fields, no copy of the result between), else converted from `job`."""
+    response = generation_pb2.GenerateResponse()
+    if encoded is None:
+        response.job.CopyFrom(c.job_to_proto(job, with_result=False))
+        if job.result is not None:
+            response.result.CopyFrom(c.result_to_proto(job.result))
+        return response
+    response.job.MergeFromString(encoded.job)
+    if encoded.result is not None:
+        response.result.MergeFromString(encoded.result)
+    return response

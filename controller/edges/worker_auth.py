@@ -121,7 +121,7 @@ class WorkerAdmission:
 
     def carries_token(self, metadata: Iterable[tuple[str, Any]], auth_context: object = None) -> bool:
         """A call with a valid worker token: it may read the catalog
-        (`auth_interceptor.CATALOG_SERVICE`) on the public port."""
+        (`auth.CATALOG_SERVICE`) on the public port."""
         token = bearer(metadata)
         return token is not None and self.token_valid(token)
 

@@ -27,13 +27,14 @@ from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.encoded import ArrivingResults
 from omnirt.controller.core.engine_client import EngineClient
+from omnirt.controller.core.jobs import artifact_reference
 from omnirt.controller.core.router import WorkerHandle, WorkerLink, worker_info
-from omnirt.controller.edges.convert import WireResult, accept_stored
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.servicer import worker_session
 from omnirt.errors import Unavailable
-from omnirt.types import JobError
+from omnirt.types import GenerateResult, JobError
+from omnirt.v1 import types_pb2
 
 log = logging.getLogger("omnirt.controller.edges.worker_stream")
 # The end of the link, queued after the messages before it (a marker, not a message).
@@ -292,3 +293,58 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         )
         with arriving:
             await self.engine.worker_result(handle, r.assignment_id, r.job_id, result, error)
+
+
+# ---- the worker's result as it came: stored artifacts checked, bytes kept (core.encoded) ------
+
+
+def accept_stored(message: types_pb2.GenerateResult, job_id: str, store: ArtifactStore | None) -> str:
+    """Check the worker's artifact-store references and give clients their links (in place).
+
+    An artifact with `object_uri` must name an object of this job in this controller's store;
+    it gets the DownloadArtifact reference as `uri` and a presigned `url`. A worker never sets
+    `url` itself. Returns "" or why the result cannot be taken (the job fails with it)."""
+    for a in message.artifacts:
+        a.ClearField("url")
+        a.ClearField("url_expires_at_ms")
+        if not a.object_uri:
+            continue
+        if store is None:
+            return (
+                f"the worker stored artifact {a.index} at {a.object_uri[:200]!r}, "
+                "but this controller has no --artifact-store"
+            )
+        try:
+            _, url, expires_ms = store.reference(job_id, a.object_uri)
+        except ValueError as exc:
+            return str(exc)
+        a.ClearField("data")
+        a.uri = artifact_reference(job_id, a.index)
+        a.url = url
+        a.url_expires_at_ms = expires_ms
+    return ""
+
+
+class WireResult:
+    """A worker's result message as a `core.encoded.ResultEncoding` (opaque to the memory store)."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: types_pb2.GenerateResult) -> None:
+        self._message = message
+
+    def keeps(self, result: GenerateResult) -> bool:
+        """True when `result` has every artifact of the message as it was (sizes, references)."""
+        sent = self._message.artifacts
+        return len(sent) == len(result.artifacts) and all(
+            m.uri == a.uri and m.size_bytes == a.size_bytes
+            for m, a in zip(sent, result.artifacts, strict=True)
+        )
+
+    def stamped(self, job_id: str, trace_id: str, tenant: str) -> bytes:
+        """The message's bytes with the controller's ids (the message is the stream's, used once)."""
+        message = self._message
+        message.job_id = job_id
+        message.report.trace_id = trace_id
+        message.report.tenant = tenant
+        return message.SerializeToString()

@@ -326,7 +326,7 @@ class HttpGateway:
 
     def _require(self, rpc: str, request: web.Request, *, audit: bool) -> None:
         """PermissionDenied (audited) unless the caller may call `rpc`: ClusterService RPCs,
-        and any service `auth_interceptor.needs` says is for admins, need an admin key."""
+        and any service `auth.needs` says is for admins, need an admin key."""
         level = self._levels.get(rpc)
         if level is None:
             level = self._levels[rpc] = rpc_level(rpc)

@@ -3,7 +3,7 @@
 The gRPC `AuthInterceptor` does not run for HTTP (the gateway calls the servicers in-process),
 so the gateway's middleware authenticates here, with the same `Authenticator`, and sets
 `CURRENT` for the handler. Which RPCs need an admin key is decided from the RPC's service by
-`auth_interceptor.needs`, the rule gRPC uses, so a route added for a new ClusterService RPC is
+`auth.needs`, the rule gRPC uses, so a route added for a new ClusterService RPC is
 admin-only without anyone listing it.
 
 A browser can send two kinds of request without a CORS preflight: a form post
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from multidict import CIMultiDict
 
-from omnirt.controller.edges.auth_interceptor import needs
+from omnirt.controller.edges.auth import needs
 from omnirt.controller.http.console import is_console
 from omnirt.controller.http.errors import HttpError
 from omnirt.controller.http.transcode import method_of

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from omnirt.controller.core.tenants import TenantPolicy
-from omnirt.controller.edges.convert import generate_response
+from omnirt.controller.edges.servicers import generate_response
 from omnirt.controller.engines.memory.engine import MemoryEngine
 from omnirt.errors import JobNotFound, QuotaExceeded
 from omnirt.types import GenerateResult, JobError, JobState

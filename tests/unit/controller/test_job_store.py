@@ -11,10 +11,10 @@ from omnirt._internal import convert as c
 from omnirt._internal.protocol.v1 import gateway_pb2 as pb
 from omnirt.controller.core.jobs import JobRecord
 from omnirt.controller.core.router import WorkerHandle
-from omnirt.controller.edges.convert import WireResult, generate_response
-from omnirt.controller.edges.worker_stream import WorkerGateway
+from omnirt.controller.edges.servicers import generate_response
+from omnirt.controller.edges.worker_stream import WireResult, WorkerGateway
 from omnirt.controller.engines.memory.engine import MemoryEngine
-from omnirt.controller.engines.memory.frozen import FinishedJob
+from omnirt.controller.engines.memory.store import FinishedJob
 from omnirt.controller.observability.tracing import IdOnlyTracer, JobTracing, trace_id_of
 from omnirt.types import (
     Artifact,
