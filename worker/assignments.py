@@ -27,10 +27,10 @@ from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.worker import redact
 from omnirt.worker.artifact_store import ArtifactUploader
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.log import job_context
+from omnirt.worker.connection import Outbox
+from omnirt.worker.modes.events import trace_id
 from omnirt.worker.modes.executor import CancelFlags, Executor
-from omnirt.worker.modes.report import trace_id
-from omnirt.worker.outbox import Outbox
+from omnirt.worker.telemetry import job_context
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,12 @@ queues a Heartbeat every interval. When the stream fails it reconnects with expo
 and jitter, says Hello again with the same worker id and then sends the results that finished
 while it was away.
 
+What waits to go up is the `Outbox` (at the end). Results must reach the controller: one whose
+write fails is put back at the front and sent after the next Hello. Events and heartbeats are
+only useful live: they are dropped while no stream is up. A run's result waiting there can be
+found by its job id (`waiting_result`): a job offered again meanwhile (a restarted controller
+requeued it) gets this result re-addressed, not a second run.
+
 Admission (`worker/credentials.py`): the stream carries the worker's token (`--token-file`),
 over TLS when asked (`--tls-ca`, `--tls`, a client certificate with `--tls-cert`). A
 controller that refuses the worker (UNAUTHENTICATED, PERMISSION_DENIED) is not retried: a
@@ -21,7 +27,9 @@ import contextlib
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -29,7 +37,6 @@ import grpc
 from omnirt import types as t
 from omnirt._internal.limits import MAX_MESSAGE_BYTES, STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
 from omnirt._internal.protocol import convert as wire
-from omnirt._internal.protocol import tolerant
 from omnirt._internal.protocol.messages import (
     AssignmentResult,
     ControllerMessage,
@@ -41,7 +48,6 @@ from omnirt._internal.protocol.messages import (
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.credentials import WorkerCredentials
-from omnirt.worker.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +229,7 @@ class Connection:
         stream_work: asyncio.Task[None] | None = None
         self._credentials.refresh()  # a rotated token or renewed certificate is used from now on
         async with self._credentials.channel(CHANNEL_OPTIONS) as channel:
-            # Raw bytes in: the read loop parses each message itself (tolerant.controller_messages),
+            # Raw bytes in: the read loop parses each message itself (wire.controller_messages),
             # so one the worker cannot decode fails its own jobs, not the stream and all it runs.
             connect: Any = channel.stream_stream(
                 wire.CONNECT_METHOD,
@@ -237,7 +243,7 @@ class Connection:
                     first = await call.read()
                 if first is STREAM_END:
                     raise ConnectionError("the controller closed the stream before Welcome")
-                messages = tolerant.controller_messages(first)
+                messages = wire.controller_messages(first)
                 welcome = self._parse(messages[0]) if messages else None
                 if not isinstance(welcome, Welcome):
                     raise ConnectionError(f"expected Welcome, got {type(welcome).__name__}")
@@ -300,16 +306,16 @@ class Connection:
             msg = await call.read()
             if msg is STREAM_END:
                 return
-            for one in tolerant.controller_messages(msg):
+            for one in wire.controller_messages(msg):
                 message = self._parse(one)
                 if isinstance(message, Welcome):  # a later Welcome (settings changed)
                     self._welcomed(message)
                 self._handle(message)
 
-    def _parse(self, one: gateway_pb2.ConnectResponse | tolerant.Undecodable) -> ControllerMessage | None:
+    def _parse(self, one: gateway_pb2.ConnectResponse | wire.Undecodable) -> ControllerMessage | None:
         """What the controller sent; an assignment that cannot be read is answered with an error
         here (None: the rest of the worker never sees it)."""
-        if isinstance(one, tolerant.Undecodable):
+        if isinstance(one, wire.Undecodable):
             log.error("cannot decode a controller message (assignment %r): %s", one.assignment_id, one.reason)
             self._refuse_unreadable(
                 one.assignment_id, one.job_ids, f"the worker cannot decode the assignment: {one.reason}"
@@ -319,7 +325,7 @@ class Connection:
             return wire.from_controller(one)
         except Exception as exc:
             log.exception("cannot read a controller message")
-            assignment_id, job_ids = tolerant.assignment_job_ids(one)
+            assignment_id, job_ids = wire.assignment_job_ids(one)
             self._refuse_unreadable(assignment_id, job_ids, f"the worker cannot read the assignment: {exc}")
             return None
 
@@ -354,3 +360,123 @@ class Connection:
         while True:
             await asyncio.sleep(self._heartbeat_s)
             self.queue_heartbeat()
+
+
+# ---- the Outbox: what waits to go up the stream --------------------------------------------------
+
+# A result whose write failed this many times is given up (the controller retries the job
+# elsewhere once the lease of this worker's old stream expires).
+MAX_RESULT_ATTEMPTS = 5
+
+
+@dataclass
+class OutgoingMessage:
+    """One message for the stream; `durable` ones (results) survive reconnects."""
+
+    message: Any
+    durable: bool = False
+    attempts: int = 0
+    job_id: str = ""  # a run's result: findable by `Outbox.waiting_result` until written
+
+
+class Outbox:
+    """A FIFO of outgoing messages with put-back for results that failed to send."""
+
+    def __init__(self) -> None:
+        self._items: deque[OutgoingMessage] = deque()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._in_flight = 0
+        # job id -> its run's result, from put until written or given up (queued or in flight)
+        self._results: dict[str, OutgoingMessage] = {}
+
+    def _changed(self) -> None:
+        if self._items:
+            self._ready.set()
+        else:
+            self._ready.clear()
+        if self._items or self._in_flight:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    def put(self, message: Any, *, durable: bool = False, job_id: str = "") -> None:
+        """Queue `message` (durable: keep it until it was written; `job_id`: a durable message
+        that is the result of that job's run, found by `waiting_result` meanwhile)."""
+        item = OutgoingMessage(message, durable or bool(job_id), job_id=job_id)
+        self._items.append(item)
+        if job_id:
+            self._results[job_id] = item
+        self._changed()
+
+    def waiting_result(self, job_id: str) -> Any | None:
+        """The result of `job_id`'s run while it waits to be written (None once written)."""
+        item = self._results.get(job_id)
+        return item.message if item is not None else None
+
+    def _settled(self, item: OutgoingMessage) -> None:
+        if item.job_id and self._results.get(item.job_id) is item:
+            del self._results[item.job_id]
+
+    async def get(self) -> OutgoingMessage:
+        """The next message; call `sent` or `failed` with it afterwards."""
+        return (await self.get_many(1, 0, len))[0]
+
+    async def get_many(
+        self, max_items: int, max_bytes: int, size: Callable[[Any], int]
+    ) -> list[OutgoingMessage]:
+        """The next message and those queued behind it, up to `max_items` and `max_bytes` in all
+        (`size` of each message; the first one is taken whatever its size), in order.
+
+        Call `sent` or `failed` with each afterwards.
+        """
+        while not self._items:
+            await self._ready.wait()
+        taken = [self._items.popleft()]
+        total = size(taken[0].message) if len(self._items) and max_items > 1 else 0
+        while self._items and len(taken) < max_items:
+            total += size(self._items[0].message)
+            if total > max_bytes:
+                break
+            taken.append(self._items.popleft())
+        self._in_flight += len(taken)
+        self._changed()
+        return taken
+
+    def sent(self, item: OutgoingMessage) -> None:
+        """`item` was written to the stream."""
+        self._in_flight -= 1
+        self._settled(item)
+        self._changed()
+
+    def failed(self, item: OutgoingMessage) -> bool:
+        """The write of `item` failed; durable items go back to the front. True when kept.
+
+        For several items of one failed write, call it in reverse order to keep their order.
+        """
+        self._in_flight -= 1
+        item.attempts += 1
+        kept = item.durable and item.attempts < MAX_RESULT_ATTEMPTS
+        if kept:
+            self._items.appendleft(item)
+        else:
+            self._settled(item)
+        self._changed()
+        return kept
+
+    def drop_live(self) -> int:
+        """Forget events and heartbeats (the stream is down); return how many were dropped."""
+        kept = deque(item for item in self._items if item.durable)
+        dropped = len(self._items) - len(kept)
+        self._items = kept
+        self._changed()
+        return dropped
+
+    def durable_pending(self) -> int:
+        """Results not yet written."""
+        return sum(1 for item in self._items if item.durable)
+
+    async def wait_idle(self) -> None:
+        """Until everything queued has been written (or dropped)."""
+        await self._idle.wait()

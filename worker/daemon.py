@@ -47,14 +47,13 @@ from omnirt._internal.protocol.messages import (
 from omnirt.worker.artifact_store import ArtifactUploader
 from omnirt.worker.assignments import Assignments, model_refusal, thread_pool
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.connection import EXIT_REFUSED, Connection
+from omnirt.worker.connection import EXIT_REFUSED, Connection, Outbox
 from omnirt.worker.credentials import WorkerCredentials
 from omnirt.worker.model_requests import ModelRequests
 from omnirt.worker.modes.base import create_executor
 from omnirt.worker.modes.executor import Executor
-from omnirt.worker.outbox import Outbox
 from omnirt.worker.preload import Preload
-from omnirt.worker.runtime.memory import current_rss_bytes
+from omnirt.worker.runtime.backends import current_rss_bytes
 from omnirt.worker.session_slots import SessionSlots
 from omnirt.worker.telemetry import WorkerTelemetry
 

@@ -18,8 +18,8 @@ from omnirt._internal import config as _config
 from omnirt.worker import telemetry
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.daemon import WorkerDaemon
-from omnirt.worker.log import setup_logging
 from omnirt.worker.runtime.backends import BackendError
+from omnirt.worker.telemetry import setup_logging
 
 log = logging.getLogger("omnirt.worker")
 

@@ -77,7 +77,7 @@ class Preload:
             request = models_pb2.DescribeModelRequest(model=model_id)
             try:
                 # With the worker's token: a controller with API keys lets an admitted worker
-                # read its catalog (controller/edges/auth_interceptor.py, CATALOG_SERVICE).
+                # read its catalog (controller/edges/auth.py, CATALOG_SERVICE).
                 response = await stub.DescribeModel(
                     request, timeout=DESCRIBE_TIMEOUT_S, metadata=self._credentials.metadata()
                 )

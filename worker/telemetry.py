@@ -1,7 +1,12 @@
-"""The worker's Prometheus metrics (on its own `--metrics` port) and its OpenTelemetry spans.
+"""What the worker says about its work: log lines, its Prometheus metrics (on its own `--metrics`
+port) and its OpenTelemetry spans.
 
-Both are made from what each assignment returns, after it ran, so no executor needs to know
-about them: one `worker.execute` span per job, a child of the controller's `execute` span (the
+Every log line carries the worker id and, inside a job, its ids (`job_context`, `setup_logging`):
+job and assignment ids live in context variables, so they follow a job from its asyncio task into
+the pipeline thread (`asyncio.to_thread` copies the context) without being passed around.
+
+The metrics and spans are made from what each assignment returns, after it ran, so no executor
+needs to know about them: one `worker.execute` span per job, a child of the controller's `execute` span (the
 W3C context in `Assignment.trace_context`), with one child span per stage timing of the
 RunReport (`load`, `encode`, `denoise`, `decode`, `export`). Spans are exported over OTLP/HTTP
 when the standard `OTEL_EXPORTER_OTLP_*` endpoint variables are set; a daemon without an
@@ -10,9 +15,14 @@ exporter makes no span at all (nothing would ever read them).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -32,7 +42,7 @@ from prometheus_client import (
 from omnirt._internal.buckets import BATCH_BUCKETS, LATENCY_BUCKETS
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.types import RunReport
-from omnirt.worker.runtime.memory import current_rss_bytes
+from omnirt.worker.runtime.backends import current_rss_bytes
 
 log = logging.getLogger(__name__)
 TRACER_NAME = "omnirt.worker"
@@ -220,3 +230,86 @@ class WorkerTelemetry:
                 self._series(self.load, model).observe(timing.duration_ms / 1000)
         if report.peak_memory_bytes:
             self._series(self.peak, model).set(report.peak_memory_bytes)
+
+
+# ---- log lines: every one carries the worker id and, inside a job, its ids -----------------------
+
+job_id_var: ContextVar[str] = ContextVar("omnirt_job_id", default="")
+assignment_id_var: ContextVar[str] = ContextVar("omnirt_assignment_id", default="")
+trace_id_var: ContextVar[str] = ContextVar("omnirt_trace_id", default="")
+
+
+@contextmanager
+def job_context(job_ids: list[str], assignment_id: str, trace_id: str = "") -> Iterator[None]:
+    """Tag log lines inside the block with the jobs (comma-joined for a batch) and assignment."""
+    tokens = (
+        job_id_var.set(",".join(job_ids)),
+        assignment_id_var.set(assignment_id),
+        trace_id_var.set(trace_id),
+    )
+    try:
+        yield
+    finally:
+        trace_id_var.reset(tokens[2])
+        assignment_id_var.reset(tokens[1])
+        job_id_var.reset(tokens[0])
+
+
+class ContextFilter(logging.Filter):
+    """Adds `worker_id`, `job_id`, `assignment_id` and `trace_id` to every record."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__()
+        self.worker_id = worker_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker_id = self.worker_id
+        record.job_id = job_id_var.get()
+        record.assignment_id = assignment_id_var.get()
+        record.trace_id = trace_id_var.get()
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger [job=...] message`; the job tag only inside a job."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        job = getattr(record, "job_id", "")
+        record.job_tag = f" [job={job}]" if job else ""
+        return super().format(record)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "worker_id": getattr(record, "worker_id", ""),
+        }
+        for key in ("job_id", "assignment_id", "trace_id"):
+            value = getattr(record, key, "")
+            if value:
+                line[key] = value
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def setup_logging(level: str, json_lines: bool, worker_id: str) -> None:
+    """Send every logger's records to stderr with the worker's context."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ContextFilter(worker_id))
+    if json_lines:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s%(job_tag)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # Library chatter (download/progress notices) stays at warnings unless debugging.
+    for noisy in ("diffusers", "transformers", "urllib3", "httpx", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)

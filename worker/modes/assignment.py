@@ -22,9 +22,8 @@ from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemO
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.failures import JobFailure, stop_error
-from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.events import RunRecorder, run_report
 from omnirt.worker.modes.executor import CancelFlags, EventSink, StopCheck
-from omnirt.worker.modes.report import run_report
 from omnirt.worker.pipelines import media_inputs, model_cache
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import (
@@ -39,7 +38,7 @@ from omnirt.worker.pipelines.loader import ModelLoadError
 from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
 from omnirt.worker.runtime import adapters, backends, step_cache
 from omnirt.worker.runtime import options as runtime_options
-from omnirt.worker.runtime.memory import PeakMemory
+from omnirt.worker.runtime.backends import PeakMemory
 
 log = logging.getLogger(__name__)
 

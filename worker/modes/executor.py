@@ -13,7 +13,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from omnirt import types as t
 from omnirt._internal.modes import ExecutionMode
@@ -148,7 +148,12 @@ class FamilyExecutor(Executor):
         """The host mode's backend: what the family's reports name."""
         return self.host.backend
 
-    @staticmethod
-    @abstractmethod
-    def serves(spec: t.ModelSpec) -> bool:
+    # The family's catalog name, and the source of its offline model: a model of either is the
+    # family's (the registry asks this for every assignment of a worker hosting it).
+    family: ClassVar[str]
+    source: ClassVar[str] = ""
+
+    @classmethod
+    def serves(cls, spec: t.ModelSpec) -> bool:
         """Whether `spec` is a model of this family."""
+        return spec.family == cls.family or (bool(cls.source) and spec.source == cls.source)

@@ -30,12 +30,10 @@ from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.failures import JobFailure, ModelInUse, StopRun, stop_error
-from omnirt.worker.modes import step_hook
 from omnirt.worker.modes.assignment import AssignmentRun
-from omnirt.worker.modes.events import StepMonitor, first_outputs
+from omnirt.worker.modes.events import StepMonitor, ThreadEvents, attach_step_hook, first_outputs
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor
 from omnirt.worker.modes.schedulers import fresh_scheduler, own_tokenizers, seed_noise_sampler
-from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs, call_parameters
@@ -275,7 +273,7 @@ class LegacyCallRun(AssignmentRun):
             previews,
             firsts,
         )
-        step_hook.attach(view, accepted, kwargs, monitor)
+        attach_step_hook(view, accepted, kwargs, monitor)
 
         # Reported when it is not the default: set by the catalog or request, or off for this pipeline.
         setting = options.values.get(inference_mode.NAME)

@@ -32,15 +32,15 @@ from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemOutcome
 from omnirt.worker.export import image as export
 from omnirt.worker.failures import JobFailure, stop_error
-from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.events import RunRecorder, run_report
 from omnirt.worker.modes.executor import CancelFlags, EventSink, FamilyExecutor, StopCheck
-from omnirt.worker.modes.report import run_report
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, resolved_config
 from omnirt.worker.runtime import backends
-from omnirt.worker.runtime.memory import current_rss_bytes
+from omnirt.worker.runtime.backends import current_rss_bytes
 from omnirt.worker.tiny import registry as tiny_models
 
 NULL_FAMILY = "null"
+NULL_SOURCE = tiny_models.BUILTIN_PREFIX + tiny_models.NULL_MODEL  # builtin:null
 PIPELINE_CLASS = "NullPipeline"
 MODE = ExecutionMode.LEGACY_CALL  # what its reports name, in a modular worker too
 IMAGE_SIZE = 8
@@ -50,11 +50,6 @@ MAX_SLEEP_MS_PER_STEP = 60_000.0
 # more than the rest of a null job.
 RSS_REFRESH_S = 0.1
 _rss: tuple[float, int] = (-RSS_REFRESH_S, 0)  # (monotonic time read, bytes)
-
-
-def is_null_model(spec: t.ModelSpec) -> bool:
-    """True for a model the null pipeline runs (family `null` or source `builtin:null`)."""
-    return spec.family == NULL_FAMILY or tiny_models.builtin_name(spec.source) == tiny_models.NULL_MODEL
 
 
 def seed_colour(seed: int) -> tuple[int, int, int]:
@@ -312,10 +307,8 @@ class NullExecutor(FamilyExecutor):
     """The null family's executor, in front of a legacy_call or modular worker's own."""
 
     mode = MODE
-
-    @staticmethod
-    def serves(spec: t.ModelSpec) -> bool:
-        return is_null_model(spec)
+    family = NULL_FAMILY
+    source = NULL_SOURCE
 
     async def run(self, assignment: Assignment, emit: EventSink, flags: CancelFlags) -> list[ItemOutcome]:
         # No compute, so no thread: it runs on the loop and never reaches the model cache.

@@ -47,9 +47,8 @@ from omnirt import types as t
 from omnirt._internal.protocol import realtime as wire
 from omnirt._internal.protocol.messages import SessionOffer, SessionSettings
 from omnirt._internal.protocol.v1 import gateway_pb2_grpc
-from omnirt.worker.log import job_context
+from omnirt.worker.modes.events import trace_id
 from omnirt.worker.modes.executor import Executor
-from omnirt.worker.modes.report import trace_id
 from omnirt.worker.realtime import media
 from omnirt.worker.realtime.api import (
     ChunkOut,
@@ -62,6 +61,7 @@ from omnirt.worker.realtime.api import (
 from omnirt.worker.realtime.checks import MAX_BUFFERED_CHUNKS, check_audio, check_geometry, check_settings
 from omnirt.worker.realtime.stats import SessionStats
 from omnirt.worker.redact import public_error
+from omnirt.worker.telemetry import job_context
 
 log = logging.getLogger(__name__)
 

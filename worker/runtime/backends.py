@@ -1,4 +1,4 @@
-"""Backends: which torch device and dtype a model runs on.
+"""Backends: which torch device and dtype a model runs on, and the memory a run takes there.
 
 `cpu` runs float32; `cuda` and `ascend` run float16 unless the model's runtime options say
 `dtype`. torch_npu (Ascend) is imported here and only when asked for.
@@ -7,13 +7,23 @@ Multi-device placement comes from the model's runtime options: `devices` (device
 names of the backend: `[1]`, `["cuda:0", "cuda:1"]`) picks the devices, `device_map` (what
 diffusers' `from_pretrained(device_map=...)` takes, e.g. "balanced") spreads the components
 over them; several devices without a `device_map` mean "balanced". On CPU only "cpu" is valid.
+
+Peak memory of a run (`PeakMemory`, at the end): the process high-water mark on CPU, the
+allocator's peak on accelerators. On Linux, writing "5" to /proc/self/clear_refs resets the
+process's VmHWM, so the peak read afterwards belongs to this run (with several slots busy it
+covers the overlapping runs too); where that is not possible the lifetime peak (`ru_maxrss`) is
+reported instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import resource
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DEVICES = {"cpu": "cpu", "cuda": "cuda", "ascend": "npu"}
@@ -190,3 +200,61 @@ def configure_threads(torch_threads: int) -> None:
         import torch
 
         torch.set_num_threads(torch_threads)
+
+
+# ---- peak memory of a run ------------------------------------------------------------------------
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kib(key: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def current_rss_bytes() -> int:
+    """Resident memory of this process now (0 when unknown)."""
+    kib = _status_kib("VmRSS")
+    return kib * 1024 if kib is not None else 0
+
+
+def _maxrss_bytes() -> int:
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return int(maxrss) if sys.platform == "darwin" else int(maxrss) * 1024
+
+
+class PeakMemory:
+    """Measures one run's peak memory on `device` ("cpu", "cuda", "npu")."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def _accelerator(self) -> Any:
+        import torch
+
+        return getattr(torch, self.device.split(":")[0], None)
+
+    def reset(self) -> None:
+        """Start a new measurement."""
+        if self.device == "cpu":
+            with contextlib.suppress(OSError):
+                _CLEAR_REFS.write_text("5")
+            return
+        module = self._accelerator()
+        if module is not None:
+            module.reset_peak_memory_stats()
+
+    def peak_bytes(self) -> int:
+        """The peak since `reset()`."""
+        if self.device == "cpu":
+            kib = _status_kib("VmHWM")
+            return kib * 1024 if kib is not None else _maxrss_bytes()
+        module = self._accelerator()
+        return int(module.max_memory_allocated()) if module is not None else 0

@@ -13,7 +13,6 @@ from omnirt import types as t
 from omnirt._internal import convert as c
 from omnirt._internal.protocol import convert as wire
 from omnirt._internal.protocol import messages as m
-from omnirt._internal.protocol import tolerant
 from omnirt._internal.protocol.v1 import gateway_pb2
 from omnirt.v1 import models_pb2, types_pb2
 
@@ -178,8 +177,8 @@ def test_batches_both_ways_keep_their_order() -> None:
 
 def test_assignment_ids_are_read_without_converting_the_requests() -> None:
     msg = wire.to_worker(CONTROLLER_MESSAGES[1])
-    assert tolerant.assignment_job_ids(msg) == ("a-1", ["j-1"])
-    assert tolerant.assignment_job_ids(wire.to_worker(m.Drain())) == ("", [])
+    assert wire.assignment_job_ids(msg) == ("a-1", ["j-1"])
+    assert wire.assignment_job_ids(wire.to_worker(m.Drain())) == ("", [])
 
 
 def _deep_assignment(message: gateway_pb2.ConnectResponse, assignment_id: str, job_ids: list[str]) -> None:
@@ -195,32 +194,32 @@ def _deep_assignment(message: gateway_pb2.ConnectResponse, assignment_id: str, j
 
 def test_controller_messages_parse_each_message_of_a_batch_alone() -> None:
     good = gateway_pb2.ConnectResponse(drain=gateway_pb2.Drain(reason="r"))
-    assert tolerant.controller_messages(good.SerializeToString()) == [good]
+    assert wire.controller_messages(good.SerializeToString()) == [good]
     batch = gateway_pb2.ConnectResponse()
     batch.batch.messages.add().CopyFrom(good)
     _deep_assignment(batch.batch.messages.add(), "a-1", ["j-1", "j-2"])
     batch.batch.messages.add().cancel.job_id = "j-3"
-    first, bad, last = tolerant.controller_messages(batch.SerializeToString())
+    first, bad, last = wire.controller_messages(batch.SerializeToString())
     assert first == good and isinstance(last, gateway_pb2.ConnectResponse) and last.cancel.job_id == "j-3"
-    assert isinstance(bad, tolerant.Undecodable)
+    assert isinstance(bad, wire.Undecodable)
     assert (bad.assignment_id, bad.job_ids) == ("a-1", ["j-1", "j-2"]) and "MaxDepth" in bad.reason
     alone = gateway_pb2.ConnectResponse()
     _deep_assignment(alone, "a-2", ["j-4"])
-    [undecodable] = tolerant.controller_messages(alone.SerializeToString())
-    assert isinstance(undecodable, tolerant.Undecodable) and undecodable.job_ids == ["j-4"]
+    [undecodable] = wire.controller_messages(alone.SerializeToString())
+    assert isinstance(undecodable, wire.Undecodable) and undecodable.job_ids == ["j-4"]
 
 
 @pytest.mark.parametrize("data", [b"\xff\xff\xff", b"\x12\x7f" + b"x" * 3, b"\x0b"])
 def test_controller_bytes_that_are_no_message_become_one_undecodable_without_jobs(data: bytes) -> None:
-    [undecodable] = tolerant.controller_messages(data)
-    assert isinstance(undecodable, tolerant.Undecodable) and undecodable.job_ids == []
+    [undecodable] = wire.controller_messages(data)
+    assert isinstance(undecodable, wire.Undecodable) and undecodable.job_ids == []
 
 
 def test_a_batch_written_in_two_parts_is_read_whole_as_protobuf_reads_it() -> None:
     first, second = gateway_pb2.ConnectResponse(), gateway_pb2.ConnectResponse()
     first.batch.messages.add().cancel.job_id = "j-1"
     _deep_assignment(second.batch.messages.add(), "a-2", ["j-2"])
-    messages = tolerant.controller_messages(first.SerializeToString() + second.SerializeToString())
+    messages = wire.controller_messages(first.SerializeToString() + second.SerializeToString())
     assert [getattr(x, "job_ids", None) or [x.cancel.job_id] for x in messages] == [["j-1"], ["j-2"]]
 
 

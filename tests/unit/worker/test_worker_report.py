@@ -1,4 +1,4 @@
-"""The one RunReport builder every execution mode uses (`omnirt.worker.modes.report`)."""
+"""The one RunReport builder every execution mode uses (`omnirt.worker.modes.events.run_report`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import pytest
 from worker_testing import make_assignment
 
 from omnirt._internal.modes import ExecutionMode
-from omnirt.worker.modes.events import RunRecorder
-from omnirt.worker.modes.report import run_report, trace_id
+from omnirt.worker.modes.events import RunRecorder, run_report, trace_id
 
 
 @pytest.mark.parametrize(

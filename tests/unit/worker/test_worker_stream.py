@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from omnirt.worker.connection import backoff_delay
-from omnirt.worker.outbox import MAX_RESULT_ATTEMPTS, Outbox
+from omnirt.worker.connection import MAX_RESULT_ATTEMPTS, Outbox, backoff_delay
 
 
 def test_importing_the_worker_package_stays_light() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from omnirt import types as t
 from omnirt.worker.config import WorkerConfig
-from omnirt.worker.modes.thread_events import INTERVAL_S, ThreadEvents
+from omnirt.worker.modes.events import INTERVAL_S, ThreadEvents
 
 
 def stage(job_id: str, name: str) -> t.JobEvent:

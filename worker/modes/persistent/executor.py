@@ -40,14 +40,12 @@ from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.failures import JobFailure, ModelInUse, stop_error
-from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.events import RunRecorder, ThreadEvents, run_report
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor, StopCheck
 from omnirt.worker.modes.persistent import inputs as media
 from omnirt.worker.modes.persistent import session
 from omnirt.worker.modes.persistent.group import Aborted, Lease, ResidentGroup
 from omnirt.worker.modes.persistent.launch import GroupError, LaunchSpec, launch_spec
-from omnirt.worker.modes.report import run_report
-from omnirt.worker.modes.thread_events import ThreadEvents
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines.args import INVALID_ARGUMENT, ItemPlan, plan_item, resolved_config
 from omnirt.worker.realtime.api import OpenRequest, StreamingSession

@@ -27,7 +27,7 @@ second dimension) runs unsplit on every rank; so does a later call whose input s
 step 1's. A sequential step that ends after one call (the second never came to fill the
 placeholder) raises `SplitBroken`: the ranks' latents would no longer agree. A pipeline
 without a step callback (HunyuanVideo 1.5) ends its steps at its progress bar's `update()`
-(`step_hook`).
+(`events.attach_step_hook`).
 
 With more than 2 ranks, ranks 2 and up compute nothing and receive both halves.
 """

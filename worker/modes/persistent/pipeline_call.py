@@ -35,7 +35,7 @@ from typing import Any
 
 from omnirt import types as t
 from omnirt.worker.failures import JobFailure
-from omnirt.worker.modes import step_hook
+from omnirt.worker.modes.events import StepHook, attach_step_hook
 from omnirt.worker.modes.legacy_call import prompt_kwargs
 from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
@@ -57,7 +57,7 @@ Output = tuple[int, int]
 # Kinds where every rank makes every output (the ranks share the work inside the call).
 EVERY_RANK = frozenset({"cfg", "ulysses", "ring"})
 
-StepEnd = step_hook.StepHook
+StepEnd = StepHook
 
 
 def check_plans(pipe: Any, plans: list[ItemPlan], spec: t.ModelSpec) -> dict[int, t.JobError]:
@@ -138,7 +138,7 @@ def run_share(
     seeds = [seed for p in group for seed in p.seeds]
     kwargs["generator"] = [torch.Generator(device).manual_seed(seed) for seed in seeds]
     seed_noise_sampler(view.scheduler, seeds)
-    step_hook.attach(view, accepted, kwargs, step_end)
+    attach_step_hook(view, accepted, kwargs, step_end)
     if not decode and "output_type" in accepted:
         kwargs["output_type"] = "latent"
     hooked = split.installed(view) if split is not None else nullcontext()

@@ -259,7 +259,7 @@ class Rank:
 
         from omnirt.worker.modes.persistent import cfg_denoise as cfg
         from omnirt.worker.modes.persistent import data_parallel as dp
-        from omnirt.worker.runtime.memory import PeakMemory
+        from omnirt.worker.runtime.backends import PeakMemory
 
         jobs = [cfg.TextJob(**fields) for fields in jobs_fields]
         memory = PeakMemory(self.device)
@@ -316,7 +316,7 @@ class Rank:
 
         from omnirt.worker.modes.persistent import pipeline_call as pc
         from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
-        from omnirt.worker.runtime.memory import PeakMemory
+        from omnirt.worker.runtime.backends import PeakMemory
 
         plans, parallel, spec = call["plans"], str(call["parallel"]), call["model"]
         memory = PeakMemory(self.device)
@@ -428,7 +428,7 @@ class Rank:
         import torch.distributed as dist
 
         from omnirt.worker.modes.persistent import cfg_denoise as cfg
-        from omnirt.worker.runtime.memory import PeakMemory
+        from omnirt.worker.runtime.backends import PeakMemory
 
         job = cfg.TextJob(**job_fields)
         memory = PeakMemory(self.device)

@@ -39,9 +39,8 @@ from omnirt._internal.protocol.messages import Assignment, AssignmentItem, ItemO
 from omnirt.worker import redact
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.failures import DEADLINE_EXCEEDED, JobFailure, stop_error
-from omnirt.worker.modes.events import RunRecorder
+from omnirt.worker.modes.events import RunRecorder, run_report
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor, StopCheck
-from omnirt.worker.modes.report import run_report
 from omnirt.worker.modes.subprocess import child_process, job_dir, launchers
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.runtime import backends
