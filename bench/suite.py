@@ -6,7 +6,7 @@
                                                # table, writes only what --json/--docs ask for
     python -m bench.suite --only overhead,batching --json out.json
 
-Scenarios: overhead, control_plane, batching, peers, cold_warm, dispatch, fair_share, export,
+Scenarios: overhead, control_plane, batching, continuous, peers, cold_warm, dispatch, fair_share, export,
 step_cache, realtime. Each starts its own daemons on loopback and stops them (export and step_cache need
 none: they run in-process). A scenario that cannot run here (Ray
 Serve not installed for `peers`) is reported as skipped; one that fails is reported as failed
@@ -35,6 +35,7 @@ from . import (
     _machine,
     batching,
     cold_warm,
+    continuous,
     control_plane_scenarios,
     export,
     fair_share,
@@ -52,6 +53,7 @@ SCENARIOS: dict[str, sc.Scenario] = {
         overhead.SCENARIO,
         control_plane_scenarios.CONTROL_PLANE,
         batching.SCENARIO,
+        continuous.SCENARIO,
         peers.SCENARIO,
         cold_warm.SCENARIO,
         control_plane_scenarios.DISPATCH,

@@ -206,3 +206,26 @@ def test_gpu_script_smoke_runs_the_whole_flow_on_the_cpu(tmp_path: Path) -> None
     assert "flux   step cache first_block threshold 1.0: p50 (speed-up)" in table
     assert "flux   CFG on 2 ranks vs 1 process: p50 (speed-up)" in table
     assert "sd15   CFG on 2 ranks" in table and "skipped: not in --cfg-models (flux)" in table
+
+
+def test_quick_continuous_sends_an_open_loop_to_each_mode(tmp_path: Path, model_dir: Path) -> None:
+    out, docs = tmp_path / "suite.json", tmp_path / "BENCHMARKS.md"
+    done = run_module(
+        "bench.suite", "--quick", "--only", "continuous", "--json", str(out), "--docs", str(docs),
+        "--model-dir", str(model_dir),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    entry = json.loads(out.read_text())["scenarios"]["continuous"]
+    assert entry["status"] == "ok", entry
+    (case,) = entry["cases"]
+    assert case["model"] == "tiny-sd" and case["capacity_per_s"] > 0
+    assert [p["load"] for p in case["points"]] == [0.5, 1.3]
+    for point in case["points"]:
+        for mode in ("none", "whole"):
+            run = point[mode]
+            assert run["done"] == run["offered"] == entry["settings"]["jobs"] and not run["failures"]
+            assert 0 < run["first_step_p50_ms"] <= run["p50_ms"] <= run["p99_ms"]
+        assert point["none"]["mean_jobs_per_call"] == 1.0, "no batching: one job per call"
+    assert len(entry["rows"]) == 2
+    page = docs.read_text()
+    assert "## `continuous`" in page and "capacity of **whole**" in page

@@ -1,0 +1,325 @@
+"""Continuous load: open-loop arrivals (seeded Poisson), mixed step counts, a tenth of them urgent.
+
+Requests do not wait for each other: each arrives at its own time, drawn from a seeded Poisson
+process (exponential gaps), whatever the ones before it are doing, as a service's users arrive.
+The closed loops of the other scenarios cannot show what queueing does to latency.
+
+Per model and size (tiny-sd at 64x64 and 256x256, tiny-flux at 64x64), one deployment per mode
+side by side, each one controller and one `omnirt-worker --slots 1`:
+
+* `none`: no batching (`--max-batch-size 1`): one request per pipeline call;
+* `whole`: whole-request batching, the default (requests with the same call fields that wait in
+  the queue when the worker frees up share one call; a different step count is another call).
+
+First the capacity of `whole` is measured with a closed loop (`capacity_concurrency` callers, the
+same request mix). Then, for each offered load (a fraction of that capacity), the same seeded
+arrival schedule (`jobs` requests) is sent to each mode in turn: `num_inference_steps` drawn
+from `steps`, `urgent_share` of the requests at priority `urgent_priority`. Per mode and load:
+p50/p99 of the end-to-end latency (submit to result) and of the time to first step (submit to
+the first PROGRESS event, by the event's own time), throughput (jobs done over the time from the
+first arrival to the last result), the mean jobs per pipeline call (each RunReport's batch size)
+and the urgent jobs' time to first step.
+
+Step-level scheduling (issue 30), where requests join and leave a running batch at step
+boundaries, is the mode this scenario is for; it is not written yet, so the scenario compares
+today's two modes. Ray Serve's `@serve.batch` (issue 30) runs only where Ray Serve is installed
+(`peers`); it is not here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import omnirt
+
+from . import _scenario as sc
+from ._load import drive, failure_name
+from ._stacks import Stack, start_stack
+from ._stats import percentile
+
+NAME = "continuous"
+TITLE = "Continuous: open-loop Poisson arrivals, mixed steps, urgent jobs; no batching vs whole-request"
+PROMPT = "a red fox in the snow"
+MODES = {"none": ("--max-batch-size", "1"), "whole": ()}
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request of a schedule: when it arrives (s after the start) and what it asks."""
+
+    at_s: float
+    steps: int
+    priority: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Counts of the continuous scenario; the defaults are the full run."""
+
+    # (model, size): the families of issue 30's figure that run as tiny twins here.
+    cases: tuple[tuple[str, int], ...] = (("tiny-sd", 64), ("tiny-sd", 256), ("tiny-flux", 64))
+    loads: tuple[float, ...] = (0.5, 0.8, 1.0, 1.3)  # offered load, fractions of `whole`'s capacity
+    jobs: int = 300  # requests per (case, load, mode)
+    large_jobs: int = 100  # at 256x256, where a request takes ~10x longer
+    steps: tuple[int, ...] = (4, 8, 20)
+    urgent_share: float = 0.1
+    urgent_priority: int = 50
+    capacity_jobs: int = 96  # closed-loop requests measuring `whole`'s capacity
+    capacity_concurrency: int = 16
+    seed: int = 30
+    max_point_s: float = 300.0  # no new arrival after this, per (case, load, mode)
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return replace(
+            cls(), cases=(("tiny-sd", 64),), loads=(0.5, 1.3), jobs=24, large_jobs=8, capacity_jobs=16
+        )
+
+
+def schedule(rate_per_s: float, jobs: int, settings: Settings, seed: int) -> list[Arrival]:
+    """`jobs` arrivals of a Poisson process of `rate_per_s` (exponential gaps), seeded."""
+    rng = random.Random(seed)
+    at, out = 0.0, []
+    for i in range(jobs):
+        at += rng.expovariate(rate_per_s)
+        urgent = rng.random() < settings.urgent_share
+        out.append(
+            Arrival(round(at, 4), rng.choice(settings.steps), settings.urgent_priority if urgent else 0, i)
+        )
+    return out
+
+
+def request_of(model: str, size: int, arrival: Arrival) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": PROMPT,
+        "width": size,
+        "height": size,
+        "num_inference_steps": arrival.steps,
+        "priority": arrival.priority,
+        "seed": arrival.seed,
+    }
+
+
+async def warm(address: str, model: str, size: int, settings: Settings) -> None:
+    """One untimed request per step count (the model loads; each count's first call is made)."""
+    async with omnirt.AsyncClient(address) as client:
+        for steps in settings.steps:
+            await client.generate(**request_of(model, size, Arrival(0.0, steps, 0, steps)), timeout=600)
+
+
+async def capacity(address: str, model: str, size: int, settings: Settings) -> float:
+    """Requests per second of a closed loop of the mixed workload (after a warm-up)."""
+    mix = schedule(1.0, settings.capacity_jobs, settings, settings.seed)  # only its steps are used
+    async with omnirt.AsyncClient(address) as client:
+
+        async def call(i: int) -> None:
+            await client.generate(**request_of(model, size, replace(mix[i], priority=0)), timeout=600)
+
+        await drive(call, min(len(mix), settings.capacity_concurrency), settings.capacity_concurrency, 600)
+        result = await drive(call, len(mix), settings.capacity_concurrency, 600)
+    return result.rate
+
+
+@dataclass
+class Outcome:
+    """What one request of an open-loop run saw (seconds after its submission)."""
+
+    arrival: Arrival
+    latency_s: float = 0.0
+    first_step_s: float | None = None
+    jobs_in_call: int = 1
+    failure: str = ""
+
+
+async def open_loop(
+    address: str, model: str, size: int, arrivals: list[Arrival], max_s: float
+) -> dict[str, Any]:
+    """Send each request at its arrival time, whatever the others do; follow each to its end."""
+    outcomes: list[Outcome] = []
+    async with omnirt.AsyncClient(address) as client:
+
+        async def one(arrival: Arrival) -> None:
+            outcome = Outcome(arrival)
+            outcomes.append(outcome)
+            submitted = time.time()
+            firsts: list[float] = []
+
+            def seen(event: omnirt.JobEvent) -> None:
+                if event.kind is omnirt.EventKind.PROGRESS and not firsts and event.time is not None:
+                    firsts.append(event.time.timestamp() - submitted)
+
+            try:
+                job = await client.submit(**request_of(model, size, arrival), timeout=60)
+                result = await client.wait(job.id, timeout=600, on_event=seen)
+            except Exception as exc:
+                outcome.failure = failure_name(exc)
+                return
+            outcome.latency_s = time.time() - submitted
+            outcome.first_step_s = firsts[0] if firsts else None
+            if result.report is not None:
+                outcome.jobs_in_call = max(1, result.report.batch_size)
+
+        started = time.perf_counter()
+        tasks = []
+        for arrival in arrivals:
+            if arrival.at_s > max_s:
+                break
+            delay = started + arrival.at_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(arrival)))
+        await asyncio.gather(*tasks)
+        wall_s = time.perf_counter() - started
+    return summarize(outcomes, wall_s, len(arrivals))
+
+
+def summarize(outcomes: list[Outcome], wall_s: float, offered: int) -> dict[str, Any]:
+    done = [o for o in outcomes if not o.failure]
+    urgent = [o for o in done if o.arrival.priority]
+    firsts = [o.first_step_s for o in done if o.first_step_s is not None]
+    urgent_firsts = [o.first_step_s for o in urgent if o.first_step_s is not None]
+    failures: dict[str, int] = {}
+    for o in outcomes:
+        if o.failure:
+            failures[o.failure] = failures.get(o.failure, 0) + 1
+    return {
+        "offered": offered,
+        "sent": len(outcomes),
+        "done": len(done),
+        "failures": failures,
+        "wall_s": round(wall_s, 2),
+        "per_s": round(len(done) / wall_s, 2) if wall_s else 0.0,
+        "p50_ms": sc.ms(percentile([o.latency_s for o in done], 50)),
+        "p99_ms": sc.ms(percentile([o.latency_s for o in done], 99)),
+        "first_step_p50_ms": sc.ms(percentile(firsts, 50)),
+        "first_step_p99_ms": sc.ms(percentile(firsts, 99)),
+        "urgent": len(urgent),
+        "urgent_first_step_p50_ms": sc.ms(percentile(urgent_firsts, 50)),
+        "urgent_first_step_p99_ms": sc.ms(percentile(urgent_firsts, 99)),
+        "mean_jobs_per_call": round(sum(o.jobs_in_call for o in done) / len(done), 2) if done else 0.0,
+    }
+
+
+def start_modes(ctx: sc.Context, models: list[str]) -> dict[str, Stack]:
+    """One deployment per mode, side by side: a controller and one one-slot worker each."""
+    stacks: dict[str, Stack] = {}
+    try:
+        for mode, flags in MODES.items():
+            worker = ["--models", ",".join(models), "--slots", "1"]
+            stacks[mode] = start_stack(ctx, f"continuous-{mode}", [worker], flags)
+    except BaseException:
+        for stack in stacks.values():
+            stack.stop()
+        raise
+    return stacks
+
+
+def run(settings: Settings, ctx: sc.Context) -> dict[str, Any]:
+    stacks = start_modes(ctx, sorted({model for model, _ in settings.cases}))
+    cases = []
+    try:
+        for index, (model, size) in enumerate(settings.cases):
+            for stack in stacks.values():  # the model warm in every mode before anything is timed
+                asyncio.run(warm(stack.address, model, size, settings))
+            whole = asyncio.run(capacity(stacks["whole"].address, model, size, settings))
+            jobs = settings.large_jobs if size > 64 else settings.jobs
+            points = []
+            for load in settings.loads:
+                arrivals = schedule(
+                    load * whole, jobs, settings, settings.seed + 1000 * index + int(load * 100)
+                )
+                point: dict[str, Any] = {"load": load, "rate_per_s": round(load * whole, 3)}
+                for mode, stack in stacks.items():
+                    point[mode] = asyncio.run(
+                        open_loop(stack.address, model, size, arrivals, settings.max_point_s)
+                    )
+                points.append(point)
+            cases.append({"model": model, "size": size, "capacity_per_s": round(whole, 3), "points": points})
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+    return {"settings": sc.settings_dict(settings), "cases": cases, "rows": rows(cases)}
+
+
+def rows(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for case in cases:
+        for point in case["points"]:
+            whole, none = point["whole"], point["none"]
+            out.append(
+                sc.Row(
+                    NAME,
+                    f"{case['model']} {case['size']}px, {point['load']:.0%} load: p99, whole vs none",
+                    f"whole p99 {sc.fmt_ms(whole['p99_ms'])}, {sc.fmt_rate(whole['per_s'])}",
+                    f"none p99 {sc.fmt_ms(none['p99_ms'])}, {sc.fmt_rate(none['per_s'])}",
+                    sc.ratio(whole["p99_ms"], none["p99_ms"]),
+                ).as_dict()
+            )
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    header = [
+        "load",
+        "mode",
+        "done",
+        "throughput",
+        "p50",
+        "p99",
+        "first step p50",
+        "first step p99",
+        "urgent first step p50",
+        "jobs per call",
+    ]
+    parts = [
+        "One deployment per mode side by side, each one controller and one `omnirt-worker --slots 1`: "
+        "**none** `--max-batch-size 1`, **whole** the default whole-request batching. Arrivals are a "
+        f"seeded Poisson process at a fraction of **whole**'s capacity (a closed loop of "
+        f"{s['capacity_concurrency']} callers, {s['capacity_jobs']} requests); the same schedule of "
+        f"{s['jobs']} requests ({s['large_jobs']} at 256x256) goes to each mode, `num_inference_steps` "
+        f"drawn from {s['steps']}, {s['urgent_share']:.0%} at priority {s['urgent_priority']}. Latency "
+        "is submit to result; the first step is submit to the first PROGRESS event (its own time).",
+    ]
+    if result.get("separate_run"):  # merged into the page's results from a run of its own
+        parts.append(f"Recorded apart from the rest of this page, with `{result['separate_run']}`.")
+    for case in result["cases"]:
+        rows_md = []
+        for point in case["points"]:
+            for mode in MODES:
+                m = point[mode]
+                failed = f" ({sum(m['failures'].values())} failed)" if m["failures"] else ""
+                rows_md.append(
+                    [
+                        f"{point['load']:.0%} ({point['rate_per_s']:.2f}/s)",
+                        mode,
+                        f"{m['done']}/{m['offered']}{failed}",
+                        sc.fmt_rate(m["per_s"]),
+                        sc.fmt_ms(m["p50_ms"]),
+                        sc.fmt_ms(m["p99_ms"]),
+                        sc.fmt_ms(m["first_step_p50_ms"]),
+                        sc.fmt_ms(m["first_step_p99_ms"]),
+                        sc.fmt_ms(m["urgent_first_step_p50_ms"]),
+                        f"{m['mean_jobs_per_call']:.2f}",
+                    ]
+                )
+        parts.append(
+            f"**{case['model']} {case['size']}x{case['size']}**: capacity of **whole** "
+            f"{case['capacity_per_s']:.2f} requests/s."
+        )
+        parts.append(sc.md_table(header, rows_md, right=2))
+    parts.append(
+        "Step-level scheduling (requests joining a running batch at step boundaries, issue 30) is not "
+        "written yet: this is the figure it must improve on. Ray Serve's `@serve.batch` at the same load "
+        "needs Ray Serve installed (see `peers`)."
+    )
+    return "\n\n".join(parts)
+
+
+SCENARIO = sc.Scenario(NAME, TITLE, Settings(), Settings.quick(), run, markdown)
