@@ -70,6 +70,31 @@ class WorkerConfig:
             "in batches (0 = each at once; each delivery takes the GIL from the pipeline thread)"
         },
     )
+    step_engine: bool = field(
+        default=True,
+        metadata={
+            "help": "legacy_call: concurrent calls of SD, SDXL, SD3, Flux and Wan models share each "
+            "denoiser step (docs/worker.md, the step engine); --no-step-engine runs each call alone"
+        },
+    )
+    step_rows: int = field(
+        default=16,
+        metadata={"help": "step engine: most rows in one denoiser forward (guidance doubles a row)"},
+    )
+    step_max_paused: int = field(
+        default=2,
+        metadata={"help": "step engine: batches paused for a more urgent one; beyond, the urgent one waits"},
+    )
+    step_max_paused_bytes: int = field(
+        default=0,
+        metadata={"help": "step engine: bytes of inputs the paused batches may hold (0 = no bound)"},
+    )
+    step_max_pause_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "step engine: a paused batch resumes after this many seconds (or 8 passed-over steps)"
+        },
+    )
     model_cache_bytes: int = field(
         default=0,
         metadata={"help": "memory budget of loaded models (parameters + buffers), bytes; 0 = unlimited"},
@@ -167,6 +192,10 @@ class WorkerConfig:
             raise ValueError(f"torch_threads must be >= 0, not {self.torch_threads}")
         if self.progress_interval_ms < 0:
             raise ValueError(f"progress_interval_ms must be >= 0, not {self.progress_interval_ms}")
+        if self.step_rows < 1 or self.step_max_paused < 0 or self.step_max_paused_bytes < 0:
+            raise ValueError("step_rows must be at least 1; step_max_paused and step_max_paused_bytes >= 0")
+        if self.step_max_pause_s <= 0:
+            raise ValueError(f"step_max_pause_s must be > 0, not {self.step_max_pause_s}")
         if self.input_max_bytes < 1:
             raise ValueError(f"input_max_bytes must be at least 1, not {self.input_max_bytes}")
         if self.model_cache_bytes < 0:

@@ -261,6 +261,8 @@ class AssignmentRun(ABC):
         applied = {**runtime_options.report(cached.pipeline), **info.get("runtime_options", {})}
         if applied:
             config["runtime_options"] = applied
+        if "step_engine" in info:  # the step engine's share of the call (legacy_call)
+            config["step_engine"] = info["step_engine"]
         if self.executor.cache.budget_bytes:
             config["model_cache"] = {
                 "held_bytes": self.executor.cache.held_bytes(),

@@ -77,6 +77,11 @@ class RunRecorder:
         for job_id in job_ids:
             self._event(job_id, t.EventKind.PROGRESS, progress=progress)
 
+    def note(self, job_ids: list[str], text: str) -> None:
+        """A line of the runtime's own about `job_ids` (a LOG event on the `omnirt` stream)."""
+        for job_id in job_ids:
+            self._event(job_id, t.EventKind.LOG, log_stream="omnirt", log_text=text)
+
     def preview(self, job_id: str, step: int, total_steps: int, data: bytes, mime_type: str) -> None:
         """A preview image of `job_id` after step `step`."""
         progress = t.Progress(step=step, total_steps=total_steps, stage="denoise")

@@ -30,10 +30,12 @@ from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.failures import JobFailure, ModelInUse, StopRun, stop_error
+from omnirt.worker.modes import step_engine
 from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.events import StepMonitor, ThreadEvents, attach_step_hook, first_outputs
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor
 from omnirt.worker.modes.schedulers import fresh_scheduler, own_tokenizers, seed_noise_sampler
+from omnirt.worker.modes.step_engine import Member, StepEngine
 from omnirt.worker.pipelines import media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs, call_parameters
@@ -96,6 +98,17 @@ class LegacyCallExecutor(Executor):
             config.model_dir
         )  # realtime sessions' models
         self.speaking = speech_session.SpeakingSessions(self.cache)  # sessions that take text
+        # Concurrent calls of the step engine's families share each denoiser step (`step_engine`).
+        self.steps = (
+            StepEngine(
+                rows=config.step_rows,
+                max_paused=config.step_max_paused,
+                max_paused_bytes=config.step_max_paused_bytes,
+                max_pause_s=config.step_max_pause_s,
+            )
+            if config.step_engine
+            else None
+        )
 
     @property
     def backend(self) -> str:
@@ -190,15 +203,16 @@ class LegacyCallRun(AssignmentRun):
                 exclusive=exclusive,
                 memory=memory,
             ):
+                shared = self._step_engine(pipeline, group, exclusive)
                 try:
-                    images, call_info = self._call(pipeline, group, options)
+                    images, call_info = self._call(pipeline, group, options, shared)
                 except (StopRun, JobFailure):
                     raise
                 except Exception as exc:
                     if not runtime_options.is_compiled(cached.pipeline):
                         raise
                     runtime_options.drop_compile(cached.pipeline, exc)  # and run once more, eagerly
-                    images, call_info = self._call(pipeline, group, options)
+                    images, call_info = self._call(pipeline, group, options, shared)
             for job_id in job_ids:
                 self.call_warnings[job_id] = list(memory.warnings)
         except StopRun:
@@ -230,10 +244,48 @@ class LegacyCallRun(AssignmentRun):
                     [plan.job_id], t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}")
                 )
 
+    def _step_engine(
+        self, pipeline: Any, group: list[ItemPlan], exclusive: bool
+    ) -> dict[str, Any] | str | None:
+        """Whether the call shares its denoiser's steps: {} when it does, the reason (reported)
+        when the engine takes its model but not this call, None when it does not take the model."""
+        engine = self.executor.steps
+        if engine is None or not step_engine.eligible(pipeline):
+            return None
+        if exclusive:
+            return "the step cache hooks the whole denoiser: the call runs alone"
+        if self.adapters.get(group[0].job_id):
+            return "LoRA adapters run as whole calls, one adapter set at a time"
+        return {}
+
     def _call(
-        self, pipeline: Any, group: list[ItemPlan], options: runtime_options.Effective
+        self,
+        pipeline: Any,
+        group: list[ItemPlan],
+        options: runtime_options.Effective,
+        shared: dict[str, Any] | str | None = None,
     ) -> tuple[list[list[Any]], dict[str, Any]]:
         """One pipeline call for `group`; returns each plan's images and facts for the report."""
+        engine = self.executor.steps if isinstance(shared, dict) else None
+        if engine is None:
+            images, info = self._call_with(pipeline, group, options, None)
+            if isinstance(shared, str):
+                info["step_engine"] = {"used": False, "reason": shared}
+            return images, info
+        priority = max(p.item.request.priority for p in group)
+        job_ids = [p.job_id for p in group]
+        with engine.member(job_ids, priority, lambda text: self.recorder.note(job_ids, text)) as member:
+            images, info = self._call_with(pipeline, group, options, member)
+        info["step_engine"] = {"used": True, **member.report()}
+        return images, info
+
+    def _call_with(
+        self,
+        pipeline: Any,
+        group: list[ItemPlan],
+        options: runtime_options.Effective,
+        member: Member | None,
+    ) -> tuple[list[list[Any]], dict[str, Any]]:
         import torch
 
         first = group[0]
@@ -273,7 +325,10 @@ class LegacyCallRun(AssignmentRun):
             previews,
             firsts,
         )
-        attach_step_hook(view, accepted, kwargs, monitor)
+        if member is not None:
+            assert self.executor.steps is not None
+            self.executor.steps.share(view, member)
+        attach_step_hook(view, accepted, kwargs, _leaving(monitor, member, self.executor.steps))
 
         # Reported when it is not the default: set by the catalog or request, or off for this pipeline.
         setting = options.values.get(inference_mode.NAME)
@@ -311,3 +366,26 @@ class LegacyCallRun(AssignmentRun):
             "cache_hits": cache_hits,
         }
         return split, info
+
+
+def _leaving(monitor: StepMonitor, member: Member | None, engine: StepEngine | None) -> Any:
+    """The call's step hook: `monitor`, then, at the last step, the call leaves the engine's
+    batch (its decode and export run while the other rows take their next step)."""
+    if member is None or engine is None:
+        return monitor
+
+    def hook(pipe: Any, step_index: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        tensors = monitor(pipe, step_index, timestep, callback_kwargs)
+        latents = tensors.get("latents")
+        # A row gone to NaN or inf ends its own job, here, and never reaches the shared forward.
+        if latents is not None and not bool(latents.isfinite().all()):
+            raise JobFailure(
+                "INTERNAL",
+                f"the latents are not finite after step {step_index + 1} (guidance_scale or the "
+                "scheduler's settings out of range for this model)",
+            )
+        if step_index + 1 >= monitor.total_steps:
+            engine.leave(member)
+        return tensors
+
+    return hook
