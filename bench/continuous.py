@@ -7,9 +7,13 @@ The closed loops of the other scenarios cannot show what queueing does to latenc
 Per model and size (tiny-sd at 64x64 and 256x256, tiny-flux at 64x64), one deployment per mode
 side by side, each one controller and one `omnirt-worker --slots 1`:
 
-* `none`: no batching (`--max-batch-size 1`): one request per pipeline call;
+* `none`: no batching (`--max-batch-size 1`, `--no-step-engine`): one request per pipeline call;
 * `whole`: whole-request batching, the default (requests with the same call fields that wait in
-  the queue when the worker frees up share one call; a different step count is another call).
+  the queue when the worker frees up share one call; a different step count is another call),
+  without the step engine, as before it;
+* `step`: step-level scheduling (issue 30): every request is its own call (`--max-batch-size 1`),
+  and a compatible request joins the batch the worker's step engine runs at the next step,
+  beside the worker's one slot (its rows), leaving it at its own last step.
 
 First the capacity of `whole` is measured with a closed loop (`capacity_concurrency` callers, the
 same request mix). Then, for each offered load (a fraction of that capacity), the same seeded
@@ -17,12 +21,10 @@ arrival schedule (`jobs` requests) is sent to each mode in turn: `num_inference_
 from `steps`, `urgent_share` of the requests at priority `urgent_priority`. Per mode and load:
 p50/p99 of the end-to-end latency (submit to result) and of the time to first step (submit to
 the first PROGRESS event, by the event's own time), throughput (jobs done over the time from the
-first arrival to the last result), the mean jobs per pipeline call (each RunReport's batch size)
-and the urgent jobs' time to first step.
-
-Step-level scheduling (issue 30), where requests join and leave a running batch at step
-boundaries, is the mode this scenario is for; it is not written yet, so the scenario compares
-today's two modes. Ray Serve's `@serve.batch` (issue 30) runs only where Ray Serve is installed
+first arrival to the last result), the mean jobs per pipeline call (each RunReport's batch size),
+the step engine's mean rows per forward (`config_resolved.step_engine.mean_rows`) and the urgent
+jobs' time to first step. A step's time is measured alone in the warm-up (denoise over steps of
+a 20-step request). Ray Serve's `@serve.batch` (issue 30) runs only where Ray Serve is installed
 (`peers`); it is not here.
 """
 
@@ -42,9 +44,16 @@ from ._stacks import Stack, start_stack
 from ._stats import percentile
 
 NAME = "continuous"
-TITLE = "Continuous: open-loop Poisson arrivals, mixed steps, urgent jobs; no batching vs whole-request"
+TITLE = "Continuous: open-loop Poisson arrivals, mixed steps, urgent jobs; step-level, whole-request, none"
 PROMPT = "a red fox in the snow"
-MODES = {"none": ("--max-batch-size", "1"), "whole": ()}
+# mode -> (controller flags, worker flags). The baselines run without the step engine (as
+# before it); `step` gives each request its own assignment and lets the worker's step engine
+# join it to the running batch.
+MODES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "none": (("--max-batch-size", "1"), ("--slots", "1", "--no-step-engine")),
+    "whole": ((), ("--slots", "1", "--no-step-engine")),
+    "step": (("--max-batch-size", "1"), ("--slots", "1")),
+}
 
 
 @dataclass(frozen=True)
@@ -106,11 +115,14 @@ def request_of(model: str, size: int, arrival: Arrival) -> dict[str, Any]:
     }
 
 
-async def warm(address: str, model: str, size: int, settings: Settings) -> None:
-    """One untimed request per step count (the model loads; each count's first call is made)."""
+async def warm(address: str, model: str, size: int, settings: Settings) -> float:
+    """One untimed request per step count (the model loads; each count's first call is made);
+    returns a step's time alone (ms: the denoise stage of a 20-step request over its steps)."""
     async with omnirt.AsyncClient(address) as client:
         for steps in settings.steps:
             await client.generate(**request_of(model, size, Arrival(0.0, steps, 0, steps)), timeout=600)
+        alone = await client.generate(**request_of(model, size, Arrival(0.0, 20, 0, 1)), timeout=600)
+    return (alone.report.timing("denoise") or 0.0) / 20
 
 
 async def capacity(address: str, model: str, size: int, settings: Settings) -> float:
@@ -134,6 +146,7 @@ class Outcome:
     latency_s: float = 0.0
     first_step_s: float | None = None
     jobs_in_call: int = 1
+    rows_per_step: float = 0.0  # the step engine's mean rows per forward for this job (0: not used)
     failure: str = ""
 
 
@@ -164,6 +177,8 @@ async def open_loop(
             outcome.first_step_s = firsts[0] if firsts else None
             if result.report is not None:
                 outcome.jobs_in_call = max(1, result.report.batch_size)
+                shared = result.report.config_resolved.get("step_engine") or {}
+                outcome.rows_per_step = float(shared.get("mean_rows") or 0.0)
 
         started = time.perf_counter()
         tasks = []
@@ -203,6 +218,7 @@ def summarize(outcomes: list[Outcome], wall_s: float, offered: int) -> dict[str,
         "urgent_first_step_p50_ms": sc.ms(percentile(urgent_firsts, 50)),
         "urgent_first_step_p99_ms": sc.ms(percentile(urgent_firsts, 99)),
         "mean_jobs_per_call": round(sum(o.jobs_in_call for o in done) / len(done), 2) if done else 0.0,
+        "mean_rows_per_step": round(sum(o.rows_per_step for o in done) / len(done), 2) if done else 0.0,
     }
 
 
@@ -210,8 +226,8 @@ def start_modes(ctx: sc.Context, models: list[str]) -> dict[str, Stack]:
     """One deployment per mode, side by side: a controller and one one-slot worker each."""
     stacks: dict[str, Stack] = {}
     try:
-        for mode, flags in MODES.items():
-            worker = ["--models", ",".join(models), "--slots", "1"]
+        for mode, (flags, worker_flags) in MODES.items():
+            worker = ["--models", ",".join(models), *worker_flags]
             stacks[mode] = start_stack(ctx, f"continuous-{mode}", [worker], flags)
     except BaseException:
         for stack in stacks.values():
@@ -225,8 +241,10 @@ def run(settings: Settings, ctx: sc.Context) -> dict[str, Any]:
     cases = []
     try:
         for index, (model, size) in enumerate(settings.cases):
-            for stack in stacks.values():  # the model warm in every mode before anything is timed
-                asyncio.run(warm(stack.address, model, size, settings))
+            step_ms = 0.0
+            for mode, stack in stacks.items():  # the model warm in every mode before anything is timed
+                alone_ms = asyncio.run(warm(stack.address, model, size, settings))
+                step_ms = alone_ms if mode == "whole" else step_ms
             whole = asyncio.run(capacity(stacks["whole"].address, model, size, settings))
             jobs = settings.large_jobs if size > 64 else settings.jobs
             points = []
@@ -240,27 +258,76 @@ def run(settings: Settings, ctx: sc.Context) -> dict[str, Any]:
                         open_loop(stack.address, model, size, arrivals, settings.max_point_s)
                     )
                 points.append(point)
-            cases.append({"model": model, "size": size, "capacity_per_s": round(whole, 3), "points": points})
+            cases.append(
+                {
+                    "model": model,
+                    "size": size,
+                    "capacity_per_s": round(whole, 3),
+                    "step_ms": round(step_ms, 2),
+                    "points": points,
+                }
+            )
     finally:
         for stack in stacks.values():
             stack.stop()
     return {"settings": sc.settings_dict(settings), "cases": cases, "rows": rows(cases)}
 
 
+# Issue 30's targets, step-level against whole-request batching in one run: (load, what, the
+# most (or, for throughput, the least) the ratio may be).
+TARGETS = (
+    (0.8, "p99_ms", 0.6),
+    (1.0, "p50_ms", 0.7),
+    (1.3, "per_s", 1.0),
+)
+
+
 def rows(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for case in cases:
+        name = f"{case['model']} {case['size']}px"
         for point in case["points"]:
-            whole, none = point["whole"], point["none"]
-            out.append(
-                sc.Row(
-                    NAME,
-                    f"{case['model']} {case['size']}px, {point['load']:.0%} load: p99, whole vs none",
-                    f"whole p99 {sc.fmt_ms(whole['p99_ms'])}, {sc.fmt_rate(whole['per_s'])}",
-                    f"none p99 {sc.fmt_ms(none['p99_ms'])}, {sc.fmt_rate(none['per_s'])}",
-                    sc.ratio(whole["p99_ms"], none["p99_ms"]),
-                ).as_dict()
-            )
+            whole, step = point["whole"], point.get("step")
+            if step is None:
+                continue
+            for load, what, bound in TARGETS:
+                if abs(point["load"] - load) > 1e-6:
+                    continue
+                ratio = sc.ratio(step[what], whole[what])
+                if what == "per_s":
+                    met = ratio is not None and ratio >= bound
+                    target = f">= {bound}"
+                    shown = (sc.fmt_rate(step[what]), sc.fmt_rate(whole[what]))
+                else:
+                    met = ratio is not None and ratio <= bound
+                    target = f"<= {bound}"
+                    shown = (sc.fmt_ms(step[what]), sc.fmt_ms(whole[what]))
+                label = {"p99_ms": "p99", "p50_ms": "p50", "per_s": "throughput"}[what]
+                out.append(
+                    sc.Row(
+                        NAME,
+                        f"{name}, {load:.0%} load: {label}, step vs whole",
+                        f"step {label} {shown[0]}",
+                        f"whole {label} {shown[1]}",
+                        ratio,
+                        target,
+                        "met" if met else "missed",
+                    ).as_dict()
+                )
+            if abs(point["load"] - max(p["load"] for p in case["points"])) < 1e-6 and case.get("step_ms"):
+                urgent = step["urgent_first_step_p50_ms"]
+                ratio = sc.ratio(urgent, case["step_ms"])
+                out.append(
+                    sc.Row(
+                        NAME,
+                        f"{name}, {point['load']:.0%} load: urgent first step, in step times",
+                        f"step urgent first step p50 {sc.fmt_ms(urgent)}",
+                        f"one step alone {sc.fmt_ms(case['step_ms'])}",
+                        ratio,
+                        "<= 2",
+                        "met" if ratio is not None and ratio <= 2 else "missed",
+                    ).as_dict()
+                )
     return out
 
 
@@ -277,10 +344,13 @@ def markdown(result: dict[str, Any]) -> str:
         "first step p99",
         "urgent first step p50",
         "jobs per call",
+        "rows per step",
     ]
     parts = [
         "One deployment per mode side by side, each one controller and one `omnirt-worker --slots 1`: "
-        "**none** `--max-batch-size 1`, **whole** the default whole-request batching. Arrivals are a "
+        "**none** `--max-batch-size 1 --no-step-engine`, **whole** the default whole-request batching "
+        "(`--no-step-engine`), **step** step-level scheduling (`--max-batch-size 1`, the worker's step "
+        "engine: a request joins the running batch at the next step, beside the slot). Arrivals are a "
         f"seeded Poisson process at a fraction of **whole**'s capacity (a closed loop of "
         f"{s['capacity_concurrency']} callers, {s['capacity_jobs']} requests); the same schedule of "
         f"{s['jobs']} requests ({s['large_jobs']} at 256x256) goes to each mode, `num_inference_steps` "
@@ -293,6 +363,8 @@ def markdown(result: dict[str, Any]) -> str:
         rows_md = []
         for point in case["points"]:
             for mode in MODES:
+                if mode not in point:
+                    continue
                 m = point[mode]
                 failed = f" ({sum(m['failures'].values())} failed)" if m["failures"] else ""
                 rows_md.append(
@@ -307,17 +379,19 @@ def markdown(result: dict[str, Any]) -> str:
                         sc.fmt_ms(m["first_step_p99_ms"]),
                         sc.fmt_ms(m["urgent_first_step_p50_ms"]),
                         f"{m['mean_jobs_per_call']:.2f}",
+                        f"{m.get('mean_rows_per_step', 0.0):.2f}" if mode == "step" else "",
                     ]
                 )
+        step_ms = f"; one step alone {case['step_ms']:.1f} ms" if case.get("step_ms") else ""
         parts.append(
             f"**{case['model']} {case['size']}x{case['size']}**: capacity of **whole** "
-            f"{case['capacity_per_s']:.2f} requests/s."
+            f"{case['capacity_per_s']:.2f} requests/s{step_ms}."
         )
         parts.append(sc.md_table(header, rows_md, right=2))
     parts.append(
-        "Step-level scheduling (requests joining a running batch at step boundaries, issue 30) is not "
-        "written yet: this is the figure it must improve on. Ray Serve's `@serve.batch` at the same load "
-        "needs Ray Serve installed (see `peers`)."
+        "Rows per step: the step engine's mean rows per denoiser forward over each job's forwards (a "
+        "row is an output, doubled by guidance). Ray Serve's `@serve.batch` at the same load needs Ray "
+        "Serve installed (see `peers`); it did not run here."
     )
     return "\n\n".join(parts)
 

@@ -445,6 +445,9 @@ class WorkerInfo:
     unknown_models: list[str] = field(default_factory=list)
     # Chosen once per worker process (a restarted worker has a new one).
     instance_id: str = ""
+    # Its step engine: most rows per denoiser step (0: none), and the pipeline classes it batches.
+    step_rows: int = 0
+    step_pipelines: list[str] = field(default_factory=list)
 
 
 @dataclass

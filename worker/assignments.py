@@ -106,6 +106,8 @@ class Assignments:
         self._uploader = uploader
         self._flags = CancelFlags()
         self._slots = asyncio.Semaphore(config.slots)
+        # Jobs that join a running step batch take rows of it, not a slot (at most its rows).
+        self._rows = asyncio.Semaphore(config.step_rows if config.step_engine else 0)
         self._busy = 0
         # job id -> the assignment its result goes out under (the latest that offered it)
         self._active: dict[str, str] = {}
@@ -188,7 +190,7 @@ class Assignments:
 
     async def _run(self, assignment: Assignment) -> None:
         with job_context(assignment.job_ids, assignment.assignment_id, trace_id(assignment.trace_context)):
-            async with self._slots:
+            async with self._rows if assignment.joins_batch and self._config.step_engine else self._slots:
                 started_ns = time.time_ns()
                 self._busy += len(assignment.items)
                 log.debug("running %d job(s) of model %s", len(assignment.items), assignment.model.id)

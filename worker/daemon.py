@@ -155,8 +155,9 @@ class WorkerDaemon:
         """Serve until drained; returns the exit code: 0, or EXIT_REFUSED when the controller
         refused this worker. Raises when the executor cannot start."""
         # Executors run pipeline calls with asyncio.to_thread: one thread per busy slot, plus loads.
-        # A session pushes in a thread too.
-        threads = thread_pool(self.config.slots + self.config.session_slots)
+        # A session pushes in a thread too, and so does each job that joined a step batch.
+        rows = self.config.step_rows if self.config.step_engine else 0
+        threads = thread_pool(self.config.slots + self.config.session_slots + rows)
         asyncio.get_running_loop().set_default_executor(threads)
         await self.executor.start()
         # What startup made (torch, diffusers and the rest of the imports) lives as long as the
@@ -219,6 +220,7 @@ class WorkerDaemon:
             log.debug("ignoring a controller message this worker does not know")
 
     def _hello(self) -> Hello:
+        step_rows, step_pipelines = self.executor.step_engine()
         return Hello(
             worker_id=self.worker_id,
             execution_mode=self.config.mode,
@@ -231,6 +233,8 @@ class WorkerDaemon:
             version=omnirt.__version__,
             instance_id=self._instance_id,
             session_slots=self.config.session_slots,
+            step_rows=step_rows,
+            step_pipelines=step_pipelines,
         )
 
     def _heartbeat(self) -> Heartbeat:

@@ -138,6 +138,19 @@ class WorkerTelemetry:
         self.batch = Histogram(
             "omnirt_worker_batch_size", "Jobs per assignment", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
+        self.preemptions = Counter(
+            "omnirt_worker_step_preemptions",
+            "Times a job's step batch was paused at a step boundary for a more urgent one",
+            ["model"],
+            registry=r,
+        )
+        self.step_rows = Histogram(
+            "omnirt_worker_step_rows",
+            "Mean rows per denoiser forward of each job the step engine ran",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         # Not `omnirt_worker_slots`: the controller exports that name per worker, and one name on
         # both daemons would count every slot twice in a sum() over all scraped targets.
         Gauge("omnirt_worker_own_slots", "Assignments this worker runs at once", registry=r).set(slots)
@@ -230,6 +243,11 @@ class WorkerTelemetry:
                 self._series(self.load, model).observe(timing.duration_ms / 1000)
         if report.peak_memory_bytes:
             self._series(self.peak, model).set(report.peak_memory_bytes)
+        shared = report.config_resolved.get("step_engine")
+        if isinstance(shared, dict) and shared.get("used"):
+            self._series(self.step_rows, model).observe(float(shared.get("mean_rows") or 0))
+            if shared.get("preemptions"):
+                self._series(self.preemptions, model).inc(float(shared["preemptions"]))
 
 
 # ---- log lines: every one carries the worker id and, inside a job, its ids -----------------------

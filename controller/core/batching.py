@@ -1,5 +1,6 @@
 """The batch rule of the controller, once: which queued jobs share one pipeline call, how many,
-and how long the first of them waits for companions.
+and how long the first of them waits for companions; and which job may join a batch a worker's
+step engine is running (`step_key`, `step_rows`, `may_join`).
 
 Both engines decide with it: the memory engine in its dispatch, the Redis engine through its
 CLAIM script, which keeps a copy of `window_due` in Lua because the decision must be atomic with
@@ -11,12 +12,14 @@ grouping reads too.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Hashable
 
 from omnirt._internal import batching
+from omnirt._internal.modes import ExecutionMode
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.validation import Plan
-from omnirt.types import ModelSpec
+from omnirt.types import ModelSpec, Task
 
 
 def batch_limit(config: ControllerConfig, spec: ModelSpec) -> int:
@@ -70,3 +73,49 @@ def window_due(
         return None
     due = enqueued + window
     return due if due > now else None
+
+
+# ---- joining a running step batch (docs/controller.md, "Rows") -----------------------------------
+
+# The tasks whose calls a worker's step engine batches (text-to-image, image-to-image on the same
+# denoiser, Wan's text-to-video), in the modes that have it.
+STEP_TASKS = frozenset({Task.TEXT2IMAGE, Task.IMAGE2IMAGE, Task.TEXT2VIDEO})
+STEP_MODES = frozenset({ExecutionMode.LEGACY_CALL, ExecutionMode.MODULAR})
+
+
+def step_key(plan: Plan) -> Hashable | None:
+    """What jobs must share to take denoiser steps together in a worker's step engine: the model,
+    the latent shape and the request's runtime options. None when the job cannot join a running
+    batch (another task or mode, adapters, a step cache): it waits for a slot as before.
+
+    Prompts, seeds, step counts, guidance, strength and schedulers may differ: each call keeps its
+    own loop, and only the denoiser's forward is shared.
+    """
+    spec, r = plan.spec, plan.request
+    if spec.execution_mode not in STEP_MODES or r.task not in STEP_TASKS or r.adapters:
+        return None
+    runtime = r.extra.get("runtime") or {}
+    if not isinstance(runtime, dict) or runtime.get("step_cache"):
+        return None
+    frames = r.num_frames if r.task is Task.TEXT2VIDEO else 0
+    return (spec.id, r.width, r.height, frames, json.dumps(runtime, sort_keys=True, default=str))
+
+
+def step_rows(plan: Plan) -> int:
+    """The rows a job takes in a denoiser step: one per output, doubled for guidance (counted
+    whether or not the model guides: an upper bound)."""
+    return 2 * max(1, plan.request.num_outputs or 1)
+
+
+def may_join(running_rows: int, rows: int, limit: int) -> bool:
+    """Whether a job of `rows` may join a step batch of `running_rows` running on a worker whose
+    step engine takes `limit` rows per step: the batch runs, and it has room."""
+    return running_rows > 0 and running_rows + rows <= limit
+
+
+def holds_back(ahead_priority: int, ahead_tenant: str, priority: int, tenant: str) -> bool:
+    """Whether a queued job ahead of a joining one, which the same worker serves and which is left
+    waiting, keeps it from joining: it never overtakes a job of higher priority, nor one of
+    another tenant (fair share put that one first). Behind a job of its own tenant and priority
+    that cannot join (another size), it may: that is the head-of-line blocking joins remove."""
+    return ahead_priority > priority or ahead_tenant != tenant

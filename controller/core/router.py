@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
 from omnirt._internal.protocol.messages import Assignment, ControllerMessage, Drain, Hello
+from omnirt.controller.core.batching import may_join, step_key, step_rows
 from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.validation import Plan
 from omnirt.errors import AlreadyExists, OmniRTError, WorkerNotFound
 from omnirt.types import ModelSpec, WorkerInfo, WorkerState
 
@@ -52,18 +55,37 @@ class WorkerHandle:
     # model id -> jobs of it running here, and job id -> its model (for the busy batch window)
     _models: dict[str, int] = field(default_factory=dict)
     _job_models: dict[str, str] = field(default_factory=dict)
+    # The rows its step engine runs: job id -> (step key, rows), step key -> rows; and the
+    # assignments that joined a running batch (they take rows, not a slot).
+    _job_steps: dict[str, tuple[Hashable, int]] = field(default_factory=dict)
+    _step_rows: dict[Hashable, int] = field(default_factory=dict)
+    _joined: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         attach = getattr(self.link, "attach", None)  # a link that says when it wrote an assignment
         if attach is not None:
             attach(self)
 
-    def start(self, job_id: str, assignment_id: str, model: str) -> None:
+    def start(
+        self,
+        job_id: str,
+        assignment_id: str,
+        model: str,
+        step: tuple[Hashable, int] | None = None,
+        joined: bool = False,
+    ) -> None:
+        """Count a job sent here; `step` is its (step key, rows) when the worker's step engine
+        may batch it; `joined`: it joined a running batch, and its assignment takes no slot."""
         self.running[job_id] = assignment_id
         self._calls[assignment_id] = self._calls.get(assignment_id, 0) + 1
         self._job_models[job_id] = model
         self._models[model] = self._models.get(model, 0) + 1
         self._held_at[job_id] = self._beats + 1  # as if sent now (see `in_transit`)
+        if joined:
+            self._joined.add(assignment_id)
+        if step is not None and self.info.step_rows:
+            self._job_steps[job_id] = step
+            self._step_rows[step[0]] = self._step_rows.get(step[0], 0) + step[1]
 
     def release(self, job_id: str, assignment_id: str) -> bool:
         """Forget a finished job; True when it was running here under that assignment."""
@@ -76,6 +98,14 @@ class WorkerHandle:
             self._calls[assignment_id] = left
         else:
             del self._calls[assignment_id]
+            self._joined.discard(assignment_id)
+        step = self._job_steps.pop(job_id, None)
+        if step is not None:
+            rows = self._step_rows.get(step[0], 0) - step[1]
+            if rows > 0:
+                self._step_rows[step[0]] = rows
+            else:
+                self._step_rows.pop(step[0], None)
         model = self._job_models.pop(job_id, "")
         left = self._models.get(model, 0) - 1
         if left > 0:
@@ -87,6 +117,34 @@ class WorkerHandle:
     def running_of(self, model: str) -> int:
         """Jobs of `model` running on this worker now."""
         return self._models.get(model, 0)
+
+    def joins(self, spec: ModelSpec, key: Hashable, rows: int) -> bool:
+        """Whether a job of `spec` with step key `key` and `rows` may join a batch running here."""
+        if self.info.state is not WorkerState.READY or spec.pipeline_class not in self.info.step_pipelines:
+            return False
+        return may_join(self._step_rows.get(key, 0), rows, self.info.step_rows)
+
+    def step_of(self, plan: Plan) -> tuple[Hashable, int] | None:
+        """(step key, rows) of a job sent here that this worker's step engine batches, else None."""
+        if not self.info.step_rows or plan.spec.pipeline_class not in self.info.step_pipelines:
+            return None
+        key = step_key(plan)
+        return (key, step_rows(plan)) if key is not None else None
+
+    def step_running(self, key: Hashable) -> int:
+        """Rows of step key `key` running here."""
+        return self._step_rows.get(key, 0)
+
+    def step_batches(self) -> dict[Hashable, int]:
+        """Step key -> rows, of the step batches running here (a copy)."""
+        return dict(self._step_rows)
+
+    @property
+    def row_room(self) -> int:
+        """Jobs (of two rows) that could still join this worker's running batches."""
+        if self.info.state is not WorkerState.READY:
+            return 0
+        return sum(max(0, self.info.step_rows - rows) // 2 for rows in self._step_rows.values())
 
     def heartbeat(
         self, loaded_models: list[str], draining: bool, model_bytes: dict[str, int] | None = None
@@ -139,7 +197,10 @@ class WorkerHandle:
         """Hold the jobs of the same worker process's previous stream (they still run there), and
         send on this one what that one had not written yet."""
         for job_id, assignment_id in old.running.items():
-            self.start(job_id, assignment_id, old._job_models.get(job_id, ""))
+            joined = assignment_id in old._joined
+            self.start(
+                job_id, assignment_id, old._job_models.get(job_id, ""), old._job_steps.get(job_id), joined
+            )
         old.release_all()
         hand_over = getattr(old.link, "hand_over", None)  # what the old stream did not write
         if hand_over is not None:
@@ -151,6 +212,9 @@ class WorkerHandle:
         self._models.clear()
         self._job_models.clear()
         self._held_at.clear()
+        self._job_steps.clear()
+        self._step_rows.clear()
+        self._joined.clear()
 
     @property
     def id(self) -> str:
@@ -158,8 +222,9 @@ class WorkerHandle:
 
     @property
     def busy_slots(self) -> int:
-        """Assignments running now: a batch is one pipeline call, so it takes one slot."""
-        return len(self._calls)
+        """Assignments running now: a batch is one pipeline call, so it takes one slot (a job that
+        joined a running step batch takes none)."""
+        return len(self._calls) - len(self._joined) if self._joined else len(self._calls)
 
     @property
     def free_slots(self) -> int:
@@ -246,6 +311,17 @@ class WorkerRegistry:
             key=lambda w: (spec.id not in w.info.loaded_models, w.busy_slots / max(1, w.info.slots), w.id),
         )
 
+    def join_room(self) -> int:
+        """Jobs that could still join running step batches, over every worker (a budget)."""
+        return sum(w.row_room for w in self._workers.values())
+
+    def pick_join(self, spec: ModelSpec, key: Hashable, rows: int) -> WorkerHandle | None:
+        """A worker running a step batch of `key` that a job of `rows` may join: the fullest one."""
+        joinable = [w for w in self.candidates(spec) if w.joins(spec, key, rows)]
+        if not joinable:
+            return None
+        return max(joinable, key=lambda w: (w.step_running(key), w.id))
+
     def running_of(self, model: str) -> int:
         """Jobs of `model` running on any worker now."""
         return sum(w.running_of(model) for w in self._workers.values())
@@ -269,6 +345,8 @@ def worker_info(hello: Hello) -> WorkerInfo:
         version=hello.version,
         labels=dict(hello.labels),
         instance_id=hello.instance_id,
+        step_rows=hello.step_rows,
+        step_pipelines=list(hello.step_pipelines),
     )
 
 

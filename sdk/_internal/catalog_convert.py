@@ -141,6 +141,8 @@ def worker_to_proto(w: t.WorkerInfo) -> cluster_pb2.WorkerInfo:
         running_job_ids=w.running_job_ids,
         unknown_models=w.unknown_models,
         instance_id=w.instance_id,
+        step_rows=w.step_rows,
+        step_pipelines=w.step_pipelines,
     )
     c.ts_to_proto(w.connected_at, msg.connected_at)
     c.ts_to_proto(w.last_heartbeat_at, msg.last_heartbeat_at)
@@ -166,4 +168,6 @@ def worker_from_proto(m: cluster_pb2.WorkerInfo) -> t.WorkerInfo:
         running_job_ids=list(m.running_job_ids),
         unknown_models=list(m.unknown_models),
         instance_id=m.instance_id,
+        step_rows=m.step_rows,
+        step_pipelines=list(m.step_pipelines),
     )

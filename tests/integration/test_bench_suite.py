@@ -220,12 +220,19 @@ def test_quick_continuous_sends_an_open_loop_to_each_mode(tmp_path: Path, model_
     (case,) = entry["cases"]
     assert case["model"] == "tiny-sd" and case["capacity_per_s"] > 0
     assert [p["load"] for p in case["points"]] == [0.5, 1.3]
+    assert case["step_ms"] > 0
     for point in case["points"]:
-        for mode in ("none", "whole"):
+        for mode in ("none", "whole", "step"):
             run = point[mode]
             assert run["done"] == run["offered"] == entry["settings"]["jobs"] and not run["failures"]
             assert 0 < run["first_step_p50_ms"] <= run["p50_ms"] <= run["p99_ms"]
         assert point["none"]["mean_jobs_per_call"] == 1.0, "no batching: one job per call"
-    assert len(entry["rows"]) == 2
+        assert point["step"]["mean_jobs_per_call"] == 1.0, "step-level: each job is its own call"
+        assert point["step"]["mean_rows_per_step"] >= 2, "each job's rows, at least"
+    # At 130 % the step engine's targets: throughput against whole, and the urgent first step.
+    assert [r["case"].split(": ", 1)[1] for r in entry["rows"]] == [
+        "throughput, step vs whole",
+        "urgent first step, in step times",
+    ]
     page = docs.read_text()
     assert "## `continuous`" in page and "capacity of **whole**" in page

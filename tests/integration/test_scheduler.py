@@ -214,10 +214,13 @@ def test_higher_priority_runs_first_and_fifo_within_a_priority(client: omnirt.Cl
     seconds_until_idle(client, "w-main")
     blocker = client.submit(prompt="blocker", **SLOW)
     wait_event(client, blocker.id, progress_at_least(1))
-    # Interleaved low (10) and high (90) jobs; distinct step counts so no two could share a batch.
+    # Interleaved low (10) and high (90) jobs; distinct step counts so no two could share a batch,
+    # and distinct sizes so none joins another's step batch beside the slot (test_step_rows.py).
     order = [("low-1", 10), ("high-1", 90), ("low-2", 10), ("high-2", 90), ("low-3", 10), ("high-3", 90)]
     jobs = {
-        name: client.submit(model="tiny-sd", prompt=name, priority=prio, num_inference_steps=2 + i)
+        name: client.submit(
+            model="tiny-sd", prompt=name, priority=prio, num_inference_steps=2 + i, width=64 + 8 * i
+        )
         for i, (name, prio) in enumerate(order)
     }
     assert client.get_job(blocker.id).state is JobState.RUNNING, (
@@ -506,8 +509,9 @@ def test_jobs_run_only_on_workers_that_serve_their_model_within_slots(cluster: C
     client = cluster.client
     serving = {"tiny-sd": {"w-warm", "w-cold"}, "tiny-sd-b": {"w-b"}}
     slots = {"w-warm": 1, "w-cold": 1, "w-b": 2}
+    # Distinct sizes: each job its own call, none joining another's step batch beside the slots.
     jobs = [
-        client.submit(model=model, prompt=f"{model} {i}", num_inference_steps=10)
+        client.submit(model=model, prompt=f"{model} {i}", num_inference_steps=10, width=64 + 8 * i)
         for i in range(4)
         for model in ("tiny-sd", "tiny-sd-b")
     ]

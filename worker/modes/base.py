@@ -84,6 +84,10 @@ class FamilyRouter(Executor):
         """The mode's loaded models' bytes."""
         return self.executor.model_memory()
 
+    def step_engine(self) -> tuple[int, list[str]]:
+        """The mode's step engine."""
+        return self.executor.step_engine()
+
     async def unload(self, model_id: str) -> bool:
         """Unload `model_id` from the mode's executor."""
         return await self.executor.unload(model_id)

@@ -110,6 +110,10 @@ class Executor(ABC):
         """Bytes each loaded model takes, for the models this mode measures (Heartbeat)."""
         return {}
 
+    def step_engine(self) -> tuple[int, list[str]]:
+        """The step engine's rows per step and the pipeline classes it batches ((0, []): none)."""
+        return 0, []
+
     async def unload(self, model_id: str) -> bool:
         """Free `model_id` now; True when it was held, False when it was not.
 

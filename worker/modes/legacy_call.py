@@ -160,6 +160,11 @@ class LegacyCallExecutor(Executor):
     def model_memory(self) -> dict[str, int]:
         return self.cache.model_bytes()
 
+    def step_engine(self) -> tuple[int, list[str]]:
+        if self.steps is None:
+            return 0, []
+        return self.steps.rows, sorted(step_engine.PIPELINES)
+
     async def unload(self, model_id: str) -> bool:
         """Free `model_id` from the model cache (ModelInUse while a run or session holds it)."""
         dropped, in_use = await asyncio.to_thread(self.cache.evict, model_id)

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_limit, window_due
+from omnirt.controller.core.batching import batch_limit, holds_back, step_key, step_rows, window_due
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.engines.memory.queue import JobQueue
@@ -87,16 +87,24 @@ class MemoryUpkeep:
     # ---- dispatch -------------------------------------------------------------------------
 
     def dispatch(self) -> int:
-        """Give queued jobs to workers with free slots; returns how many were placed."""
-        budget = self.workers.free_slots()
-        return self.queue.take(self._place, budget) if budget and len(self.queue) else 0
+        """Give queued jobs to workers with free slots, or to running step batches they may join;
+        returns how many were placed."""
+        budget = self.workers.free_slots() + self.workers.join_room()
+        if not budget or not len(self.queue):
+            return 0
+        waiting: list[JobRecord] = []  # the jobs this pass left queued, in order
+        return self.queue.take(lambda record: self._place(record, waiting), budget)
 
-    def _place(self, record: JobRecord) -> bool:
-        """Send this job (and queued jobs that can share its call) to the best free worker."""
-        handle = self.workers.pick(record.plan.spec)
-        if handle is None:
-            return False
+    def _place(self, record: JobRecord, waiting: list[JobRecord]) -> bool:
+        """Send this job (and queued jobs that can share its call) to the best free worker, or
+        alone to a worker whose running step batch it may join."""
         spec = record.plan.spec
+        handle = self.workers.pick(spec)
+        if handle is None:
+            if self._join(record, waiting):
+                return True
+            waiting.append(record)
+            return False
         limit = batch_limit(self.config, spec)
         if self.queue.batchable(record.job.id):
             due = window_due(
@@ -112,8 +120,35 @@ class MemoryUpkeep:
                 self._window_due = min(self._window_due or due, due)
                 return False
         batch = [record, *self.queue.take_peers(record.job.id, limit - 1)]
+        self._send(handle, batch)
+        return True
+
+    def _join(self, record: JobRecord, waiting: list[JobRecord]) -> bool:
+        """Send the job to a worker running a step batch it may join, beside that worker's slots.
+
+        In queue order: not past a job this pass left waiting before it that the worker serves
+        and that holds it back (`holds_back`: of higher priority, or another tenant's).
+        """
+        key = step_key(record.plan)
+        if key is None:
+            return False
+        handle = self.workers.pick_join(record.plan.spec, key, step_rows(record.plan))
+        if handle is None:
+            return False
+        job = record.job
+        for ahead in waiting:
+            if handle.serves(ahead.plan.spec) and holds_back(
+                ahead.job.priority, ahead.job.tenant, job.priority, job.tenant
+            ):
+                return False
+        self._send(handle, [record], joins_batch=True)
+        return True
+
+    def _send(self, handle: WorkerHandle, batch: list[JobRecord], joins_batch: bool = False) -> None:
+        """Start `batch` (one job, or jobs that share a call) on `handle` as one assignment."""
+        record = batch[0]
         assignment_id = "asg-" + uuid.uuid4().hex[:16]
-        items = [self._start(r, handle, assignment_id) for r in batch]
+        items = [self._start(r, handle, assignment_id, joins_batch) for r in batch]
         now = time.monotonic()
         for r in batch:
             r.dispatched_at, r.batch_size = now, len(batch)
@@ -128,11 +163,13 @@ class MemoryUpkeep:
                 deadline_ms=record.job.deadline_ms if len(batch) == 1 else 0,
                 trace_context=self.engine.tracing.assignment_context(batch),
                 batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(batch) > 1 else "",
+                joins_batch=joins_batch,
             )
         )
-        return True
 
-    def _start(self, record: JobRecord, handle: WorkerHandle, assignment_id: str) -> AssignmentItem:
+    def _start(
+        self, record: JobRecord, handle: WorkerHandle, assignment_id: str, joins_batch: bool = False
+    ) -> AssignmentItem:
         """Mark one job RUNNING on `handle` under `assignment_id`."""
         job = record.job
         job.state = JobState.RUNNING
@@ -141,7 +178,7 @@ class MemoryUpkeep:
         job.worker_id = handle.id
         job.waiting_reason = ""
         record.assignment_id = assignment_id
-        handle.start(job.id, assignment_id, record.plan.spec.id)
+        handle.start(job.id, assignment_id, record.plan.spec.id, handle.step_of(record.plan), joins_batch)
         wait_ms = (time.monotonic() - record.enqueued_at) * 1000
         record.append(
             JobEvent(

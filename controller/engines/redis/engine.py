@@ -24,7 +24,7 @@ import redis.exceptions
 
 from omnirt._internal.protocol.messages import CancelAssignment, ModelLoaded
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_key, batch_key_id, batch_limit
+from omnirt.controller.core.batching import batch_key, batch_key_id, batch_limit, step_key, step_rows
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import (
@@ -207,6 +207,8 @@ class RedisEngine:
                     policy=policy,
                     cost_s=self.run_times.estimate(job.model),
                     aging_s=aging,
+                    step_key=batch_key_id(step_key(plan)),
+                    step_rows=step_rows(plan),
                 )
                 if existing is not None:
                     stored = await self.store.load(existing)

@@ -6,7 +6,8 @@ and the state it found. Keys (P is the prefix, `{omnirt}:` by default; the brace
 Cluster hash tag, so every key lives in one slot):
 
     P job:ID          hash: static (Job proto of the fixed fields), request (GenerateRequest
-                      proto), fingerprint, model, bkey (batch key), rank, priority, tenant, state,
+                      proto), fingerprint, model, bkey (batch key), skey and srows (step key
+                      and rows: joining a worker's running step batch), rank, priority, tenant, state,
                       attempts, assignment, owner, worker, enqueued_ms, started_ms, finished_ms,
                       error / progress / result (protos), artifact:N (bytes) or artifact_path:N
     P events:ID       stream of JobEvent protos; entry id 0-N is the event's sequence N
@@ -57,6 +58,46 @@ local function dequeue(p, id, model, bkey, priority)
   end
   redis.call('ZREM', p .. 'queue:m:' .. model, id)
   if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
+end
+
+-- A job evicted from Redis (maxmemory) leaves its id queued: it is dropped, never dispatched
+-- (its hash, and with it its priority for `qdepth`, is gone).
+local function evicted(p, id, m, bkey)
+  if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return false end
+  redis.call('ZREM', p .. 'queue', id)
+  redis.call('ZREM', p .. 'queue:m:' .. m, id)
+  if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
+  return true
+end
+
+-- The head of a model's queue {id, rank} (evicted ids dropped on the way), or {}.
+local function model_head(p, model)
+  local key = p .. 'queue:m:' .. model
+  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  while head[1] and evicted(p, head[1], model, '') do head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') end
+  return head
+end
+
+-- Mark the queued jobs `ids` RUNNING under assignment `asg` of `owner`, appending to `out` each
+-- one's id, attempts, request, enqueued_ms, traceparent and tenant.
+local function take(p, ids, asg, owner, now, lease, out)
+  for _, id in ipairs(ids) do
+    local jk = p .. 'job:' .. id
+    local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent',
+      'tenant')
+    dequeue(p, id, f[1], f[2], f[3])
+    local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
+    redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
+    redis.call('HDEL', jk, 'progress')
+    redis.call('ZADD', p .. 'running', now + lease, id)
+    redis.call('HINCRBY', p .. 'runmodels', f[1], 1)
+    table.insert(out, id)
+    table.insert(out, tostring(attempts))
+    table.insert(out, f[4])
+    table.insert(out, f[5])
+    table.insert(out, f[6] or '')
+    table.insert(out, f[7] or '')
+  end
 end
 
 local function add_event(p, id, event)
@@ -152,6 +193,7 @@ end
 redis.call('HSET', p .. 'job:' .. id, 'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
   'model', ARGV[9], 'bkey', ARGV[10], 'rank', rank, 'priority', ARGV[14], 'state', 'QUEUED',
   'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16], 'tenant', tenant)
+if (ARGV[24] or '') ~= '' then redis.call('HSET', p .. 'job:' .. id, 'skey', ARGV[24], 'srows', ARGV[25]) end
 enqueue(p, id, ARGV[9], ARGV[10], rank, ARGV[14])
 if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
 redis.call('ZADD', p .. 'jobs', ARGV[12], id)
@@ -176,19 +218,8 @@ CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local best, score, model, limit = nil, nil, nil, 1
--- A job evicted from Redis (maxmemory) leaves its id queued: it is dropped, never dispatched
--- (its hash, and with it its priority for `qdepth`, is gone).
-local function evicted(id, m, bkey)
-  if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return false end
-  redis.call('ZREM', p .. 'queue', id)
-  redis.call('ZREM', p .. 'queue:m:' .. m, id)
-  if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
-  return true
-end
 for i = 8, #ARGV, 2 do
-  local key = p .. 'queue:m:' .. ARGV[i]
-  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  while head[1] and evicted(head[1], ARGV[i], '') do head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') end
+  local head = model_head(p, ARGV[i])
   if head[1] and (best == nil or tonumber(head[2]) < score) then
     best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
   end
@@ -206,27 +237,60 @@ if bkey ~= '' and limit > 1 then
     if due > now then return {'wait', model, tostring(due)} end
   end
   for _, other in ipairs(peers) do
-    if other ~= best and #ids < limit and not evicted(other, model, bkey) then table.insert(ids, other) end
+    if other ~= best and #ids < limit and not evicted(p, other, model, bkey) then table.insert(ids, other) end
   end
 end
 local out = {'ok', model}
-for _, id in ipairs(ids) do
-  local jk = p .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent',
-    'tenant')
-  dequeue(p, id, f[1], f[2], f[3])
-  local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
-  redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
-  redis.call('HDEL', jk, 'progress')
-  redis.call('ZADD', p .. 'running', now + lease, id)
-  redis.call('HINCRBY', p .. 'runmodels', f[1], 1)
-  table.insert(out, id)
-  table.insert(out, tostring(attempts))
-  table.insert(out, f[4])
-  table.insert(out, f[5])
-  table.insert(out, f[6] or '')
-  table.insert(out, f[7] or '')
+take(p, ids, asg, owner, now, lease, out)
+return out
+"""
+
+# Take the best queued job that may join a step batch running on one of this controller's
+# workers (beside its slots), and mark it RUNNING under `assignment`. The rule is
+# controller/core/batching.py's (`step_key`, `may_join`, `holds_back`) and the memory engine's (in
+# queue order: the first of its model's queue that fits, and no queued job ahead of it that the
+# worker serves is of higher priority or another tenant's); this is
+# its copy inside Redis, held to the same answers by tests/integration/test_join_rule.py. A job
+# deeper than `depth` in the queue waits its turn.
+# ARGV: p, now_ms, lease_ms, owner, assignment, depth, then quads of model, step key id, rows
+# the running batch can still take, and the models the worker serves ("|a|b|").
+# Returns {} (nothing), or {'ok', model, step key id, id, attempts, request, enqueued_ms,
+# traceparent, tenant}.
+CLAIM_JOIN = r"""
+local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local owner, asg, depth = ARGV[4], ARGV[5], tonumber(ARGV[6])
+-- holds_back: a job ahead that the worker serves, of higher priority or another tenant.
+local function overtakes(id, served)
+  local me = redis.call('HMGET', p .. 'job:' .. id, 'priority', 'tenant')
+  for _, other in ipairs(redis.call('ZRANGE', p .. 'queue', 0, depth - 1)) do
+    if other == id then return false end
+    local f = redis.call('HMGET', p .. 'job:' .. other, 'model', 'priority', 'tenant')
+    if f[1] and string.find(served, '|' .. f[1] .. '|', 1, true)
+        and (tonumber(f[2]) > tonumber(me[1]) or (f[3] or '') ~= (me[2] or '')) then
+      return true
+    end
+  end
+  return true
 end
+-- The first job of the model's queue (within `depth`) of the step key whose rows fit.
+local function first_fit(model, skey, room)
+  local ids = redis.call('ZRANGE', p .. 'queue:m:' .. model, 0, depth - 1, 'WITHSCORES')
+  for j = 1, #ids, 2 do
+    local f = redis.call('HMGET', p .. 'job:' .. ids[j], 'skey', 'srows')
+    if f[1] == skey and tonumber(f[2] or '0') <= room then return ids[j], tonumber(ids[j + 1]) end
+  end
+  return nil, nil
+end
+local best, score, pick = nil, nil, nil
+for i = 7, #ARGV, 4 do
+  local id, rank = first_fit(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]))
+  if id and (best == nil or rank < score) and not overtakes(id, ARGV[i + 3]) then
+    best, score, pick = id, rank, i
+  end
+end
+if best == nil then return {} end
+local out = {'ok', ARGV[pick], ARGV[pick + 1]}
+take(p, {best}, asg, owner, now, lease, out)
 return out
 """
 

@@ -95,6 +95,14 @@ class Claimed:
         return c.request_from_proto(types_pb2.GenerateRequest.FromString(self.request_encoded))
 
 
+def _claimed(r: Sequence[bytes]) -> list[Claimed]:
+    """The jobs of a claim's answer: id, attempts, request, enqueued_ms, traceparent, tenant each."""
+    return [
+        Claimed(r[i].decode(), int(r[i + 1]), r[i + 2], int(r[i + 3]), r[i + 4].decode(), r[i + 5].decode())
+        for i in range(0, len(r), 6)
+    ]
+
+
 def raise_lost_cancel() -> None:
     """Raise CancelledError in a task that was cancelled but goes on running.
 
@@ -143,7 +151,7 @@ class RedisJobStore:
         self.artifacts = ArtifactFiles(artifact_dir, artifact_limit_bytes, self.ttl_s)
         self._scripts = {
             name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
-            for name in ("CLAIM", "APPEND", "FINISH", "REQUEUE", "RENEW")
+            for name in ("CLAIM", "CLAIM_JOIN", "APPEND", "FINISH", "REQUEUE", "RENEW")
         }
         self._scripts["SUBMIT"] = self.redis.register_script(
             scripts.PRELUDE + scripts.QUOTAS + scripts.SUBMIT
@@ -186,6 +194,8 @@ class RedisJobStore:
         policy: TenantPolicy = UNLIMITED,
         cost_s: float = 1.0,
         aging_s: float = 0.0,
+        step_key: str = "",
+        step_rows: int = 0,
     ) -> str | None:
         """Store and queue a new job of `job.tenant`; returns the id of an existing job of that
         tenant with the same idempotency key, else None.
@@ -220,6 +230,8 @@ class RedisJobStore:
             repr(cost_s),
             repr(policy.weight),
             repr(aging_s),
+            step_key,
+            step_rows,
         )
         kind = answer[0].decode()
         if kind == "dup":
@@ -363,20 +375,26 @@ class RedisJobStore:
         model = answer[1].decode()
         if answer[0] == b"wait":
             return model, int(answer[2])
-        claimed = []
-        rest = answer[2:]
-        for i in range(0, len(rest), 6):
-            claimed.append(
-                Claimed(
-                    rest[i].decode(),
-                    int(rest[i + 1]),
-                    rest[i + 2],
-                    int(rest[i + 3]),
-                    rest[i + 4].decode(),
-                    rest[i + 5].decode(),
-                )
-            )
-        return model, claimed
+        return model, _claimed(answer[2:])
+
+    async def claim_join(
+        self,
+        joins: Sequence[tuple[str, str, int, str]],
+        owner: str,
+        assignment_id: str,
+        lease_ms: int,
+        now_ms: int,
+        depth: int = 64,
+    ) -> tuple[str, str, Claimed] | None:
+        """Claim the best queued job that may join a running step batch (scripts.CLAIM_JOIN): `joins`
+        holds (model, step key id, rows it can take, "|models the worker serves|") per batch.
+        Returns (model, step key id, the claimed job), or None."""
+        args = [x for join in joins for x in join]
+        answer = await self._run("CLAIM_JOIN", now_ms, lease_ms, owner, assignment_id, depth, *args)
+        if not answer:
+            return None
+        [claimed] = _claimed(answer[3:])
+        return answer[1].decode(), answer[2].decode(), claimed
 
     async def append(
         self,

@@ -9,14 +9,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Protocol
 
 import redis.exceptions
 
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_limit
+from omnirt.controller.core.batching import batch_key_id, batch_limit
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
@@ -138,7 +138,7 @@ class RedisUpkeep:
                 if spec.id not in waiting and self.workers.pick(spec) is not None
             }
             if not models:
-                return placed
+                return placed + await self._join()
             assignment_id = "asg-" + uuid.uuid4().hex[:16]
             claim = await self.store.claim(
                 models,
@@ -150,7 +150,7 @@ class RedisUpkeep:
                 busy_window_ms=self.config.batch_busy_window_ms,
             )
             if claim is None:
-                return placed
+                return placed + await self._join()
             model, claimed = claim
             if isinstance(claimed, int):  # the head waits for batch companions
                 waiting.add(model)
@@ -160,8 +160,54 @@ class RedisUpkeep:
             await self._send(self.catalog.resolve(model), assignment_id, claimed)
             placed += 1
 
-    async def _send(self, spec: ModelSpec, assignment_id: str, claimed: list[Claimed]) -> None:
-        handle = self.workers.pick(spec)
+    async def _join(self) -> int:
+        """Give queued jobs to step batches running on this controller's workers, beside their
+        slots (the rule: `core.batching.step_key` and `may_join`, in queue order; see
+        scripts.CLAIM_JOIN); returns the jobs placed."""
+        placed = 0
+        while True:
+            joins = self._joinable()
+            if not joins:
+                return placed
+            assignment_id = "asg-" + uuid.uuid4().hex[:16]
+            quads = [(model, key_id, room, served) for (model, key_id), (_, _, room, served) in joins.items()]
+            claim = await self.store.claim_join(
+                quads, self.controller_id, assignment_id, self.config.lease_timeout_ms, _now_ms()
+            )
+            if claim is None:
+                return placed
+            model, key_id, claimed = claim
+            handle, key, _, _ = joins[(model, key_id)]
+            await self._send(self.catalog.resolve(model), assignment_id, [claimed], joined=(handle, key))
+            placed += 1
+
+    def _joinable(self) -> dict[tuple[str, str], tuple[WorkerHandle, Hashable, int, str]]:
+        """(model, step key id) -> (worker, step key, rows it can take, "|models it serves|") of
+        the fullest running step batch with room of each key, for the models that none of this
+        controller's workers has a free slot for."""
+        joins: dict[tuple[str, str], tuple[WorkerHandle, Hashable, int, str]] = {}
+        for handle in self.workers.all():
+            if not handle.info.step_rows or not handle.row_room:
+                continue
+            served = "|" + "|".join(spec.id for spec in self.catalog if handle.serves(spec)) + "|"
+            for key, rows in handle.step_batches().items():
+                model = str(key[0]) if isinstance(key, tuple) else ""
+                room = handle.info.step_rows - rows
+                if not model or room < 2 or self.workers.pick(self.catalog.resolve(model)) is not None:
+                    continue
+                known = joins.get((model, batch_key_id(key)))
+                if known is None or known[2] > room:
+                    joins[(model, batch_key_id(key))] = (handle, key, room, served)
+        return joins
+
+    async def _send(
+        self,
+        spec: ModelSpec,
+        assignment_id: str,
+        claimed: list[Claimed],
+        joined: tuple[WorkerHandle, Hashable] | None = None,
+    ) -> None:
+        handle = joined[0] if joined is not None else self.workers.pick(spec)
         if handle is None:  # the worker went away while we claimed
             for c in claimed:
                 await self.engine.requeue(c.job_id, assignment_id, "no worker left to take the job")
@@ -189,7 +235,7 @@ class RedisUpkeep:
             record.enqueued_at = time.monotonic() - max(0, now - c.enqueued_ms) / 1000
             # What the run-time estimate learns from when the result comes (see tenants.RunTimes).
             record.dispatched_at, record.batch_size = time.monotonic(), len(claimed)
-            handle.start(c.job_id, assignment_id, spec.id)
+            handle.start(c.job_id, assignment_id, spec.id, handle.step_of(record.plan), joined is not None)
             self.running[c.job_id] = record
             batch.append(record)
             items.append(
@@ -228,6 +274,7 @@ class RedisUpkeep:
                 deadline_ms=batch[0].plan.request.deadline_ms if len(batch) == 1 else 0,
                 trace_context=self.tracing.assignment_context(batch),
                 batch_group_id=("bat-" + uuid.uuid4().hex[:12]) if len(claimed) > 1 else "",
+                joins_batch=joined is not None,
             )
         )
 

@@ -98,6 +98,8 @@ def _hello_to_proto(h: m.Hello) -> pb.Hello:
         reports_running=h.reports_running,
         session_slots=h.session_slots,
         loads_models=h.loads_models,
+        step_rows=h.step_rows,
+        step_pipelines=h.step_pipelines,
     )
 
 
@@ -120,6 +122,8 @@ def hello_from_proto(h: pb.Hello) -> m.Hello:
         reports_running=h.reports_running,
         session_slots=h.session_slots,
         loads_models=h.loads_models,
+        step_rows=h.step_rows,
+        step_pipelines=list(h.step_pipelines),
     )
 
 
@@ -331,6 +335,7 @@ def assignment_to_proto(a: m.Assignment) -> pb.Assignment:
         deadline_ms=a.deadline_ms,
         trace_context=a.trace_context,
         batch_group_id=a.batch_group_id,
+        joins_batch=a.joins_batch,
     )
     for i in a.items:
         item = msg.items.add(job_id=i.job_id, attempt=i.attempt, queue_wait_ms=i.queue_wait_ms)
@@ -359,6 +364,7 @@ def assignment_from_proto(msg: pb.Assignment) -> m.Assignment:
         deadline_ms=msg.deadline_ms,
         trace_context=dict(msg.trace_context),
         batch_group_id=msg.batch_group_id,
+        joins_batch=msg.joins_batch,
     )
 
 

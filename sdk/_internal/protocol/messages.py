@@ -40,6 +40,9 @@ class Hello:
     session_slots: int = 0
     # It answers LoadModel and UnloadModel (with ModelLoaded).
     loads_models: bool = True
+    # Its step engine: most rows per denoiser step (0: none), and the pipeline classes it batches.
+    step_rows: int = 0
+    step_pipelines: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -145,6 +148,8 @@ class Assignment:
     # W3C trace context (traceparent, tracestate).
     trace_context: dict[str, str] = field(default_factory=dict)
     batch_group_id: str = ""
+    # It joins a batch the worker's step engine runs: rows of that batch, not a slot.
+    joins_batch: bool = False
 
     @property
     def job_ids(self) -> list[str]:

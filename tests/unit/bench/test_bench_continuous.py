@@ -47,3 +47,26 @@ def test_the_quick_run_is_one_small_case_at_two_loads() -> None:
     assert quick.cases == (("tiny-sd", 64),) and quick.loads == (0.5, 1.3) and quick.jobs <= 32
     full = continuous.SCENARIO.full
     assert full.jobs >= 300 and full.loads == (0.5, 0.8, 1.0, 1.3)
+
+
+def test_the_rows_hold_step_level_to_the_targets_against_whole() -> None:
+    def run(p50: float, p99: float, per_s: float, urgent: float = 0.0) -> dict[str, float]:
+        return {"p50_ms": p50, "p99_ms": p99, "per_s": per_s, "urgent_first_step_p50_ms": urgent}
+
+    case = {
+        "model": "tiny-sd",
+        "size": 64,
+        "step_ms": 10.0,
+        "points": [
+            {"load": 0.8, "whole": run(100, 1000, 10), "step": run(50, 500, 10)},
+            {"load": 1.0, "whole": run(100, 1000, 10), "step": run(80, 500, 10)},
+            {"load": 1.3, "whole": run(100, 1000, 10), "step": run(80, 500, 9, urgent=25)},
+        ],
+    }
+    verdicts = {r["case"].split(": ", 1)[1]: (r["ratio"], r["verdict"]) for r in continuous.rows([case])}
+    assert verdicts == {
+        "p99, step vs whole": (0.5, "met"),
+        "p50, step vs whole": (0.8, "missed"),
+        "throughput, step vs whole": (0.9, "missed"),
+        "urgent first step, in step times": (2.5, "missed"),
+    }

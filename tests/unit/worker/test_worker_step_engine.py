@@ -36,6 +36,8 @@ from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.modes.executor import CancelFlags
 from omnirt.worker.modes.legacy_call import LegacyCallExecutor
+from omnirt.worker.modes.modular.executor import ModularExecutor
+from omnirt.worker.telemetry import WorkerTelemetry
 from omnirt.worker.tiny.registry import ensure_builtin
 
 MAX_DIFF = 3  # uint8 levels: float32 sums over a batch of N and of 1 differ in order on the CPU
@@ -271,6 +273,12 @@ def test_an_urgent_request_for_another_model_pauses_the_batch_which_resumes_iden
     ]
     assert any("paused at a step boundary" in n for n in notes)
     assert executor.steps is not None and executor.steps.preemptions >= 1
+    telemetry = WorkerTelemetry("w-steps", 1, lambda: 0, lambda: [])
+    telemetry.assignment_done(first, [joined.first], 0, 1)
+    counted = telemetry.registry.get_sample_value(
+        "omnirt_worker_step_preemptions_total", {"model": "tiny-sd"}
+    )
+    assert counted is not None and counted >= 1
 
 
 def test_with_no_room_for_paused_batches_the_urgent_request_waits(alone: LegacyCallExecutor) -> None:
@@ -323,3 +331,47 @@ def test_no_step_engine_flag_runs_each_call_alone(alone: LegacyCallExecutor) -> 
     assert alone.steps is None
     [outcome], _ = run_assignment(alone, job(SD, "solo", num_inference_steps=2))
     assert outcome.error is None and "step_engine" not in outcome.result.report.config_resolved
+
+
+# ---- the modular mode: the same engine under Modular Diffusers' blocks ------------------------
+
+
+def modular_job(family: Family, job_id: str, **fields: Any) -> Assignment:
+    assignment = job(family, job_id, **fields)
+    return dataclasses.replace(
+        assignment, model=dataclasses.replace(assignment.model, execution_mode="modular")
+    )
+
+
+@pytest.mark.parametrize("family", [SDXL, FLUX], ids=["sdxl", "flux"])
+def test_in_the_modular_mode_a_request_joins_and_both_equal_modular_alone(
+    family: Family, alone: LegacyCallExecutor
+) -> None:
+    def modular(**settings: Any) -> ModularExecutor:
+        config = WorkerConfig(
+            mode="modular",
+            model_dir=alone.config.model_dir,
+            worker_id="w-mod-steps",
+            torch_threads=1,
+            progress_interval_ms=0,
+            **settings,
+        )
+        return ModularExecutor(config, cache=alone.cache)
+
+    first = modular_job(family, "first", num_inference_steps=LONG)
+    second = modular_job(family, "second", prompt="a lighthouse", num_inference_steps=4, seed=11)
+    solo = modular(step_engine=False)
+    [first_alone], _ = run_assignment(solo, first)
+    [second_alone], _ = run_assignment(solo, second)
+
+    joined = join(modular(), first, second)
+
+    assert difference(joined.first, first_alone) <= MAX_DIFF
+    assert difference(joined.second, second_alone) <= MAX_DIFF
+    assert shared(joined.second)["used"] and shared(joined.second)["joined_at_forward"] >= 2
+    assert shared(joined.first)["peak_rows"] == shared(joined.second)["peak_rows"] > 0
+    # What its Hello advertises: the block families, not SD 1.x's composed stages (each call alone).
+    rows, pipelines = modular().step_engine()
+    assert (
+        rows == 16 and "StableDiffusionXLPipeline" in pipelines and "StableDiffusionPipeline" not in pipelines
+    )

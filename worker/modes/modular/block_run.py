@@ -166,6 +166,7 @@ class BlocksGroup:
         encoder_variant: tuple[tuple[str, float], ...],
         view_setup: Callable[[Any], None],
         previews: PreviewMaker | None = None,
+        after_step: Callable[[int, int], None] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.legacy = legacy  # the family's pipeline class: how a preview unpacks packed latents
@@ -177,6 +178,7 @@ class BlocksGroup:
         self.cache = cache
         self.variant = encoder_variant
         self.view_setup = view_setup
+        self.after_step = after_step  # (step, total) after each step's checks (the step engine)
         self.inputs = input_names(pipeline)
         self.legacy_defaults = legacy_defaults(legacy)
         self.by_stage = stage_blocks(pipeline)
@@ -331,6 +333,8 @@ class BlocksGroup:
                     job_ids,
                     firsts,
                 )
+            if self.after_step is not None:
+                self.after_step(steps[0], total)
 
         setattr(view, STEP_CALLBACK, on_step)
         with torch.no_grad():

@@ -42,8 +42,10 @@ request). Loading, planning, grouping, media decoding, export and the RunReport 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -56,6 +58,7 @@ from omnirt._internal.protocol.messages import Assignment, ItemOutcome
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.export import outputs as output_export
 from omnirt.worker.failures import JobFailure, StopRun, stop_error
+from omnirt.worker.modes import step_engine
 from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.events import first_outputs, send_previews
 from omnirt.worker.modes.executor import CancelFlags, EventSink
@@ -147,6 +150,13 @@ class ModularExecutor(LegacyCallExecutor):
 
                 self._modular = ModularPipelines()
             return self._modular
+
+    def step_engine(self) -> tuple[int, list[str]]:
+        """The step engine's pipelines that this mode runs through diffusers' blocks (its composed
+        stages, SD 1.x's, run each call alone)."""
+        rows, pipelines = super().step_engine()
+        blocks = [p for p in pipelines if (f := modular_family(p)) is not None and not f.composed]
+        return (rows, blocks) if blocks else (0, [])
 
     def prompt_cache(self, key: CacheKey, size: int) -> stages.PromptCache[Any, Any]:
         """The prompt-embedding cache of the components loaded under `key` (one per loaded model)."""
@@ -375,19 +385,39 @@ class ModularRun(AssignmentRun):
                 facts.update(scheduler=type(view.scheduler).__name__, options=applied)
                 warnings.extend([*notes, *vae_notes])
 
-        runner = block_run.BlocksGroup(
-            pipeline,
-            family,
-            legacy,
-            recorder=self.recorder,
-            stop=self.stop,
-            device=self.placement.device,
-            cache=self.executor.prompt_cache(cached.key, prompt_cache_size(self.spec)),
-            encoder_variant=encoder_adapters(pipeline, active),
-            view_setup=setup,
-            previews=self._previews(call, first),
-        )
-        made = runner.run(group)
+        engine = self.executor.steps if step_engine.eligible(legacy) and not active else None
+        job_ids = [plan.job_id for plan in group]
+        with contextlib.ExitStack() as stack:
+            member = None
+            if engine is not None:  # the denoiser's steps shared with concurrent calls
+                note = functools.partial(self.recorder.note, job_ids)
+                member = stack.enter_context(
+                    engine.member(job_ids, max(p.item.request.priority for p in group), note)
+                )
+
+            def view_setup(view: Any) -> None:
+                setup(view)
+                if engine is not None and member is not None:
+                    engine.share(view, member)
+
+            def after_step(step: int, total: int) -> None:
+                if engine is not None and member is not None and step >= total:
+                    engine.leave(member)  # decode while the others take their next step
+
+            runner = block_run.BlocksGroup(
+                pipeline,
+                family,
+                legacy,
+                recorder=self.recorder,
+                stop=self.stop,
+                device=self.placement.device,
+                cache=self.executor.prompt_cache(cached.key, prompt_cache_size(self.spec)),
+                encoder_variant=encoder_adapters(pipeline, active),
+                view_setup=view_setup,
+                previews=self._previews(call, first),
+                after_step=after_step,
+            )
+            made = runner.run(group)
         images = []
         for plan in group:
             outputs = made.images.get(plan.job_id) or []
@@ -402,6 +432,13 @@ class ModularRun(AssignmentRun):
                 **({"preview": call["preview"]} if call.get("preview") else {}),
             },
         }
+        if member is not None:
+            info["step_engine"] = {"used": True, **member.report()}
+        elif self.executor.steps is not None and step_engine.eligible(legacy):
+            info["step_engine"] = {
+                "used": False,
+                "reason": "LoRA adapters run as whole calls, one adapter set at a time",
+            }
         config = {"modular_blocks": family.blocks, "workflow": family.workflows[first.task] or "all"}
         return _Pass(images, info, made.hits, config)
 

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running", "session_slots", "loads_models")
+    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running", "session_slots", "loads_models", "step_rows", "step_pipelines")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,8 @@ class Hello(_message.Message):
     REPORTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     SESSION_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LOADS_MODELS_FIELD_NUMBER: _ClassVar[int]
+    STEP_ROWS_FIELD_NUMBER: _ClassVar[int]
+    STEP_PIPELINES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     execution_mode: str
     backend: str
@@ -50,7 +52,9 @@ class Hello(_message.Message):
     reports_running: bool
     session_slots: int
     loads_models: bool
-    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ..., session_slots: _Optional[int] = ..., loads_models: _Optional[bool] = ...) -> None: ...
+    step_rows: int
+    step_pipelines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ..., session_slots: _Optional[int] = ..., loads_models: _Optional[bool] = ..., step_rows: _Optional[int] = ..., step_pipelines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunningJob(_message.Message):
     __slots__ = ("assignment_id", "job_id")
@@ -99,7 +103,7 @@ class AssignmentItem(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., request: _Optional[_Union[_types_pb2.GenerateRequest, _Mapping]] = ..., attempt: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("assignment_id", "items", "model", "deadline_ms", "trace_context", "batch_group_id")
+    __slots__ = ("assignment_id", "items", "model", "deadline_ms", "trace_context", "batch_group_id", "joins_batch")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,13 +117,15 @@ class Assignment(_message.Message):
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     BATCH_GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    JOINS_BATCH_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     items: _containers.RepeatedCompositeFieldContainer[AssignmentItem]
     model: _models_pb2.ModelSpec
     deadline_ms: int
     trace_context: _containers.ScalarMap[str, str]
     batch_group_id: str
-    def __init__(self, assignment_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[AssignmentItem, _Mapping]]] = ..., model: _Optional[_Union[_models_pb2.ModelSpec, _Mapping]] = ..., deadline_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., batch_group_id: _Optional[str] = ...) -> None: ...
+    joins_batch: bool
+    def __init__(self, assignment_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[AssignmentItem, _Mapping]]] = ..., model: _Optional[_Union[_models_pb2.ModelSpec, _Mapping]] = ..., deadline_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., batch_group_id: _Optional[str] = ..., joins_batch: _Optional[bool] = ...) -> None: ...
 
 class AssignmentEvent(_message.Message):
     __slots__ = ("assignment_id", "event")
