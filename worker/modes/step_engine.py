@@ -120,7 +120,7 @@ class Group:
     """The running batch of one denoiser: its members and the forwards they handed in."""
 
     module: Any
-    forward: Any
+    signature: inspect.Signature  # of the module's forward: positional arguments get their names
     active: dict[Member, None] = field(default_factory=dict)  # in joining order
     pending: list[Call] = field(default_factory=list)
     forwards: int = 0
@@ -166,6 +166,7 @@ class StepEngine:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self.preemptions = 0  # batches paused for another, since start (metrics)
+        self._busy = False  # a forward runs (a round on the engine's thread, or a lone call's own)
 
     # ---- the pipeline call's side ----------------------------------------------------------
 
@@ -198,7 +199,7 @@ class StepEngine:
         import torch
 
         group = self._group(module)
-        arguments = _bind(group.forward, args, kwargs)
+        arguments = _bind(group.signature, args, kwargs)
         call = Call(
             member, arguments, _rows(arguments), (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
         )
@@ -210,13 +211,39 @@ class StepEngine:
                 group.active[member] = None
                 if member.joined_at_forward < 0:
                     member.joined_at_forward = group.forwards
-            group.pending.append(call)
-            self._cond.notify_all()
-            self._ensure_thread()
+            inline = not self._busy and self._alone(group, member)
+            if inline:  # nothing to batch with: run it here, without a hop to the engine's thread
+                self._busy = True
+                self._count(group, [member], call.rows)
+            else:
+                group.pending.append(call)
+                self._cond.notify_all()
+                self._ensure_thread()
+        if inline:
+            try:
+                return module(*args, **kwargs)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
         call.done.wait()
         if call.error is not None:
             raise call.error
         return call.result
+
+    def _alone(self, group: Group, member: Member) -> bool:
+        """`member` is the only call of the engine (under the lock)."""
+        if group.pending or len(group.active) != 1:
+            return False
+        return all(g is group or not (g.active or g.pending) for g in self._groups.values())
+
+    def _count(self, group: Group, members: list[Member], rows: int) -> None:
+        """A forward of `rows` rows of `members` on `group`'s denoiser (under the lock)."""
+        group.forwards += 1
+        for member in members:
+            member.forwards += 1
+            member.rows += rows
+            member.peak_rows = max(member.peak_rows, rows)
 
     def _group(self, module: Any) -> Group:
         with self._cond:
@@ -224,7 +251,7 @@ class StepEngine:
             if group is None or group.module is not module:
                 # A compiled module's forward takes (*args, **kwargs): name them from the original's.
                 forward = getattr(module, "_orig_mod", module).forward
-                group = self._groups[id(module)] = Group(module, forward)
+                group = self._groups[id(module)] = Group(module, inspect.signature(forward))
             return group
 
     # ---- the engine's thread ---------------------------------------------------------------
@@ -237,11 +264,12 @@ class StepEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                chosen = self._next_round()
+                chosen = None if self._busy else self._next_round()
                 while chosen is None:
                     self._cond.wait(timeout=1.0)
-                    chosen = self._next_round()
+                    chosen = None if self._busy else self._next_round()
                 group, calls = chosen
+                self._busy = True
             try:
                 self._run_round(group, calls)
             except BaseException as exc:  # never leave a caller waiting
@@ -250,6 +278,10 @@ class StepEngine:
                     if not call.done.is_set():
                         call.error = exc
                         call.done.set()
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
     def _next_round(self) -> tuple[Group, list[Call]] | None:
         """The batch to step now and the calls of its round (under the lock), or None to wait.
@@ -323,13 +355,8 @@ class StepEngine:
             self._cond.notify_all()
 
     def _run_batch(self, group: Group, batch: list[Call]) -> None:
-        rows = sum(c.rows for c in batch)
         with self._cond:
-            group.forwards += 1
-            for call in batch:
-                call.member.forwards += 1
-                call.member.rows += rows
-                call.member.peak_rows = max(call.member.peak_rows, rows)
+            self._count(group, [c.member for c in batch], sum(c.rows for c in batch))
         if len(batch) == 1:
             _finish(batch[0], lambda: _run(group.module, batch[0].mode, batch[0].arguments))
             return
@@ -368,12 +395,11 @@ class SharedDenoiser:
 # ---- batching the arguments ------------------------------------------------------------------
 
 
-def _bind(forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _bind(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The forward's arguments by name (positional ones named from its signature)."""
     if not args:
         return dict(kwargs)
-    bound = inspect.signature(forward).bind_partial(*args, **kwargs)
-    return dict(bound.arguments)
+    return dict(signature.bind_partial(*args, **kwargs).arguments)
 
 
 def _first_tensor(arguments: dict[str, Any]) -> Any:
