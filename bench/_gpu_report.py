@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _scenario as sc
+from . import continuous
 from .step_cache import fmt_db
 
 
@@ -65,6 +66,15 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
             )
         else:
             rows.append([name, "CFG on 2 ranks", f"{c['status']}: {c['reason']}", "", ""])
+    steps = results.get("continuous")
+    if steps and steps.get("cases"):
+        for r in continuous.rows(steps["cases"]):
+            ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+            rows.append(
+                [r["case"].split(" ", 1)[0], r["case"].split(", ", 1)[1], r["omnirt"], r["reference"], ratio]
+            )
+    elif steps:
+        rows.append(["sdxl", "continuous", f"{steps.get('status')}: {steps.get('reason', '')}", "", ""])
     return rows
 
 
@@ -198,4 +208,12 @@ def markdown(results: dict[str, Any]) -> str:
     )
     header = ["model", "request adds", "1 process p50", "2 ranks p50", "speed-up", "PSNR", "split per rank"]
     parts.append(sc.md_table(header, cfg_rows, right=2))
+    steps = results.get("continuous")
+    if steps and steps.get("cases"):
+        parts.append(
+            "Continuous (issue 30's open loop at full size): seeded Poisson arrivals on SDXL, whole-request "
+            "batching against step-level scheduling, each a controller and a one-slot worker of its own "
+            "on the device (the `continuous` scenario's code, `bench/continuous.py`)."
+        )
+        parts.append(continuous.markdown(steps))
     return "\n\n".join(parts)

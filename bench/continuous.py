@@ -11,9 +11,9 @@ side by side, each one controller and one `omnirt-worker --slots 1`:
 * `whole`: whole-request batching, the default (requests with the same call fields that wait in
   the queue when the worker frees up share one call; a different step count is another call),
   without the step engine, as before it;
-* `step`: step-level scheduling (issue 30): every request is its own call (`--max-batch-size 1`),
-  and a compatible request joins the batch the worker's step engine runs at the next step,
-  beside the worker's one slot (its rows), leaving it at its own last step.
+* `step`: step-level scheduling (issue 30): the default batching, with the worker's step engine:
+  a compatible request (and the queued ones that share its call) joins the batch the worker runs
+  at the next step, beside the worker's one slot (its rows), and leaves it at its own last step.
 
 First the capacity of `whole` is measured with a closed loop (`capacity_concurrency` callers, the
 same request mix). Then, for each offered load (a fraction of that capacity), the same seeded
@@ -47,12 +47,12 @@ NAME = "continuous"
 TITLE = "Continuous: open-loop Poisson arrivals, mixed steps, urgent jobs; step-level, whole-request, none"
 PROMPT = "a red fox in the snow"
 # mode -> (controller flags, worker flags). The baselines run without the step engine (as
-# before it); `step` gives each request its own assignment and lets the worker's step engine
-# join it to the running batch.
+# before it); `step` is whole-request batching with the worker's step engine: a queued request
+# joins the running batch at the next step, with the queued requests that share its call.
 MODES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "none": (("--max-batch-size", "1"), ("--slots", "1", "--no-step-engine")),
     "whole": ((), ("--slots", "1", "--no-step-engine")),
-    "step": (("--max-batch-size", "1"), ("--slots", "1")),
+    "step": ((), ("--slots", "1")),
 }
 
 
@@ -222,13 +222,20 @@ def summarize(outcomes: list[Outcome], wall_s: float, offered: int) -> dict[str,
     }
 
 
-def start_modes(ctx: sc.Context, models: list[str]) -> dict[str, Stack]:
+def start_modes(
+    ctx: sc.Context,
+    models: list[str],
+    modes: tuple[str, ...] = tuple(MODES),
+    controller_args: tuple[str, ...] = (),
+    worker_args: tuple[str, ...] = (),
+) -> dict[str, Stack]:
     """One deployment per mode, side by side: a controller and one one-slot worker each."""
     stacks: dict[str, Stack] = {}
     try:
-        for mode, (flags, worker_flags) in MODES.items():
-            worker = ["--models", ",".join(models), *worker_flags]
-            stacks[mode] = start_stack(ctx, f"continuous-{mode}", [worker], flags)
+        for mode in modes:
+            flags, worker_flags = MODES[mode]
+            worker = ["--models", ",".join(models), *worker_flags, *worker_args]
+            stacks[mode] = start_stack(ctx, f"continuous-{mode}", [worker], (*flags, *controller_args))
     except BaseException:
         for stack in stacks.values():
             stack.stop()
@@ -236,8 +243,17 @@ def start_modes(ctx: sc.Context, models: list[str]) -> dict[str, Stack]:
     return stacks
 
 
-def run(settings: Settings, ctx: sc.Context) -> dict[str, Any]:
-    stacks = start_modes(ctx, sorted({model for model, _ in settings.cases}))
+def run(
+    settings: Settings,
+    ctx: sc.Context,
+    modes: tuple[str, ...] = tuple(MODES),
+    controller_args: tuple[str, ...] = (),
+    worker_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Every case at every load, in each of `modes` (`whole` among them: the loads are fractions
+    of its capacity); `controller_args` and `worker_args` go to every deployment (bench.gpu's)."""
+    models = sorted({model for model, _ in settings.cases})
+    stacks = start_modes(ctx, models, modes, controller_args, worker_args)
     cases = []
     try:
         for index, (model, size) in enumerate(settings.cases):
@@ -349,8 +365,9 @@ def markdown(result: dict[str, Any]) -> str:
     parts = [
         "One deployment per mode side by side, each one controller and one `omnirt-worker --slots 1`: "
         "**none** `--max-batch-size 1 --no-step-engine`, **whole** the default whole-request batching "
-        "(`--no-step-engine`), **step** step-level scheduling (`--max-batch-size 1`, the worker's step "
-        "engine: a request joins the running batch at the next step, beside the slot). Arrivals are a "
+        "(`--no-step-engine`), **step** step-level scheduling (the default batching and the worker's step "
+        "engine: a request, with the queued ones that share its call, joins the running batch at the "
+        "next step, beside the slot). Arrivals are a "
         f"seeded Poisson process at a fraction of **whole**'s capacity (a closed loop of "
         f"{s['capacity_concurrency']} callers, {s['capacity_jobs']} requests); the same schedule of "
         f"{s['jobs']} requests ({s['large_jobs']} at 256x256) goes to each mode, `num_inference_steps` "

@@ -22,6 +22,10 @@ holds one model at a time, so GPU memory holds at most one model per process). P
   see `step_cache_note`), order swapped every round: speed-up of the medians, PSNR of the
   cached output against the uncached one (and, for scale, of another seed's), attention
   computations the cache skipped;
+- continuous (SDXL only, ~4 min): `bench.continuous`'s open loop at 1024x1024, whole-request
+  batching against step-level scheduling (issue 30), each deployment a controller and a one-slot
+  worker of its own; seeded Poisson arrivals at 80 % and 130 % of whole's capacity, 40 requests
+  per point, steps from {4, 8, 20}, a tenth urgent;
 - CFG parallel, only with 2 or more CUDA devices (else "skipped: 1 device"): a second worker
   in `persistent_worker` mode serves `gpu-NAME-cfg2`, a resident 2-rank group with
   `runtime.parallel = "cfg"` (the two halves of classifier-free guidance on two GPUs), and the
@@ -82,6 +86,9 @@ DEFAULT_CACHE_ROUNDS = 2
 # request adds the most (a negative prompt and `extra.true_cfg_scale`, two denoiser calls a step).
 SMOKE_CFG_MODELS = ("flux",)
 TIMEOUT_S = 1800
+# The continuous case (issue 30): the `continuous` scenario's open loop on this model at its full
+# size, whole-request batching against step-level scheduling, after the other cases (~4 min).
+CONTINUOUS_MODEL = "sdxl"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -391,6 +398,31 @@ def run_model(
     return out
 
 
+def _continuous(
+    spec: dict[str, Any], catalog: Path, model_dir: Path, log_dir: Path, args: argparse.Namespace, device: str
+) -> dict[str, Any]:
+    """The open loop of `bench.continuous` on `CONTINUOUS_MODEL` at the request's size: two loads,
+    whole-request batching and step-level, 40 requests per point (8 with --smoke)."""
+    from . import continuous
+
+    small = args.smoke
+    settings = continuous.Settings(
+        cases=((f"gpu-{CONTINUOUS_MODEL}", int(spec["request"]["width"])),),
+        loads=(0.8, 1.3),
+        jobs=8 if small else 40,
+        large_jobs=8 if small else 40,
+        steps=(2, 4) if small else (4, 8, 20),
+        capacity_jobs=8 if small else 16,
+        capacity_concurrency=4,
+        max_point_s=60.0,
+    )
+    ctx = sc.Context(log_dir=log_dir, model_dir=model_dir, torch_threads=args.torch_threads)
+    result = continuous.run(
+        settings, ctx, ("whole", "step"), ("--catalog", str(catalog)), ("--backend", device)
+    )
+    return {"status": "ok", **result}
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """Build the models, start the daemons, measure every model; the results as JSON-able data."""
     import torch
@@ -442,6 +474,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             device,
             "--slots",
             "1",
+            "--no-step-engine",  # the batching case is whole-request batching against none
             "--model-cache-bytes",
             str(budget),
             "--models",
@@ -463,6 +496,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         finally:
             worker.stop()
             controller.stop()
+        if CONTINUOUS_MODEL in args.names:  # its deployments of its own, the others stopped
+            spec = configs[CONTINUOUS_MODEL]
+            results["continuous"] = _case(
+                CONTINUOUS_MODEL,
+                "continuous",
+                lambda: _continuous(spec, catalog, model_dir, log_dir, args, device),
+            )
     results["wall_s"] = round(time.perf_counter() - started, 1)
     return results
 

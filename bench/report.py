@@ -92,7 +92,10 @@ def gpu_md(gpu: dict[str, Any] | None) -> str:
     if not gpu:
         return (
             "No GPU results are recorded yet: `python -m bench.gpu` writes `bench/results/gpu.json` "
-            "on a CUDA machine, and the next `python -m bench.report` (or full suite run) puts them here."
+            "on a CUDA machine, and the next `python -m bench.report` (or full suite run) puts them here. "
+            "Its cases: overhead, batching, step cache, CFG parallel, and the continuous open loop on "
+            "SDXL at 1024x1024 (whole-request against step-level scheduling); no session so far had a "
+            "GPU machine lent to run them (`--smoke` runs the same code on the CPU in the test suite)."
         )
     from . import _gpu_report
 

@@ -113,6 +113,12 @@ def may_join(running_rows: int, rows: int, limit: int) -> bool:
     return running_rows > 0 and running_rows + rows <= limit
 
 
+def join_room(limit: int, running_rows: int, rows: int) -> int:
+    """How many jobs of `rows` each may join, together, a step batch of `running_rows` on a worker
+    whose step engine takes `limit` rows per step (0 when none may)."""
+    return max(0, (limit - running_rows) // rows) if running_rows > 0 and rows > 0 else 0
+
+
 def holds_back(ahead_priority: int, ahead_tenant: str, priority: int, tenant: str) -> bool:
     """Whether a queued job ahead of a joining one, which the same worker serves and which is left
     waiting, keeps it from joining: it never overtakes a job of higher priority, nor one of

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from omnirt.controller.core.batching import batch_key_id, holds_back, may_join, step_key, step_rows
+from omnirt.controller.core.batching import (
+    batch_key,
+    batch_key_id,
+    holds_back,
+    join_room,
+    may_join,
+    step_key,
+    step_rows,
+)
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.validation import Plan, validate
 from omnirt.controller.engines.redis.store import RedisJobStore
@@ -24,6 +32,7 @@ from tests.daemons import RedisServer
 
 MODEL, OTHER, UNSERVED = "tiny-sd", "tiny-sdxl", "tiny-flux"
 LIMIT = 16  # the worker's step rows
+BATCH_LIMIT = 8  # the controller's max_batch_size (tiny-sd sets no limit of its own)
 RUNNING = {"model": MODEL, "width": 64, "height": 64}  # the running batch: 2 rows of this
 
 
@@ -33,27 +42,32 @@ class Case:
 
     name: str
     jobs: list[dict[str, Any]]
-    expected: int | None  # the index of the job that joins, or None
+    expected: list[int] | None  # the indices of the jobs that join (in one call), or None
     running_rows: int = 2
     served: tuple[str, ...] = (MODEL, OTHER)
 
 
 WIDE = {"width": 96}
 CASES = [
-    Case("the same key joins", [{}], 0),
+    Case("the same key joins", [{}], [0]),
     Case("another size does not", [WIDE], None),
     Case("more rows than the batch has room for do not", [{"num_outputs": 8}], None),
-    Case("they do while there is room", [{"num_outputs": 7}], 0),
+    Case("they do while there is room", [{"num_outputs": 7}], [0]),
     Case("no batch of its key runs: nothing to join", [{}], None, running_rows=0),
     Case("adapters never join", [{"adapters": [Adapter(name="x")]}], None),
-    Case("past a job of its own tenant and priority that cannot join", [WIDE, {}], 1),
+    Case("past a job of its own tenant and priority that cannot join", [WIDE, {}], [1]),
     Case("not past one of higher priority", [{**WIDE, "priority": 50}, {}], None),
     Case("not past another tenant's", [{**WIDE, "tenant": "acme"}, {"tenant": "beta"}], None),
-    Case("past its own tenant's", [{**WIDE, "tenant": "acme"}, {"tenant": "acme"}], 1),
+    Case("past its own tenant's", [{**WIDE, "tenant": "acme"}, {"tenant": "acme"}], [1]),
     Case("not past one of another model the worker serves", [{"model": OTHER, "priority": 9}, {}], None),
-    Case("past one of a model the worker does not serve", [{"model": UNSERVED, "priority": 9}, {}], 1),
-    Case("the first that fits, in queue order", [WIDE, {"seed": 1}, {"seed": 2}], 1),
-    Case("priority first", [{"seed": 1}, {"seed": 2, "priority": 5}], 1),
+    Case("past one of a model the worker does not serve", [{"model": UNSERVED, "priority": 9}, {}], [1]),
+    Case(
+        "the first that fits, in queue order", [WIDE, {"seed": 1}, {"seed": 2, "num_inference_steps": 7}], [1]
+    ),
+    Case("priority first", [{"seed": 1}, {"seed": 2, "priority": 5}], [1, 0]),
+    Case("its call's companions join with it, as one call", [{}, {}, {}], [0, 1, 2]),
+    Case("as many as the batch has room for", [{}, {}, {}], [0, 1], running_rows=12),
+    Case("a companion shares the whole call", [{}, {"num_inference_steps": 7}, {}], [0, 2]),
 ]
 
 
@@ -71,9 +85,10 @@ def plan_of(fields: dict[str, Any], index: int) -> Plan:
     return validate(request, Catalog.load())
 
 
-def rule_answer(case: Case, queued: Queued) -> int | None:
+def rule_answer(case: Case, queued: Queued) -> list[int] | None:
     """The rule as the memory engine applies it: in queue order, the first job of the batch's key
-    with room, unless a job left waiting ahead of it that the worker serves holds it back."""
+    with room, unless a job left waiting ahead of it that the worker serves holds it back; then
+    the queued jobs that share its call (its batch key), as many as the room and the limit allow."""
     key = step_key(validate(GenerateRequest(prompt="running", **RUNNING), Catalog.load()))
     ahead: list[int] = []
     for i in queued.order:
@@ -90,12 +105,17 @@ def rule_answer(case: Case, queued: Queued) -> int | None:
                 for a in ahead
             )
             if not blocked:
-                return i
+                limit = min(BATCH_LIMIT, join_room(LIMIT, case.running_rows, step_rows(plan)))
+                mine = batch_key(plan, BATCH_LIMIT)
+                peers = [
+                    j for j in queued.order if j != i and batch_key(queued.plans[j], BATCH_LIMIT) == mine
+                ]
+                return [i, *peers[: limit - 1]]
         ahead.append(i)
     return None
 
 
-async def claim_answer(store: RedisJobStore, case: Case, queued: Queued) -> int | None:
+async def claim_answer(store: RedisJobStore, case: Case, queued: Queued) -> list[int] | None:
     start = datetime.now(UTC)
     for i, plan in enumerate(queued.plans):
         job = Job(
@@ -108,9 +128,10 @@ async def claim_answer(store: RedisJobStore, case: Case, queued: Queued) -> int 
         )
         event = JobEvent(job_id=job.id, kind=EventKind.STATE, state=JobState.QUEUED)
         key = batch_key_id(step_key(plan))
+        bkey = batch_key_id(batch_key(plan, BATCH_LIMIT))
         rank = i / 1000 - plan.request.priority  # as the queue ranks them without aging
         existing = await store.submit(
-            job, plan.request, b"", "", rank, 100, event, step_key=key, step_rows=step_rows(plan)
+            job, plan.request, b"", bkey, rank, 100, event, step_key=key, step_rows=step_rows(plan)
         )
         assert existing is None
     ranked = await store.redis.zrange(store.prefix + "queue", 0, -1)
@@ -118,7 +139,7 @@ async def claim_answer(store: RedisJobStore, case: Case, queued: Queued) -> int 
     running = validate(GenerateRequest(prompt="running", **RUNNING), Catalog.load())
     room = LIMIT - case.running_rows
     served = "|" + "|".join(case.served) + "|"
-    joins = [(MODEL, batch_key_id(step_key(running)), room, served)] if case.running_rows else []
+    joins = [(MODEL, batch_key_id(step_key(running)), room, served, BATCH_LIMIT)] if case.running_rows else []
     if not joins:
         return None
     answer = await store.claim_join(joins, "ctl", "asg-join", 60_000, int(start.timestamp() * 1000))
@@ -126,7 +147,7 @@ async def claim_answer(store: RedisJobStore, case: Case, queued: Queued) -> int 
         return None
     model, key_id, claimed = answer
     assert (model, key_id) == joins[0][:2]
-    return int(claimed.job_id.removeprefix("job-"))
+    return [int(c.job_id.removeprefix("job-")) for c in claimed]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -138,7 +159,7 @@ def test_the_join_script_and_the_join_rule_give_the_same_answer(
         [str(fields.get("tenant", "")) for fields in case.jobs],
     )
 
-    async def scenario() -> int | None:
+    async def scenario() -> list[int] | None:
         store = RedisJobStore(
             redis_server.url,
             job_ttl_s=60,

@@ -19,7 +19,14 @@ from typing import Protocol
 
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_limit, holds_back, step_key, step_rows, window_due
+from omnirt.controller.core.batching import (
+    batch_limit,
+    holds_back,
+    join_room,
+    step_key,
+    step_rows,
+    window_due,
+)
 from omnirt.controller.core.jobs import JobRecord, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.engines.memory.queue import JobQueue
@@ -127,12 +134,15 @@ class MemoryUpkeep:
         """Send the job to a worker running a step batch it may join, beside that worker's slots.
 
         In queue order: not past a job this pass left waiting before it that the worker serves
-        and that holds it back (`holds_back`: of higher priority, or another tenant's).
+        and that holds it back (`holds_back`: of higher priority, or another tenant's). Queued jobs
+        that may share its pipeline call (its batch key) go with it, as many as the batch has room
+        for (`join_room`) within the batch limit: one call of theirs instead of one each.
         """
         key = step_key(record.plan)
         if key is None:
             return False
-        handle = self.workers.pick_join(record.plan.spec, key, step_rows(record.plan))
+        rows = step_rows(record.plan)
+        handle = self.workers.pick_join(record.plan.spec, key, rows)
         if handle is None:
             return False
         job = record.job
@@ -141,7 +151,11 @@ class MemoryUpkeep:
                 ahead.job.priority, ahead.job.tenant, job.priority, job.tenant
             ):
                 return False
-        self._send(handle, [record], joins_batch=True)
+        # Queued jobs that share its call join with it, as one call, while the batch has room.
+        room = join_room(handle.info.step_rows, handle.step_running(key), rows)
+        limit = min(batch_limit(self.config, record.plan.spec), room)
+        peers = self.queue.take_peers(record.job.id, limit - 1) if self.queue.batchable(record.job.id) else []
+        self._send(handle, [record, *peers], joins_batch=True)
         return True
 
     def _send(self, handle: WorkerHandle, batch: list[JobRecord], joins_batch: bool = False) -> None:

@@ -246,16 +246,17 @@ return out
 """
 
 # Take the best queued job that may join a step batch running on one of this controller's
-# workers (beside its slots), and mark it RUNNING under `assignment`. The rule is
-# controller/core/batching.py's (`step_key`, `may_join`, `holds_back`) and the memory engine's (in
-# queue order: the first of its model's queue that fits, and no queued job ahead of it that the
-# worker serves is of higher priority or another tenant's); this is
-# its copy inside Redis, held to the same answers by tests/integration/test_join_rule.py. A job
-# deeper than `depth` in the queue waits its turn.
-# ARGV: p, now_ms, lease_ms, owner, assignment, depth, then quads of model, step key id, rows
-# the running batch can still take, and the models the worker serves ("|a|b|").
-# Returns {} (nothing), or {'ok', model, step key id, id, attempts, request, enqueued_ms,
-# traceparent, tenant}.
+# workers (beside its slots), with the queued jobs that may share its call (its batch key) as the
+# batch has room for, and mark them RUNNING under `assignment`. The rule is
+# controller/core/batching.py's (`step_key`, `may_join`, `join_room`, `holds_back`) and the memory
+# engine's (in queue order: the first of its model's queue that fits, and no queued job ahead of
+# it that the worker serves is of higher priority or another tenant's); this is its copy inside
+# Redis, held to the same answers by tests/integration/test_join_rule.py. A job deeper than
+# `depth` in the queue waits its turn.
+# ARGV: p, now_ms, lease_ms, owner, assignment, depth, then per running batch: model, step key id,
+# rows it can take, the models the worker serves ("|a|b|"), the model's batch limit.
+# Returns {} (nothing), or {'ok', model, step key id, id1, attempts1, request1, enqueued_ms1,
+# traceparent1, tenant1, id2, ...}.
 CLAIM_JOIN = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, depth = ARGV[4], ARGV[5], tonumber(ARGV[6])
@@ -272,25 +273,36 @@ local function overtakes(id, served)
   end
   return true
 end
--- The first job of the model's queue (within `depth`) of the step key whose rows fit.
+-- The first job of the model's queue (within `depth`) of the step key whose rows fit: id, rank, rows.
 local function first_fit(model, skey, room)
   local ids = redis.call('ZRANGE', p .. 'queue:m:' .. model, 0, depth - 1, 'WITHSCORES')
   for j = 1, #ids, 2 do
     local f = redis.call('HMGET', p .. 'job:' .. ids[j], 'skey', 'srows')
-    if f[1] == skey and tonumber(f[2] or '0') <= room then return ids[j], tonumber(ids[j + 1]) end
+    local rows = tonumber(f[2] or '0')
+    if f[1] == skey and rows > 0 and rows <= room then return ids[j], tonumber(ids[j + 1]), rows end
   end
-  return nil, nil
+  return nil, nil, nil
 end
-local best, score, pick = nil, nil, nil
-for i = 7, #ARGV, 4 do
-  local id, rank = first_fit(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]))
+local best, score, pick, rows = nil, nil, nil, nil
+for i = 7, #ARGV, 5 do
+  local id, rank, n = first_fit(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]))
   if id and (best == nil or rank < score) and not overtakes(id, ARGV[i + 3]) then
-    best, score, pick = id, rank, i
+    best, score, pick, rows = id, rank, i, n
   end
 end
 if best == nil then return {} end
+local ids = {best}
+local limit = math.min(tonumber(ARGV[pick + 4]), math.floor(tonumber(ARGV[pick + 2]) / rows))
+local bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey') or ''
+if bkey ~= '' and limit > 1 then
+  for _, other in ipairs(redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)) do
+    if other ~= best and #ids < limit and not evicted(p, other, ARGV[pick], bkey) then
+      table.insert(ids, other)
+    end
+  end
+end
 local out = {'ok', ARGV[pick], ARGV[pick + 1]}
-take(p, {best}, asg, owner, now, lease, out)
+take(p, ids, asg, owner, now, lease, out)
 return out
 """
 

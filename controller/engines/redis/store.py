@@ -379,22 +379,21 @@ class RedisJobStore:
 
     async def claim_join(
         self,
-        joins: Sequence[tuple[str, str, int, str]],
+        joins: Sequence[tuple[str, str, int, str, int]],
         owner: str,
         assignment_id: str,
         lease_ms: int,
         now_ms: int,
         depth: int = 64,
-    ) -> tuple[str, str, Claimed] | None:
-        """Claim the best queued job that may join a running step batch (scripts.CLAIM_JOIN): `joins`
-        holds (model, step key id, rows it can take, "|models the worker serves|") per batch.
-        Returns (model, step key id, the claimed job), or None."""
+    ) -> tuple[str, str, list[Claimed]] | None:
+        """Claim the best queued job that may join a running step batch, and its call's companions
+        (scripts.CLAIM_JOIN): `joins` holds (model, step key id, rows it can take, "|models the
+        worker serves|", batch limit) per batch. Returns (model, step key id, the claimed jobs)."""
         args = [x for join in joins for x in join]
         answer = await self._run("CLAIM_JOIN", now_ms, lease_ms, owner, assignment_id, depth, *args)
         if not answer:
             return None
-        [claimed] = _claimed(answer[3:])
-        return answer[1].decode(), answer[2].decode(), claimed
+        return answer[1].decode(), answer[2].decode(), _claimed(answer[3:])
 
     async def append(
         self,

@@ -170,15 +170,18 @@ class RedisUpkeep:
             if not joins:
                 return placed
             assignment_id = "asg-" + uuid.uuid4().hex[:16]
-            quads = [(model, key_id, room, served) for (model, key_id), (_, _, room, served) in joins.items()]
+            entries = [
+                (model, key_id, room, served, batch_limit(self.config, self.catalog.resolve(model)))
+                for (model, key_id), (_, _, room, served) in joins.items()
+            ]
             claim = await self.store.claim_join(
-                quads, self.controller_id, assignment_id, self.config.lease_timeout_ms, _now_ms()
+                entries, self.controller_id, assignment_id, self.config.lease_timeout_ms, _now_ms()
             )
             if claim is None:
                 return placed
             model, key_id, claimed = claim
             handle, key, _, _ = joins[(model, key_id)]
-            await self._send(self.catalog.resolve(model), assignment_id, [claimed], joined=(handle, key))
+            await self._send(self.catalog.resolve(model), assignment_id, claimed, joined=(handle, key))
             placed += 1
 
     def _joinable(self) -> dict[tuple[str, str], tuple[WorkerHandle, Hashable, int, str]]:
