@@ -70,9 +70,8 @@ def summary_rows(results: dict[str, Any]) -> list[list[str]]:
     if steps and steps.get("cases"):
         for r in continuous.rows(steps["cases"]):
             ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
-            rows.append(
-                [r["case"].split(" ", 1)[0], r["case"].split(", ", 1)[1], r["omnirt"], r["reference"], ratio]
-            )
+            model = r["case"].split(" ", 1)[0].removeprefix("gpu-")
+            rows.append([model, r["case"].split(", ", 1)[1], r["omnirt"], r["reference"], ratio])
     elif steps:
         rows.append(["sdxl", "continuous", f"{steps.get('status')}: {steps.get('reason', '')}", "", ""])
     return rows
