@@ -85,20 +85,24 @@ STEP_MODES = frozenset({ExecutionMode.LEGACY_CALL, ExecutionMode.MODULAR})
 
 def step_key(plan: Plan) -> Hashable | None:
     """What jobs must share to take denoiser steps together in a worker's step engine: the model,
-    the latent shape and the request's runtime options. None when the job cannot join a running
-    batch (another task or mode, adapters, a step cache): it waits for a slot as before.
+    the latent shape, the request's runtime options and its LoRA adapter set. None when the job
+    cannot join a running batch (another task or mode, a step cache, adapters in the modular
+    mode): it waits for a slot as before.
 
     Prompts, seeds, step counts, guidance, strength and schedulers may differ: each call keeps its
     own loop, and only the denoiser's forward is shared.
     """
     spec, r = plan.spec, plan.request
-    if spec.execution_mode not in STEP_MODES or r.task not in STEP_TASKS or r.adapters:
+    if spec.execution_mode not in STEP_MODES or r.task not in STEP_TASKS:
+        return None
+    if r.adapters and spec.execution_mode != ExecutionMode.LEGACY_CALL:
         return None
     runtime = r.extra.get("runtime") or {}
     if not isinstance(runtime, dict) or runtime.get("step_cache"):
         return None
     frames = r.num_frames if r.task is Task.TEXT2VIDEO else 0
-    return (spec.id, r.width, r.height, frames, json.dumps(runtime, sort_keys=True, default=str))
+    adapters = tuple((a.name, float(a.scale)) for a in r.adapters)  # one set per batch
+    return (spec.id, r.width, r.height, frames, json.dumps(runtime, sort_keys=True, default=str), adapters)
 
 
 def step_rows(plan: Plan) -> int:

@@ -54,7 +54,7 @@ CASES = [
     Case("more rows than the batch has room for do not", [{"num_outputs": 8}], None),
     Case("they do while there is room", [{"num_outputs": 7}], [0]),
     Case("no batch of its key runs: nothing to join", [{}], None, running_rows=0),
-    Case("adapters never join", [{"adapters": [Adapter(name="x")]}], None),
+    Case("another adapter set does not join", [{"adapters": [Adapter(name="x")]}], None),
     Case("past a job of its own tenant and priority that cannot join", [WIDE, {}], [1]),
     Case("not past one of higher priority", [{**WIDE, "priority": 50}, {}], None),
     Case("not past another tenant's", [{**WIDE, "tenant": "acme"}, {"tenant": "beta"}], None),

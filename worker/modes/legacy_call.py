@@ -259,8 +259,8 @@ class LegacyCallRun(AssignmentRun):
             return None
         if exclusive:
             return "the step cache hooks the whole denoiser: the call runs alone"
-        if self.adapters.get(group[0].job_id):
-            return "LoRA adapters run as whole calls, one adapter set at a time"
+        # With LoRA adapters too: the calls of one adapter set hold the pipeline together
+        # (`adapters.applied`), so only they can share a forward.
         return {}
 
     def _call(

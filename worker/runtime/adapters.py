@@ -29,7 +29,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -156,39 +156,54 @@ def _resolve_path(name: str, folders: Sequence[Path], where: str) -> Path:
     raise _refuse(where, reason)
 
 
-class _SharedExclusiveLock:
-    """Many holders in shared mode, or one in exclusive mode."""
+class _AdapterLock:
+    """Who may use a pipeline's modules at once: the calls of one adapter set (a key; () for none)
+    together, or one exclusive holder. The first holder of a set makes it active (`setup`, under
+    the lock, before anyone shares it) and the last one turns it off (`teardown`); a call of
+    another set, or an exclusive one, waits until the holders are done."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._shared = 0
+        self._holders = 0
+        self._key: Hashable = ()
         self._exclusive = False
 
     @contextlib.contextmanager
-    def hold(self, exclusive: bool) -> Iterator[None]:
+    def hold(
+        self,
+        key: Hashable = (),
+        exclusive: bool = False,
+        setup: Callable[[], None] | None = None,
+        teardown: Callable[[], None] | None = None,
+    ) -> Iterator[None]:
         with self._cond:
             if exclusive:
-                self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
-                self._exclusive = True
+                self._cond.wait_for(lambda: not self._exclusive and self._holders == 0)
             else:
-                self._cond.wait_for(lambda: not self._exclusive)
-                self._shared += 1
+                self._cond.wait_for(lambda: not self._exclusive and (self._holders == 0 or self._key == key))
+            if self._holders == 0 and setup is not None:
+                setup()  # raises before anything is held
+            self._exclusive = exclusive
+            self._key = key
+            self._holders += 1
         try:
             yield
         finally:
             with self._cond:
-                if exclusive:
-                    self._exclusive = False
-                else:
-                    self._shared -= 1
-                self._cond.notify_all()
+                self._holders -= 1
+                self._exclusive = False
+                try:
+                    if self._holders == 0 and teardown is not None:
+                        teardown()
+                finally:
+                    self._cond.notify_all()
 
 
 class PipelineAdapters:
     """The adapters loaded on one pipeline, least recently used first, and their sizes."""
 
     def __init__(self) -> None:
-        self.lock = _SharedExclusiveLock()
+        self.lock = _AdapterLock()
         self.loaded: OrderedDict[str, Path] = OrderedDict()
         self.sizes: dict[str, int] = {}  # bytes, measured at the load (kept after an unload)
 
@@ -252,12 +267,13 @@ def applied(
     """
     state = _state(pipeline)
     if not adapters:
-        with state.lock.hold(exclusive=exclusive):
+        with state.lock.hold((), exclusive=exclusive):
             yield
         return
     if not hasattr(pipeline, "load_lora_weights"):
         raise _refuse("adapters[0]", f"{type(pipeline).__name__} does not take LoRA adapters")
-    with state.lock.hold(exclusive=True):
+
+    def setup() -> None:
         keep = {a.adapter_name for a in adapters}
         for adapter in adapters:
             if memory is not None and adapter.adapter_name not in state.loaded:
@@ -265,10 +281,12 @@ def applied(
             _ensure_loaded(pipeline, state, adapter, max_loaded(runtime), memory)
         pipeline.enable_lora()
         pipeline.set_adapters([a.adapter_name for a in adapters], adapter_weights=[a.scale for a in adapters])
-        try:
-            yield
-        finally:
-            pipeline.disable_lora()
+
+    # Calls of the same adapter set share the pipeline (and their denoiser's steps, in the step
+    # engine); another set waits until they are done.
+    key = tuple((a.adapter_name, float(a.scale)) for a in adapters)
+    with state.lock.hold(key, exclusive=exclusive, setup=setup, teardown=pipeline.disable_lora):
+        yield
 
 
 def file_bytes(path: Path) -> int:

@@ -375,3 +375,47 @@ def test_in_the_modular_mode_a_request_joins_and_both_equal_modular_alone(
     assert (
         rows == 16 and "StableDiffusionXLPipeline" in pipelines and "StableDiffusionPipeline" not in pipelines
     )
+
+
+# ---- LoRA: the calls of one adapter set share steps; another set waits ---------------------------
+
+
+@pytest.fixture(scope="module")
+def loras(models: Path) -> tuple[list[Any], list[Any]]:
+    """Two tiny LoRAs under the model dir (an allowed adapter folder), as request adapters."""
+    from diffusers import StableDiffusionPipeline
+
+    from omnirt.v1 import types_pb2
+    from omnirt.worker.tiny.lora import build_tiny_lora
+
+    pipeline = StableDiffusionPipeline.from_pretrained(str(models / "tiny-sd"))
+    build_tiny_lora(pipeline, models / "loras" / "steps-a", seed=3)
+    build_tiny_lora(pipeline, models / "loras" / "steps-b", seed=4, text_encoder=True)
+    return (
+        [types_pb2.Adapter(name="loras/steps-a", scale=1.0)],
+        [types_pb2.Adapter(name="loras/steps-b", scale=0.8)],
+    )
+
+
+def test_requests_of_one_lora_set_join_and_another_set_waits(
+    alone: LegacyCallExecutor, steps: LegacyCallExecutor, loras: tuple[list[Any], list[Any]]
+) -> None:
+    same, other = loras
+    first = job(SD, "first", num_inference_steps=LONG, adapters=same)
+    second = job(SD, "second", prompt="a lighthouse", num_inference_steps=4, seed=11, adapters=same)
+    third = job(SD, "third", prompt="a lighthouse", num_inference_steps=4, seed=12, adapters=other)
+    [first_alone], _ = run_assignment(alone, first)
+    [second_alone], _ = run_assignment(alone, second)
+    [third_alone], _ = run_assignment(alone, third)
+
+    joined = join(steps, first, second)
+    assert difference(joined.first, first_alone) <= MAX_DIFF
+    assert difference(joined.second, second_alone) <= MAX_DIFF
+    assert shared(joined.second)["joined_at_forward"] >= 2 and shared(joined.second)["peak_rows"] == 4
+
+    waited = join(steps, first, third)
+    assert difference(waited.second, third_alone) <= MAX_DIFF
+    assert shared(waited.second)["peak_rows"] == 2, "another adapter set never shares a forward"
+    first_done = max(e.time for e in waited.first_events if e.time)
+    third_steps = [e.time for e in waited.second_events if e.progress is not None and e.time]
+    assert third_steps and min(third_steps) >= first_done, "it waited for the other set's calls"
