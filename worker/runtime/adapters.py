@@ -156,17 +156,30 @@ def _resolve_path(name: str, folders: Sequence[Path], where: str) -> Path:
     raise _refuse(where, reason)
 
 
+_EXCLUSIVE = object()  # what an exclusive caller waits for, among the adapter sets
+
+
 class _AdapterLock:
     """Who may use a pipeline's modules at once: the calls of one adapter set (a key; () for none)
     together, or one exclusive holder. The first holder of a set makes it active (`setup`, under
     the lock, before anyone shares it) and the last one turns it off (`teardown`); a call of
-    another set, or an exclusive one, waits until the holders are done."""
+    another set, or an exclusive one, waits until the holders are done, and meanwhile no new call
+    of the set in use gets in: one set's stream of calls never starves another's."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._holders = 0
         self._key: Hashable = ()
         self._exclusive = False
+        # Callers waiting, by the set they wait to hold (`_EXCLUSIVE` for an exclusive one).
+        self._waiting: dict[Hashable, int] = {}
+
+    def _may_enter(self, key: Hashable, mark: Hashable) -> bool:
+        if self._exclusive:
+            return False
+        if self._holders == 0:  # the set waited for longest goes first (dicts keep their order)
+            return next(iter(self._waiting)) == mark
+        return mark is not _EXCLUSIVE and self._key == key and set(self._waiting) <= {key}
 
     @contextlib.contextmanager
     def hold(
@@ -177,10 +190,14 @@ class _AdapterLock:
         teardown: Callable[[], None] | None = None,
     ) -> Iterator[None]:
         with self._cond:
-            if exclusive:
-                self._cond.wait_for(lambda: not self._exclusive and self._holders == 0)
-            else:
-                self._cond.wait_for(lambda: not self._exclusive and (self._holders == 0 or self._key == key))
+            mark = _EXCLUSIVE if exclusive else key
+            self._waiting[mark] = self._waiting.get(mark, 0) + 1
+            try:
+                self._cond.wait_for(lambda: self._may_enter(key, mark))
+            finally:
+                self._waiting[mark] -= 1
+                if not self._waiting[mark]:
+                    del self._waiting[mark]
             if self._holders == 0 and setup is not None:
                 setup()  # raises before anything is held
             self._exclusive = exclusive

@@ -169,3 +169,41 @@ def test_a_file_that_is_not_a_lora_is_invalid_argument(lora_executor: LegacyCall
     assert bad.error is not None and bad.error.code == "INVALID_ARGUMENT" and bad.error.field == "adapters[0]"
     [plain] = run(lora_executor, [])
     pixels(plain)
+
+
+def test_calls_of_one_adapter_set_share_the_pipeline_and_never_starve_another_set() -> None:
+    """The lock of a pipeline's adapters: one set's calls hold it together; a call of another set
+    waits for them, and meanwhile a newcomer of the set in use waits behind it."""
+    import threading
+    import time
+
+    lock = adapters._AdapterLock()  # the policy alone, without a pipeline
+    order: list[str] = []
+    log = threading.Lock()
+
+    def call(name: str, key: tuple[str, ...], hold_s: float, started: threading.Event | None = None) -> None:
+        with lock.hold(
+            key, setup=lambda: order.append(f"setup {key[0]}"), teardown=lambda: order.append(f"off {key[0]}")
+        ):
+            with log:
+                order.append(f"in {name}")
+            if started is not None:
+                started.set()
+            time.sleep(hold_s)
+
+    first_in = threading.Event()
+    first = threading.Thread(target=call, args=("a1", ("a",), 0.3, first_in))
+    first.start()
+    assert first_in.wait(5)
+    shared = threading.Thread(target=call, args=("a2", ("a",), 0.0))
+    shared.start()
+    shared.join(5)
+    assert order == ["setup a", "in a1", "in a2"], "one set's calls hold it together"
+    other = threading.Thread(target=call, args=("b1", ("b",), 0.0))
+    other.start()
+    time.sleep(0.05)  # b1 waits for a1
+    late = threading.Thread(target=call, args=("a3", ("a",), 0.0))
+    late.start()
+    for thread in (first, other, late):
+        thread.join(5)
+    assert order[3:] == ["off a", "setup b", "in b1", "off b", "setup a", "in a3", "off a"], order
