@@ -104,6 +104,20 @@ def test_a_cancelled_joined_job_ends_alone(rows: Rows) -> None:
         assert client.wait(long.id, timeout=300).report.config_resolved["step_engine"]["peak_rows"] == 4
 
 
+def test_a_joined_jobs_deadline_ends_it_alone(rows: Rows) -> None:
+    with omnirt.Client(rows.front.address) as client:
+        long = client.submit(model="tiny-sd", prompt="a long one", num_inference_steps=LONG, seed=9, **SIZE)
+        running_with_progress(client, long.id)
+        late = client.submit(
+            model="tiny-sd", prompt="out of time", num_inference_steps=LONG, seed=10, timeout_ms=400, **SIZE
+        )
+        with pytest.raises(omnirt.errors.DeadlineExceeded):
+            client.wait(late.id, timeout=60)
+        seen = [e for e in client.watch(late.id) if e.kind is omnirt.EventKind.PROGRESS]
+        assert seen, "it ran (joined the batch) before its deadline"
+        assert client.wait(long.id, timeout=300).report.config_resolved["step_engine"]["peak_rows"] == 4
+
+
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_a_worker_killed_mid_batch_has_every_row_retried_elsewhere_once(
     store: str, log_dir: Path, model_dir: Path
