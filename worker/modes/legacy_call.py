@@ -208,16 +208,15 @@ class LegacyCallRun(AssignmentRun):
                 exclusive=exclusive,
                 memory=memory,
             ):
-                shared = self._step_engine(pipeline, group, exclusive)
                 try:
-                    images, call_info = self._call(pipeline, group, options, shared)
+                    images, call_info = self._call(pipeline, group, options, exclusive)
                 except (StopRun, JobFailure):
                     raise
                 except Exception as exc:
                     if not runtime_options.is_compiled(cached.pipeline):
                         raise
                     runtime_options.drop_compile(cached.pipeline, exc)  # and run once more, eagerly
-                    images, call_info = self._call(pipeline, group, options, shared)
+                    images, call_info = self._call(pipeline, group, options, exclusive)
             for job_id in job_ids:
                 self.call_warnings[job_id] = list(memory.warnings)
         except StopRun:
@@ -249,33 +248,25 @@ class LegacyCallRun(AssignmentRun):
                     [plan.job_id], t.JobError("INTERNAL", f"export failed: {type(exc).__name__}: {exc}")
                 )
 
-    def _step_engine(
-        self, pipeline: Any, group: list[ItemPlan], exclusive: bool
-    ) -> dict[str, Any] | str | None:
-        """Whether the call shares its denoiser's steps: {} when it does, the reason (reported)
-        when the engine takes its model but not this call, None when it does not take the model."""
-        engine = self.executor.steps
-        if engine is None or not step_engine.eligible(pipeline):
-            return None
-        if exclusive:
-            return "the step cache hooks the whole denoiser: the call runs alone"
-        # With LoRA adapters too: the calls of one adapter set hold the pipeline together
-        # (`adapters.applied`), so only they can share a forward.
-        return {}
-
     def _call(
         self,
         pipeline: Any,
         group: list[ItemPlan],
         options: runtime_options.Effective,
-        shared: dict[str, Any] | str | None = None,
+        exclusive: bool = False,
     ) -> tuple[list[list[Any]], dict[str, Any]]:
-        """One pipeline call for `group`; returns each plan's images and facts for the report."""
-        engine = self.executor.steps if isinstance(shared, dict) else None
-        if engine is None:
+        """One pipeline call for `group`; returns each plan's images and facts for the report.
+
+        In the step engine when it takes the pipeline, and the call holds it with others (LoRA
+        adapters too: the calls of one set hold it together); a step cache (`exclusive`) hooks
+        the whole denoiser, so that call runs alone and says why.
+        """
+        engine = self.executor.steps if step_engine.eligible(pipeline) else None
+        if engine is None or exclusive:
             images, info = self._call_with(pipeline, group, options, None)
-            if isinstance(shared, str):
-                info["step_engine"] = {"used": False, "reason": shared}
+            if engine is not None:
+                reason = "the step cache hooks the whole denoiser: the call runs alone"
+                info["step_engine"] = {"used": False, "reason": reason}
             return images, info
         priority = max(p.item.request.priority for p in group)
         job_ids = [p.job_id for p in group]
@@ -381,16 +372,19 @@ def _leaving(monitor: StepMonitor, member: Member | None, engine: StepEngine | N
 
     def hook(pipe: Any, step_index: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
         tensors = monitor(pipe, step_index, timestep, callback_kwargs)
+        if step_index + 1 < monitor.total_steps:
+            return tensors
+        engine.leave(member)
+        # Rows do not mix in a forward, so a row gone to NaN or inf harms only its own job: it
+        # fails here, before its decode. Checked once, at the last step: on CUDA the check waits
+        # for the device, which every step would pay.
         latents = tensors.get("latents")
-        # A row gone to NaN or inf ends its own job, here, and never reaches the shared forward.
         if latents is not None and not bool(latents.isfinite().all()):
             raise JobFailure(
                 "INTERNAL",
                 f"the latents are not finite after step {step_index + 1} (guidance_scale or the "
                 "scheduler's settings out of range for this model)",
             )
-        if step_index + 1 >= monitor.total_steps:
-            engine.leave(member)
         return tensors
 
     return hook

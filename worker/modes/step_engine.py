@@ -350,9 +350,9 @@ class StepEngine:
         calls.sort(key=lambda c: (-c.member.priority, c.member.seq))
         for batch in _batches(calls, self.rows):
             self._run_batch(group, batch)
-        with self._cond:
-            group.held_bytes = sum(_bytes(c.arguments) for c in calls)
-            self._cond.notify_all()
+        if self.max_paused_bytes:  # what the batch holds while paused, for that bound only
+            with self._cond:
+                group.held_bytes = sum(_bytes(c.arguments) for c in calls)
 
     def _run_batch(self, group: Group, batch: list[Call]) -> None:
         with self._cond:

@@ -192,15 +192,17 @@ class RedisUpkeep:
         for handle in self.workers.all():
             if not handle.info.step_rows or not handle.row_room:
                 continue
-            served = "|" + "|".join(spec.id for spec in self.catalog if handle.serves(spec)) + "|"
+            served = ""  # read from the catalog once per worker, and only when it has room
             for key, rows in handle.step_batches().items():
                 model = str(key[0]) if isinstance(key, tuple) else ""
                 room = handle.info.step_rows - rows
                 if not model or room < 2 or self.workers.pick(self.catalog.resolve(model)) is not None:
                     continue
-                known = joins.get((model, batch_key_id(key)))
+                served = served or "|" + "|".join(s.id for s in self.catalog if handle.serves(s)) + "|"
+                entry = (model, batch_key_id(key))
+                known = joins.get(entry)
                 if known is None or known[2] > room:
-                    joins[(model, batch_key_id(key))] = (handle, key, room, served)
+                    joins[entry] = (handle, key, room, served)
         return joins
 
     async def _send(

@@ -437,7 +437,7 @@ class ModularRun(AssignmentRun):
         elif self.executor.steps is not None and step_engine.eligible(legacy):
             info["step_engine"] = {
                 "used": False,
-                "reason": "LoRA adapters run as whole calls, one adapter set at a time",
+                "reason": "in the modular mode a call with LoRA adapters shares no steps",
             }
         config = {"modular_blocks": family.blocks, "workflow": family.workflows[first.task] or "all"}
         return _Pass(images, info, made.hits, config)
