@@ -39,10 +39,13 @@ class Calls:
     def __init__(self) -> None:
         self.recording = False
         self.names: set[str] = set()
+        self.functions: dict[str, set[str]] = {}
 
     def hook(self, frame: FrameType, event: str, arg: Any) -> None:
         if self.recording and event == "call":
-            self.names.add(frame.f_code.co_filename)
+            code = frame.f_code
+            self.names.add(code.co_filename)
+            self.functions.setdefault(code.co_filename, set()).add(code.co_qualname)
 
     @property
     def files(self) -> set[str]:
@@ -66,7 +69,7 @@ def shown(path: str) -> str:
     return str(Path(path).relative_to(REPO))
 
 
-async def walk(model: str, model_dir: Path) -> list[str]:
+async def walk(model: str, model_dir: Path) -> dict[str, list[str]]:
     from omnirt.controller.config import ControllerConfig
     from omnirt.controller.server import ControllerServer
     from omnirt.worker.config import WorkerConfig
@@ -100,17 +103,26 @@ async def walk(model: str, model_dir: Path) -> list[str]:
             worker.request_drain("walk done")
             await running
             await server.stop()
-    return sorted(shown(name) for name in calls.files)
+    functions: dict[str, set[str]] = {}
+    for name, called in calls.functions.items():
+        real = os.path.realpath(name)
+        if real in calls.files:
+            functions.setdefault(shown(real), set()).update(called)
+    return {name: sorted(functions[name]) for name in sorted(functions)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.walk", description=__doc__)
     parser.add_argument("--model", default="tiny-sd", help="tiny-sd (default) or null")
+    parser.add_argument("--functions", action="store_true", help="also list the functions called in each file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as models:
         files = asyncio.run(walk(args.model, Path(models)))
-    for name in files:
+    for name, called in files.items():
         print(name)
+        if args.functions:
+            for function in called:
+                print(f"    {function}")
     print(f"{len(files)} hand-written files cross one Generate of {args.model}")
     return 0
 

@@ -19,6 +19,20 @@ class ControllerConfig:
     max_queue: int = field(
         default=10000, metadata={"help": "queued jobs before Submit answers RESOURCE_EXHAUSTED"}
     )
+    unserved_wait_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "seconds a queued job waits while no connected worker serves its model, then it fails "
+            "FAILED_PRECONDITION (0 = refuse it at submit, negative = wait; --expected-models always wait)"
+        },
+    )
+    expected_models: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "models the deployment's worker pools serve (they may scale from zero): their jobs wait "
+            "for a worker to start, whatever --unserved-wait-s says (* = every model)"
+        },
+    )
     priority_aging_s: float = field(
         default=30.0,
         metadata={"help": "seconds of waiting that raise a job's priority by one (0 = no aging)"},

@@ -11,14 +11,23 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from omnirt.controller.core.router import WorkerHandle, same_process
 from omnirt.controller.core.validation import Plan
 from omnirt.errors import FailedPrecondition, InvalidRequest
-from omnirt.types import GenerateRequest, GenerateResult, Job, JobError, JobEvent, JobState, ModelSpec
+from omnirt.types import (
+    GenerateRequest,
+    GenerateResult,
+    Job,
+    JobError,
+    JobEvent,
+    JobState,
+    ModelSpec,
+    Progress,
+)
 
 log = logging.getLogger("omnirt.controller")
 
@@ -55,10 +64,22 @@ def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
         deadline_ms=min((d for d in deadlines if d), default=0),
         tenant=tenant,
         webhook=req.webhook,
+        # The step total is known before the job runs: clients show "0/20 steps", not "0/?".
+        progress=Progress(total_steps=planned_steps(req)) if req.num_inference_steps else None,
     )
     # Workers see one deadline per job: the effective one.
     req.deadline_ms = job.deadline_ms
     return job
+
+
+def planned_steps(request: GenerateRequest) -> int:
+    """The denoising steps a request will run, as diffusers counts them (image-to-image with
+    `strength` below 1 skips the first ones); the worker's progress has the last word."""
+    steps = request.num_inference_steps or 0
+    strength = request.strength
+    if strength is not None and 0 < strength < 1:
+        return steps - int(max(steps - steps * strength, 0))
+    return steps
 
 
 def artifact_reference(job_id: str, index: int) -> str:
@@ -117,11 +138,70 @@ def log_finished(job_id: str, tenant: str, state: JobState, error: JobError | No
     log.info("job finished", extra=extra)
 
 
-def waiting_reason(spec: ModelSpec, serving: int) -> str:
+def waiting_reason(spec: ModelSpec, serving: int, unserved: Unserved | None = None) -> str:
     """Why a queued job of `spec` waits, given how many workers serve the model."""
     if serving == 0:
-        return f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
+        reason = f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
+        return reason + (unserved.note(spec.id) if unserved else "")
     return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+
+
+class Unserved:
+    """The rule for jobs of a model no connected worker serves (docs/controller.md, "Jobs no
+    worker serves"): with `wait_s` > 0 such a job fails FAILED_PRECONDITION once it has waited
+    `wait_s` while its model had no worker; 0 refuses it at submit; < 0 lets it wait (its own
+    timeout still applies). Models in `expected` (the ones a deployment's pools serve, which may
+    scale from zero; `*` = all) always wait. Each engine keeps one and `observe`s its models."""
+
+    def __init__(self, wait_s: float, expected: Sequence[str] = ()) -> None:
+        self.wait_s = wait_s
+        self.expected = frozenset(expected)
+        self._since: dict[str, float] = {}  # model -> when it was first seen without a worker
+
+    def applies(self, model: str) -> bool:
+        return self.wait_s >= 0 and "*" not in self.expected and model not in self.expected
+
+    def check_submit(self, spec: ModelSpec, serving: int) -> None:
+        """FailedPrecondition (field `model`) when the controller refuses jobs no worker serves."""
+        if serving == 0 and self.wait_s == 0 and self.applies(spec.id):
+            raise FailedPrecondition(
+                f"model: no connected worker serves model {spec.id} (execution mode "
+                f"{spec.execution_mode}); {_START_ONE.format(model=spec.id)}",
+                field="model",
+            )
+
+    def observe(self, model: str, serving: int, now: float) -> float:
+        """Seconds `model` has been without a worker as of `now` (monotonic), 0 while served."""
+        if serving:
+            self._since.pop(model, None)
+            return 0.0
+        return now - self._since.setdefault(model, now)
+
+    def keep_only(self, models: Collection[str]) -> None:
+        """Forget the models not in `models` (no job waits for them any more)."""
+        for model in [m for m in self._since if m not in models]:
+            del self._since[model]
+
+    def error(self, model: str, waited_s: float, unserved_s: float) -> JobError | None:
+        """The error a queued job of `model` ends with, having waited `waited_s` while the model
+        was unserved for `unserved_s`; None while it may wait on."""
+        if self.wait_s <= 0 or not self.applies(model) or min(waited_s, unserved_s) < self.wait_s:
+            return None
+        return JobError(
+            "FAILED_PRECONDITION",
+            f"model: no connected worker served model {model} for {self.wait_s:g} s (the controller's "
+            f"--unserved-wait-s); {_START_ONE.format(model=model)}",
+            field="model",
+        )
+
+    def note(self, model: str) -> str:
+        """What a waiting job's reason adds: when it will fail, if it will."""
+        if self.wait_s <= 0 or not self.applies(model):
+            return ""
+        return f"; the job fails after {self.wait_s:g} s without one (--unserved-wait-s)"
+
+
+_START_ONE = "start a worker that serves it (omnirt-worker --models {model})"
 
 
 async def worker_joined(

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         base = _base_type(tp)
         flag = "--" + f.name.replace("_", "-")
         doc = f.metadata.get("help", "")
-        env = env_name(f.name)
+        # The flags' own default is None (so the environment can fill in); the field's is shown.
+        env = f"default: {_shown_default(f)}; {env_name(f.name)}"
         if base is bool:
             parser.add_argument(
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=f"{doc} [{env}]"
@@ -67,6 +68,25 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             )
         else:
             parser.add_argument(flag, dest=f.name, type=base, default=None, help=f"{doc} [{env}]")
+
+
+def _shown_default(f: dataclasses.Field[Any]) -> str:
+    """A field's default as a person would type it: `8`, `on`, `none` for an empty value."""
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    text = str(value)
+    # `%` would be read as a format by argparse's help.
+    return (text or "none").replace("%", "%%")
 
 
 def from_args(cls: type[T], args: argparse.Namespace, environ: typing.Mapping[str, str] | None = None) -> T:

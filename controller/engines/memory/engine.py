@@ -24,6 +24,7 @@ from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import (
     JobRecord,
+    Unserved,
     accept_result,
     end_state,
     log_finished,
@@ -96,6 +97,7 @@ class MemoryEngine:
         self._buckets = Buckets()
         self._fair = FairClock()
         self.run_times = RunTimes()
+        self.unserved = Unserved(config.unserved_wait_s, config.expected_models)
         # (deadline_ms, job id) of live jobs with a deadline: the reaper looks at the due ones only.
         self.deadlines: list[tuple[int, str]] = []
         self.wake = asyncio.Event()  # the dispatch loop's: a job or a free slot came
@@ -160,6 +162,7 @@ class MemoryEngine:
                     )
                 return existing, True
         self.queue.check_room()
+        self.unserved.check_submit(plan.spec, self.workers.serving_count(plan.spec))
         self._check_quota(tenant, policy)
         job = new_job(plan, call_deadline_ms, tenant)
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
@@ -461,7 +464,7 @@ class MemoryEngine:
         loop.call_soon(self.store.freeze_finished, job_id)
 
     def _waiting_reason(self, spec: ModelSpec) -> str:
-        return waiting_reason(spec, self.workers.serving_count(spec))
+        return waiting_reason(spec, self.workers.serving_count(spec), self.unserved)
 
     def _with_serving(self, spec: ModelSpec) -> ModelSpec:
         return dataclasses.replace(
@@ -471,8 +474,9 @@ class MemoryEngine:
     def _batch_key(self, record: JobRecord) -> Hashable | None:
         return batch_key(record.plan, batch_limit(self.config, record.plan.spec))
 
-    def expire(self, record: JobRecord) -> None:
-        """Fail a job whose deadline passed; a running one is told to stop at its next step."""
+    def expire(self, record: JobRecord, error: JobError | None = None) -> None:
+        """Fail a job whose deadline passed (or with `error`); a running one is told to stop at
+        its next step."""
         job = record.job
         if job.state is JobState.RUNNING:
             with contextlib.suppress(Exception):
@@ -480,4 +484,5 @@ class MemoryEngine:
                 handle.link.send(CancelAssignment(record.assignment_id, job.id, "DEADLINE_EXCEEDED"))
         self.queue.remove(job.id)
         where = "while running" if job.state is JobState.RUNNING else "while queued"
-        self._finish(record, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}"))
+        error = error or JobError("DEADLINE_EXCEEDED", f"deadline passed {where}")
+        self._finish(record, JobState.FAILED, error)

@@ -27,16 +27,17 @@ from omnirt.controller.core.batching import (
     step_rows,
     window_due,
 )
-from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.jobs import JobRecord, Unserved, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.engines.memory.queue import JobQueue
 from omnirt.controller.engines.memory.store import JobStore
 from omnirt.controller.observability.metrics import EngineMetrics
 from omnirt.controller.observability.tracing import JobTracing
-from omnirt.types import EventKind, JobEvent, JobState
+from omnirt.types import EventKind, JobError, JobEvent, JobState
 
 log = logging.getLogger("omnirt.controller")
 TICK_S = 0.1
+UNSERVED_TICK_S = 1.0  # how often queued jobs of models no worker serves are looked at
 
 
 class UpkeepEngine(Protocol):
@@ -64,9 +65,11 @@ class UpkeepEngine(Protocol):
     def live(self) -> Mapping[str, JobRecord]: ...
     @property
     def deadlines(self) -> list[tuple[int, str]]: ...
+    @property
+    def unserved(self) -> Unserved: ...
 
     # The engine's own transitions, which the upkeep's loops call for.
-    def expire(self, record: JobRecord) -> None: ...
+    def expire(self, record: JobRecord, error: JobError | None = None) -> None: ...
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None: ...
 
 
@@ -79,6 +82,7 @@ class MemoryUpkeep:
         self.workers, self.wake = engine.workers, engine.wake
         # When a job held back for batch companions must go anyway (monotonic; 0 = none).
         self._window_due = 0.0
+        self._unserved_checked = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -238,7 +242,25 @@ class MemoryUpkeep:
             record = live.get(job_id)  # gone when it finished in time
             if record is not None:
                 self.engine.expire(record)
+        if now - self._unserved_checked >= UNSERVED_TICK_S:
+            self._unserved_checked = now
+            self._fail_unserved(now)
         self.store.evict()
+
+    def _fail_unserved(self, now: float) -> None:
+        """Fail the queued jobs that waited out --unserved-wait-s with no worker for their model."""
+        rule = self.engine.unserved
+        if rule.wait_s <= 0:
+            return
+        unserved: dict[str, float] = {}
+        for record in list(self.queue.records()):
+            spec = record.plan.spec
+            if spec.id not in unserved:
+                unserved[spec.id] = rule.observe(spec.id, self.workers.serving_count(spec), now)
+            error = rule.error(spec.id, now - record.first_enqueued_at, unserved[spec.id])
+            if error is not None:
+                self.engine.expire(record, error)
+        rule.keep_only(unserved)  # a model no job waits for any more starts afresh next time
 
     async def _reaper_loop(self) -> None:
         while True:

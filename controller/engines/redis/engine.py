@@ -29,6 +29,7 @@ from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import (
     JobRecord,
+    Unserved,
     accept_result,
     end_state,
     log_finished,
@@ -118,6 +119,7 @@ class RedisEngine:
         # Each model's run time per job as this controller's workers saw it: what fair share
         # charges a tenant per job (passed to Redis with each submission).
         self.run_times = RunTimes()
+        self.unserved = Unserved(config.unserved_wait_s, config.expected_models)
         # Jobs this controller takes part in (submitted here, or running on one of its workers).
         self.records: dict[str, JobRecord] = {}
         self.running: dict[str, JobRecord] = {}
@@ -184,6 +186,7 @@ class RedisEngine:
         validated_ns = time.time_ns()
         # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs).
         fingerprint = request_fingerprint(request)
+        self.unserved.check_submit(plan.spec, self.cluster.serving(plan.spec))
         job = new_job(plan, call_deadline_ms, tenant)
         aging = self.config.priority_aging_s
         rank = (time.time() / aging if aging > 0 else 0.0) - job.priority
@@ -267,7 +270,7 @@ class RedisEngine:
                 job.queue_position = await self.store.position(job_id)
             with contextlib.suppress(Exception):
                 spec = self.catalog.resolve(job.model)
-                job.waiting_reason = waiting_reason(spec, self.cluster.serving(spec))
+                job.waiting_reason = waiting_reason(spec, self.cluster.serving(spec), self.unserved)
         return job
 
     async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
@@ -310,9 +313,15 @@ class RedisEngine:
         return await self.end(job_id, JobState.CANCELLED, error, tenant=tenant)
 
     async def end(
-        self, job_id: str, state: JobState, error: JobError, *, tenant: str | None = None
+        self,
+        job_id: str,
+        state: JobState,
+        error: JobError,
+        *,
+        tenant: str | None = None,
+        expected: tuple[JobState, ...] = (JobState.QUEUED, JobState.RUNNING),
     ) -> tuple[Job, bool]:
-        """Cancel or expire a queued or running job; a running one is told to stop."""
+        """Cancel or expire a job (queued or running, or `expected`); a running one is told to stop."""
         stored = await self._load(job_id, tenant)
         if stored.job.state.terminal:
             return stored.job, False
@@ -323,7 +332,7 @@ class RedisEngine:
             changed, before, owner, assignment = await self.store.finish(
                 job_id,
                 state,
-                expected=(JobState.QUEUED, JobState.RUNNING),
+                expected=expected,
                 error=error,
                 state_event=event,
                 now_ms=_now_ms(),

@@ -295,6 +295,11 @@ class RedisJobStore:
         rank = await self.redis.zrank(self.prefix + "queue", job_id)
         return int(rank or 0)
 
+    async def queued_of(self, model: str, count: int = 200) -> list[str]:
+        """The first `count` queued jobs of `model`, in queue order."""
+        ids = await self.redis.zrange(self.prefix + "queue:m:" + model, 0, count - 1)
+        return [i.decode() for i in ids]
+
     async def list_ids(
         self, states: Sequence[JobState], model: str, limit: int, offset: int, tenant: str | None = None
     ) -> tuple[list[str], bool]:

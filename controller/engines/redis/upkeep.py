@@ -18,7 +18,7 @@ from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.batching import batch_key_id, batch_limit
 from omnirt.controller.core.catalog import Catalog
-from omnirt.controller.core.jobs import JobRecord, utcnow
+from omnirt.controller.core.jobs import JobRecord, Unserved, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.core.validation import Plan
 from omnirt.controller.engines.redis.cluster import Cluster
@@ -76,6 +76,9 @@ class UpkeepEngine(Protocol):
     @property
     def pending(self) -> list[Callable[[], Awaitable[None]]]: ...
 
+    @property
+    def unserved(self) -> Unserved: ...
+
     # What the upkeep finds out for the engine: readiness and the cluster's gauges.
     store_ok: bool
     depth: Gauges
@@ -86,7 +89,9 @@ class UpkeepEngine(Protocol):
     async def requeue(
         self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0
     ) -> None: ...
-    async def end(self, job_id: str, state: JobState, error: JobError) -> tuple[Job, bool]: ...
+    async def end(
+        self, job_id: str, state: JobState, error: JobError, *, expected: tuple[JobState, ...] = ...
+    ) -> tuple[Job, bool]: ...
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None: ...
 
 
@@ -396,6 +401,7 @@ class RedisUpkeep:
                 await self.cluster.publish()
                 self.engine.depth = await self.store.depth([spec.id for spec in self.catalog])
                 await self._sweep_records()
+                await self._fail_unserved()
                 if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
                     last_sweep = time.monotonic()
                     await asyncio.to_thread(self.store.artifacts.sweep, time.time())
@@ -407,6 +413,31 @@ class RedisUpkeep:
             except Exception:
                 log.exception("upkeep failed")
             await asyncio.sleep(SLOW_TICK_S)
+
+    async def _fail_unserved(self) -> None:
+        """Fail the queued jobs that waited out --unserved-wait-s with no worker for their model
+        on any controller (each controller looks; the first to end a job wins, atomically)."""
+        rule = self.engine.unserved
+        if rule.wait_s <= 0:
+            return
+        now, now_ms = time.monotonic(), _now_ms()
+        queued = [m for m, n in self.engine.depth.queued_by_model.items() if n]
+        rule.keep_only(queued)
+        for model in queued:
+            try:
+                unserved_s = rule.observe(model, self.cluster.serving(self.catalog.resolve(model)), now)
+            except OmniRTError:  # a model the catalog no longer has: its jobs are not ours to judge
+                continue
+            if rule.error(model, unserved_s, unserved_s) is None:
+                continue
+            for job_id in await self.store.queued_of(model):
+                with contextlib.suppress(OmniRTError):  # gone meanwhile
+                    stored = await self.store.load(job_id)
+                    created = stored.job.created_at
+                    waited_s = now_ms / 1000 - created.timestamp() if created else unserved_s
+                    error = rule.error(model, waited_s, unserved_s)
+                    if error is not None:
+                        await self.engine.end(job_id, JobState.FAILED, error, expected=(JobState.QUEUED,))
 
     async def _tidy(self) -> None:
         """Every few seconds: drop fair-share tags that hold no one back, and what expired or

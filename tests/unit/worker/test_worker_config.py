@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -87,3 +89,19 @@ def test_bad_values_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixtu
         load_config(argv)
     assert exit_info.value.code == 2
     assert "omnirt-worker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "shown"),
+    [
+        ("omnirt.controller.main", ["[default: 10000; OMNIRT_MAX_QUEUE]", "default: 60;", "default: off;"]),
+        ("omnirt.worker.main", ["[default: 1; OMNIRT_SLOTS]", "default: on;", "default: none;"]),
+    ],
+)
+def test_the_daemons_help_shows_each_flags_default(module: str, shown: list[str]) -> None:
+    text = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    flat = " ".join(text.split())  # argparse wraps lines
+    for piece in shown:
+        assert piece in flat, piece
