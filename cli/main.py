@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from omnirt import __version__
 from omnirt.cli import bench, connection, generate, jobs, keys, models, sessions, validate, webhooks, workers
@@ -17,6 +18,18 @@ from omnirt.cli.output import error_object, print_error, print_json
 from omnirt.errors import OmniRTError
 
 GROUPS = (generate, validate, bench, models, jobs, workers, sessions, webhooks, keys)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are also one JSON line on stdout under --json
+    (subcommands' parsers are of the same class: argparse builds them from the top one's)."""
+
+    json_errors = False  # set by `main` when --json is on the command line
+
+    def error(self, message: str) -> NoReturn:
+        if Parser.json_errors:
+            print_json(error_object("INVALID_ARGUMENT", f"{self.prog}: {message}"), compact=True)
+        super().error(message)
 
 
 def _common(*, top: bool) -> argparse.ArgumentParser:
@@ -44,7 +57,7 @@ def _common(*, top: bool) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="omnirtctl",
         parents=[_common(top=True)],
         description="Run generations on an OmniRT controller and inspect its jobs, models and workers.",
@@ -60,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]), run the command, and return the exit status."""
     parser = build_parser()
+    Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
@@ -72,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # a usage error: a CA file missing or not PEM, a bad key
         message = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) and exc.filename else str(exc)
         print(f"error: {message}", file=sys.stderr)
+        if json_output:
+            print_json(error_object("INVALID_ARGUMENT", message), compact=True)
         return 2
     try:
         with client:

@@ -17,6 +17,7 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
     sub = parser.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
     ls = sub.add_parser("list", parents=[common], help="list models")
     ls.add_argument("--task", "-t", choices=[t.value for t in Task], help="only models that do this task")
+    ls.add_argument("--served", action="store_true", help="only models a connected worker serves")
     ls.set_defaults(handler=run_list)
     describe = sub.add_parser("describe", parents=[common], help="show one model")
     describe.add_argument("name", help="model id or alias")
@@ -82,6 +83,8 @@ def _print_outcomes(args: argparse.Namespace, outcomes: list[ModelOutcome], done
 
 def run_list(args: argparse.Namespace, client: Client) -> int:
     models = client.list_models(args.task)
+    if args.served:
+        models = [m for m in models if m.serving_workers]
     if args.json:
         print_json(models)
         return 0
@@ -96,7 +99,8 @@ def run_list(args: argparse.Namespace, client: Client) -> int:
         )
         for m in models
     ]
-    print_table(("ID", "FAMILY", "TASKS", "MODE", "WORKERS", "ALIASES"), rows, empty="no models")
+    empty = "no connected worker serves a model" if args.served else "no models"
+    print_table(("ID", "FAMILY", "TASKS", "MODE", "WORKERS", "ALIASES"), rows, empty=empty)
     return 0
 
 

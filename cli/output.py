@@ -128,8 +128,9 @@ def report_line(result: GenerateResult, elapsed_s: float | None = None) -> str:
     execution)."""
     report, config = result.report, result.report.config_resolved
     first = result.artifacts[0] if result.artifacts else None
-    width = config.get("width") or (first.width if first else 0)
-    height = config.get("height") or (first.height if first else 0)
+    # What was made, as the artifact says (null's dot is 8x8 whatever was asked), else the request.
+    width = (first.width if first else 0) or config.get("width")
+    height = (first.height if first else 0) or config.get("height")
     head = [report.model or str(config.get("model", "")), report.task.value if report.task else ""]
     if width and height:
         head.append(f"{int(width)}x{int(height)}")

@@ -114,10 +114,14 @@ def message_class(descriptor: Descriptor) -> type[Message]:
 
 
 def to_json(msg: Message) -> dict[str, Any]:
-    """A message as JSON: proto field names, fields without presence always printed."""
-    return json_format.MessageToDict(
-        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    """A message as JSON: proto field names, fields without presence always printed, integral
+    numbers as integers (a Struct's `64.0` is `64`)."""
+    data: dict[str, Any] = c.integral(
+        json_format.MessageToDict(
+            msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
     )
+    return data
 
 
 # ---- JSON -> message ----------------------------------------------------------------------

@@ -196,7 +196,7 @@ def validation_from_proto(msg: generation_pb2.ValidateResponse) -> ValidationRes
         model=msg.model,
         task=conv.task_from_proto(msg.task),  # type: ignore[arg-type]  # a valid plan has a task
         execution_mode=msg.execution_mode,
-        config_resolved=conv.dict_from_struct(msg.config_resolved),
+        config_resolved=conv.integral(conv.dict_from_struct(msg.config_resolved)),
         warnings=list(msg.warnings),
     )
 

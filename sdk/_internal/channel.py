@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import ipaddress
 import os
 import ssl
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ import grpc.aio
 
 from omnirt._internal.limits import MAX_MESSAGE_BYTES
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_PORT = 50051
+DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 ADDRESS_ENV = "OMNIRT_CONTROLLER"
 TLS_CA_ENV = "OMNIRT_TLS_CA"  # a CA file: connect over TLS and trust it
 API_KEY_ENV = "OMNIRT_API_KEY"
@@ -34,6 +36,29 @@ Metadata = Sequence[tuple[str, str]]
 def default_address() -> str:
     """The controller address: `$OMNIRT_CONTROLLER`, else 127.0.0.1:50051."""
     return os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+
+
+def with_default_port(address: str) -> str:
+    """`address` with the controller's port (50051) when it names none.
+
+    gRPC's own default is 443, where an OmniRT controller never listens. Targets with a scheme
+    (`unix:`, `dns:///`, `ipv4:`) are gRPC's to read and stay as given.
+    """
+    address = address.strip()
+    if not address or "/" in address:
+        return address
+    if address.startswith("["):
+        return address if "]:" in address else f"{address}:{DEFAULT_PORT}"
+    colons = address.count(":")
+    if colons == 1:
+        return address  # host:port, or a scheme target (unix:name, ipv4:1.2.3.4)
+    if colons > 1:
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            return address  # ipv4:1.2.3.4:5, or an IPv6 address with a zone gRPC reads itself
+        return f"[{address}]:{DEFAULT_PORT}"
+    return f"{address}:{DEFAULT_PORT}"
 
 
 def channel_options(options: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, Any]]:
@@ -139,7 +164,10 @@ class ChannelSettings:
         if credentials is None:
             credentials = channel_credentials(tls, ca, cert, key)
         return cls(
-            address or default_address(), channel_options(options), credentials, api_key_or_env(api_key)
+            with_default_port(address or default_address()),
+            channel_options(options),
+            credentials,
+            api_key_or_env(api_key),
         )
 
 

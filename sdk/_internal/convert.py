@@ -106,6 +106,22 @@ def _from_value(value: struct_pb2.Value, finite: bool) -> Any:
     return None
 
 
+def integral(data: Any) -> Any:
+    """JSON-like `data` with each float that holds an integer made an int (`64.0` -> `64`).
+
+    A Struct carries every number as a double, so a report's `"width": 64` comes back as 64.0;
+    what people read (reports, HTTP answers, `--json`) shows it as written. Not for a request's
+    `extra`, whose values reach a pipeline as given.
+    """
+    if isinstance(data, float):
+        return int(data) if data.is_integer() else data
+    if isinstance(data, dict):
+        return {k: integral(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [integral(v) for v in data]
+    return data
+
+
 def dict_from_struct(msg: struct_pb2.Struct, *, finite: bool = True) -> dict[str, Any]:
     """The Struct as plain data, as `json_format.MessageToDict` gives it (numbers are floats).
 
@@ -364,7 +380,7 @@ def report_from_proto(m: types_pb2.RunReport) -> t.RunReport:
         timings=[t.StageTiming(s.name, s.duration_ms, s.start_offset_ms) for s in m.timings],
         execution_ms=m.execution_ms,
         peak_memory_bytes=m.peak_memory_bytes,
-        config_resolved=dict_from_struct(m.config_resolved),
+        config_resolved=integral(dict_from_struct(m.config_resolved)),
         cold_start=m.cold_start,
         attempt=m.attempt,
         batch_size=m.batch_size,

@@ -117,6 +117,22 @@ def test_models_jobs_and_workers(controller: Controller, worker: Worker) -> None
     assert "succeeded" in watched.lower() or "cancelled" in watched.lower() or "failed" in watched.lower()
 
 
+def test_models_list_served_shows_only_what_a_worker_serves(controller: Controller, worker: Worker) -> None:
+    listed = {m["id"]: m for m in json.loads(omnirtctl(controller, "models", "list", "--json").stdout)}
+    served = json.loads(omnirtctl(controller, "models", "list", "--served", "--json").stdout)
+    assert {m["id"] for m in served} == {i for i, m in listed.items() if m["serving_workers"]}
+    assert "tiny-sd" in {m["id"] for m in served} and len(served) < len(listed)
+    table = omnirtctl(controller, "models", "list", "--served").stdout.strip().splitlines()
+    assert len(table) == 1 + len(served)  # the heading, then one line per served model
+
+
+def test_json_output_has_integers_where_the_numbers_are_whole(controller: Controller) -> None:
+    text = omnirtctl(controller, "--json", "validate", "--model", "tiny-sd", "--prompt", "x").stdout
+    resolved = json.loads(text)["config_resolved"]
+    assert resolved["width"] == 64 and isinstance(resolved["width"], int), text
+    assert isinstance(resolved["num_inference_steps"], int)
+
+
 def test_validate_and_cancel(controller: Controller) -> None:
     resolved = json.loads(
         omnirtctl(

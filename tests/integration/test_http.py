@@ -11,6 +11,7 @@ import base64
 import hashlib
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,8 @@ def test_validate_models_and_workers(http: httpx.Client) -> None:
         "legacy_call",
     )
     assert body["config_resolved"]["num_inference_steps"] == 2
+    # Integral numbers print as integers (a Struct holds doubles), fractions as they are.
+    assert re.search(r'"num_inference_steps": ?2[,}]', plan.text), plan.text
     models = {m["id"]: m for m in http.get("/v1/omnirt/models").json()["models"]}
     assert {"tiny-sd", "null", "unserved-sd", "null-video"} <= set(models)
     assert models["unserved-sd"]["serving_workers"] == 0 and models["null"]["serving_workers"] == 1

@@ -82,3 +82,15 @@ def test_a_local_file_error_under_json(
 def test_without_json_stdout_stays_empty(fake: FakeController, capsys: pytest.CaptureFixture[str]) -> None:
     fake.fail["Submit"] = errors.InvalidRequest("prompt: required", field="prompt")
     assert run(fake, capsys, "generate", "-m", "tiny-sd")[:2] == (1, "")
+
+
+def test_usage_errors_under_json_are_json_too(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["generate", "--json", "-m", "tiny-sd", "--width", "abc"])
+    out, err = capsys.readouterr()
+    assert status == 2
+    error = json.loads(out)["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and "--width: invalid int value: 'abc'" in error["message"]
+    assert "usage: omnirtctl generate" in err
+    # Without --json, stdout stays empty.
+    assert main(["generate", "-m", "tiny-sd", "--width", "abc"]) == 2
+    assert capsys.readouterr().out == ""

@@ -45,5 +45,12 @@ def test_report_line_of_a_warm_batched_multi_output_run() -> None:
     )
 
 
+def test_report_line_gives_the_size_that_was_made_not_the_one_asked() -> None:
+    result = sample_result()  # asked 64x64
+    result.report.model = "null"
+    result.artifacts[0].width = result.artifacts[0].height = 8  # null's dot
+    assert report_line(result).startswith("null text2image 8x8 · ")
+
+
 def test_fmt_ms() -> None:
     assert [fmt_ms(3.2), fmt_ms(999.4), fmt_ms(1234)] == ["3 ms", "999 ms", "1.23 s"]

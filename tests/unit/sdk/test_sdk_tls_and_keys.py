@@ -88,3 +88,21 @@ def test_a_ca_in_the_environment_means_tls_unless_tls_false(
     with Client("127.0.0.1:1") as from_env, Client("127.0.0.1:1", tls=False) as plain:
         assert from_env.tls and not plain.tls
         assert repr(from_env) == "Client('127.0.0.1:1', tls=True)"
+
+
+@pytest.mark.parametrize(
+    ("given", "dialled"),
+    [
+        ("127.0.0.1", "127.0.0.1:50051"),
+        ("controller.example", "controller.example:50051"),
+        ("::1", "[::1]:50051"),
+        ("[::1]", "[::1]:50051"),
+        ("127.0.0.1:7000", "127.0.0.1:7000"),
+        ("[::1]:7000", "[::1]:7000"),
+        ("unix:/run/omnirt.sock", "unix:/run/omnirt.sock"),
+        ("dns:///controller.example:443", "dns:///controller.example:443"),
+    ],
+)
+def test_an_address_without_a_port_dials_the_controllers_port(given: str, dialled: str) -> None:
+    with Client(given) as client:  # gRPC's own default would be 443
+        assert client.address == dialled
