@@ -4,24 +4,32 @@ Its clients switch by changing the address. Client -> server:
 
 - text `{"type": "session.create", "model": ..., "inputs": {"image_b64": ...}, "config": {...}}`
   first (OmniRT also reads `config.fps|width|height|video_encoding|idle_timeout_ms` into the
-  SessionOpen fields and passes the rest as the session's config);
+  SessionOpen fields and passes the rest as the session's config, but for `config.chunk_samples`,
+  which this edge holds against the model's once the session is ready; OmniRT's
+  `"progress": true` asks for session.progress);
 - binary `b"AUDI" + pcm_s16le` audio;
-- text `{"type": "session.cancel"}` (drop the audio not yet animated: an interrupt),
-  `{"type": "session.close"}` (finish what was sent, then close), `{"type": "ping"}`, and
-  OmniRT's `{"type": "text", "text": ...}` (a session driven by text).
+- text `{"type": "session.cancel"}` (drop the audio not yet animated: an interrupt; the session
+  goes on), `{"type": "session.close"}` (finish what was sent, then close), `{"type": "ping"}`,
+  and OmniRT's `{"type": "text", "text": ...}` (a session driven by text).
 
 Server -> client: `{"type": "session.created", "session_id", "trace_id", "audio": {format,
 sample_rate, channels, chunk_samples}, "video": {encoding "jpeg-seq", wire_magic "VIDX", fps,
 width, height}}`; per chunk `{"type": "metrics", "chunk_index", "infer_ms", "encode_ms", ...}`
 then binary `b"VIDX" + uint32 frame_count + (uint32 jpeg_len + jpeg)*` (little-endian, as the
-original); `{"type": "session.progress", ...}`; `{"type": "pong"}`; last `{"type":
-"session.closed", "reason", "report"}` and close 1000. An error is `{"type": "error", "code",
-"message", "field"}` then a close: 1008 for bad input, 1013 (try again later) for
-RESOURCE_EXHAUSTED / UNAVAILABLE, 1011 for anything else.
+original); `{"type": "session.cancelled", "session_id"}` once the interrupt is on its way to the
+worker; `{"type": "pong"}`; `{"type": "session.progress", ...}` when asked for; last `{"type":
+"session.closed", "session_id", "reason", "report"}` and close 1000. An error is `{"type":
+"error", "code", "message", "field"}` then a close: 1008 for bad input, 1013 (try again later)
+for RESOURCE_EXHAUSTED / UNAVAILABLE, 1011 for anything else.
+
+The answers to the client's control messages (pong, session.cancelled) are written by the task
+reading the socket while the relay writes the worker's output: one lock keeps a chunk's metrics
+and its VIDX message together, as the original's clients read them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -51,6 +59,9 @@ PATH = "/v1/avatar/realtime"
 AUDIO_MAGIC, VIDEO_MAGIC = b"AUDI", b"VIDX"
 MAX_FRAME_BYTES = 48 << 20  # a session.create with a 32 MiB image in base64
 OPEN_FIELDS = ("fps", "width", "height", "video_encoding", "idle_timeout_ms", "sample_rate")
+# config keys this edge reads itself (SessionOpen has no field for them): the original's
+# clients send the chunk size their model takes; it is checked against SessionReady's.
+EDGE_FIELDS = ("chunk_samples",)
 CLOSE_BAD_INPUT, CLOSE_TRY_LATER, CLOSE_ERROR = 1008, 1013, 1011
 
 
@@ -93,35 +104,58 @@ async def serve(ws: web.WebSocketResponse, manager: SessionManager, tenant: str)
     first = await ws.receive()
     if first.type is not WSMsgType.TEXT:
         raise InvalidRequest("type: the first message must be a session.create JSON text", field="type")
-    opened = session_open(parse(first.data))
+    message = parse(first.data)
+    opened = session_open(message)
+    asked, progress = edge_options(message)
     session, ready = await manager.open(opened, tenant=tenant)
+    if asked and asked != ready.chunk_samples:
+        # Only the worker knows the model's chunk size: the session opened, and ends unused.
+        await manager.stop(session, "refused")
+        raise InvalidRequest(
+            f"config.chunk_samples: {asked} is not the model's {ready.chunk_samples} (leave it "
+            "out, or 0, for the model's)",
+            field="config.chunk_samples",
+        )
     await ws.send_json(created(ready))
+    lock = asyncio.Lock()  # see the module docstring
     # The socket closing without session.close is the client gone, not the end of its input.
-    async for response in relay(manager, session, opened, inputs(ws), gone=lambda: True):
-        if isinstance(response, wire.OutputChunk):
-            await ws.send_json(
-                {
-                    "type": "metrics",
-                    "chunk_index": response.sequence,
-                    "infer_ms": 0,
-                    "encode_ms": 0,
-                    "pts_ms": response.pts_ms,
-                    "latency_ms": round(response.latency_ms, 3),
-                    "frame_count": len(response.frames),
-                }
-            )
-            await ws.send_bytes(video_message(response.frames))
-        elif isinstance(response, wire.SessionProgress):
-            await ws.send_json({"type": "session.progress", **json_of(wire.progress_to_proto(response))})
-        elif isinstance(response, wire.SessionClosed):
-            report = json_of(wire.report_to_proto(response.report))
-            await ws.send_json({"type": "session.closed", "reason": response.reason, "report": report})
-            await ws.close(code=1000, message=b"session closed")
-            return
+    feed = inputs(ws, ready.session_id, lock)
+    async for response in relay(manager, session, opened, feed, gone=lambda: True):
+        async with lock:
+            if isinstance(response, wire.OutputChunk):
+                await ws.send_json(
+                    {
+                        "type": "metrics",
+                        "chunk_index": response.sequence,
+                        "infer_ms": 0,
+                        "encode_ms": 0,
+                        "pts_ms": response.pts_ms,
+                        "latency_ms": round(response.latency_ms, 3),
+                        "frame_count": len(response.frames),
+                    }
+                )
+                await ws.send_bytes(video_message(response.frames))
+            elif isinstance(response, wire.SessionProgress) and progress:
+                body = json_of(wire.progress_to_proto(response))
+                await ws.send_json({"type": "session.progress", **body})
+            elif isinstance(response, wire.SessionClosed):
+                report = json_of(wire.report_to_proto(response.report))
+                await ws.send_json(
+                    {
+                        "type": "session.closed",
+                        "session_id": ready.session_id,
+                        "reason": response.reason,
+                        "report": report,
+                    }
+                )
+                await ws.close(code=1000, message=b"session closed")
+                return
 
 
-async def inputs(ws: web.WebSocketResponse) -> AsyncIterator[wire.SessionInput]:
-    """The client's frames as session input; pings are answered here."""
+async def inputs(
+    ws: web.WebSocketResponse, session_id: str, lock: asyncio.Lock
+) -> AsyncIterator[wire.SessionInput]:
+    """The client's frames as session input; pings and session.cancel are answered here."""
     async for frame in ws:
         if frame.type is WSMsgType.BINARY:
             data: bytes = frame.data
@@ -132,9 +166,14 @@ async def inputs(ws: web.WebSocketResponse) -> AsyncIterator[wire.SessionInput]:
             message = parse(frame.data)
             kind = message.get("type")
             if kind == "ping":
-                await ws.send_json({"type": "pong"})
+                async with lock:
+                    await ws.send_json({"type": "pong"})
             elif kind == "session.cancel":
                 yield wire.Interrupt()
+                # The relay asks for the next input once it has passed this one on: the
+                # interrupt is on its way to the worker (output already made still comes).
+                async with lock:
+                    await ws.send_json({"type": "session.cancelled", "session_id": session_id})
             elif kind == "session.close":
                 yield wire.EndInput()
                 return
@@ -183,12 +222,13 @@ def session_open(message: dict[str, Any]) -> SessionSettings:
             raise InvalidRequest("inputs.image_b64: not base64", field="inputs.image_b64") from None
         opened.inputs.append(t.MediaInput(role=t.MediaRole.IMAGE, data=data))
     rest = dict(config)
-    for name in OPEN_FIELDS:
+    for name in (*OPEN_FIELDS, *EDGE_FIELDS):
         if name in rest:
             value = rest.pop(name)
             if not _fits(name, value):
                 raise InvalidRequest(f"config.{name}: {value!r} is not valid here", field=f"config.{name}")
-            setattr(opened, name, float(value) if name == "fps" else value)
+            if name in OPEN_FIELDS:
+                setattr(opened, name, float(value) if name == "fps" else value)
     labels = rest.pop("labels", {})
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise InvalidRequest("config.labels: an object of strings", field="config.labels")
@@ -199,6 +239,15 @@ def session_open(message: dict[str, Any]) -> SessionSettings:
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(f"config: {exc}", field="config") from None
     return opened
+
+
+def edge_options(message: dict[str, Any]) -> tuple[int, bool]:
+    """What of a session.create (checked by `session_open`) this edge acts on itself: the
+    `config.chunk_samples` asked for (0: the model's) and whether session.progress is wanted."""
+    progress = message.get("progress", False)
+    if not isinstance(progress, bool):
+        raise InvalidRequest(f"progress: true or false (got {str(progress)[:40]!r})", field="progress")
+    return int(message.get("config", {}).get("chunk_samples", 0)), progress
 
 
 def _fits(name: str, value: Any) -> bool:

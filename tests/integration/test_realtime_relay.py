@@ -373,8 +373,11 @@ def test_the_websocket_speaks_the_original_protocol(controller: Controller) -> N
             assert struct.unpack("<I", video[8:12]) == (4,) and video[12:16] == b"jpeg"
             await ws.send_json({"type": "session.cancel"})
             await ws.send_json({"type": "session.close"})
+            cancelled = await ws.receive_json(timeout=20)
+            assert cancelled == {"type": "session.cancelled", "session_id": created["session_id"]}
             closed = await ws.receive_json(timeout=20)
             assert closed["type"] == "session.closed" and closed["reason"] == "ended"
+            assert closed["session_id"] == created["session_id"]
             assert (await ws.receive(timeout=20)).type.name == "CLOSE" and ws.close_code == 1000
             assert worker.inputs == ["audio", "interrupt", "end"]
 

@@ -16,7 +16,7 @@ from omnirt import types as t
 from omnirt._internal.protocol import realtime as wire
 from omnirt._internal.protocol.messages import SessionSettings
 from omnirt.controller.realtime.manager import check_input, check_open
-from omnirt.controller.realtime.websocket import OPEN_FIELDS, session_open
+from omnirt.controller.realtime.websocket import OPEN_FIELDS, edge_options, session_open
 from omnirt.errors import InvalidRequest
 from omnirt.v1 import realtime_pb2 as rt
 
@@ -116,3 +116,23 @@ def test_session_create_reads_like_a_session_open() -> None:
         labels={"room": "7"},
         config={"seed": 7.0},  # through a Struct, as over gRPC: numbers are floats
     )
+
+
+def test_the_originals_chunk_samples_is_the_edges_and_never_reaches_the_model() -> None:
+    create = {"type": "session.create", "model": "m", "config": {"chunk_samples": 17920, "seed": 7}}
+    assert session_open(create).config == {"seed": 7.0}
+    assert edge_options(create) == (17920, False)
+    assert edge_options({**create, "config": {}, "progress": True}) == (0, True)
+
+
+@pytest.mark.parametrize("value", [-1, 2**32, 16.5, 16.0, True, "16", None])
+def test_a_chunk_samples_that_is_no_sample_count_is_refused_naming_it(value: Any) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        session_open({"type": "session.create", "model": "m", "config": {"chunk_samples": value}})
+    assert refused.value.field == "config.chunk_samples"
+
+
+def test_progress_is_true_or_false() -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        edge_options({"type": "session.create", "model": "m", "progress": "yes"})
+    assert refused.value.field == "progress"
