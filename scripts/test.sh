@@ -12,10 +12,11 @@ if ! command -v promtool >/dev/null && command -v apt-get >/dev/null && [ "$(id 
     >/dev/null 2>&1 || echo "promtool could not be installed; metrics are checked with prometheus_client only"
 fi
 # chromium (Debian's) runs the web console's browser tests (Playwright drives it by path; its own
-# browser downloads are never used); they skip, saying so, where it cannot be installed.
+# browser downloads are never used); where it cannot be installed they skip, saying so, and
+# under CI=true they fail.
 if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation) \
-    >/dev/null 2>&1 || echo "chromium could not be installed; the console's browser tests will skip"
+    >/dev/null 2>&1 || echo "chromium could not be installed; the console's browser tests will fail under CI=true (they skip elsewhere)"
 fi
 scripts/check_proto.sh
 .venv/bin/ruff check .

@@ -115,7 +115,11 @@ class WorkerConfig:
         metadata={"help": "largest file:// input the worker reads, in bytes"},
     )
     metrics: str = field(
-        default="", metadata={"help": "serve Prometheus /metrics on HOST:PORT or PORT (empty = off)"}
+        default="",
+        metadata={
+            "help": "serve HTTP on HOST:PORT or PORT: Prometheus /metrics and the probes /readyz (a live "
+            "stream to the controller) and /livez (empty = off, probes included)"
+        },
     )
     # ---- artifact store (docs/artifacts.md) ----
     artifact_store: str = field(

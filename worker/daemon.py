@@ -88,6 +88,7 @@ class WorkerDaemon:
             config.slots,
             lambda: self._assignments.busy,
             lambda: self._executor.loaded_models() if self._executor else [],
+            ready=self._not_ready,
         )
         self._connection = Connection(
             config,
@@ -247,6 +248,15 @@ class WorkerDaemon:
             sessions=self._sessions.ids,
             model_bytes=self.executor.model_memory(),
         )
+
+    def _not_ready(self) -> str:
+        """Why the worker takes no work now ("" while it does): what /readyz answers. Called from
+        the listener's threads: it reads two fields, each set whole by the event loop."""
+        if self._draining:
+            return "draining"
+        if not self._connection.connected:
+            return f"no live stream to the controller at {self.config.controller}"
+        return ""
 
     def _stream_opened(self, channel: grpc.aio.Channel) -> asyncio.Task[None] | None:
         return None if self._draining else self._preload.start(channel)

@@ -1,5 +1,5 @@
 """What the worker says about its work: log lines, its Prometheus metrics (on its own `--metrics`
-port) and its OpenTelemetry spans.
+port, beside the `/readyz` and `/livez` probes) and its OpenTelemetry spans.
 
 Every log line carries the worker id and, inside a job, its ids (`job_context`, `setup_logging`):
 job and assignment ids live in context variables, so they follow a job from its asyncio task into
@@ -15,15 +15,19 @@ exporter makes no span at all (nothing would ever read them).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import socket
 import sys
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Status, StatusCode
@@ -36,8 +40,9 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
-    start_http_server,
+    make_wsgi_app,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from omnirt._internal.buckets import BATCH_BUCKETS, LATENCY_BUCKETS
 from omnirt._internal.protocol.messages import Assignment, ItemOutcome
@@ -49,6 +54,11 @@ TRACER_NAME = "omnirt.worker"
 _provider: Any = None
 # False once `setup_tracing` found no exporter: spans would only be made to be dropped.
 _make_spans = True
+# /livez: the event loop must run a callback within this many seconds. The listener answers from
+# threads of its own, so without this a worker whose loop is stuck (no heartbeat sent, no job
+# taken) would still look alive. Busy pipeline threads hand the GIL over every 5 ms
+# (sys.getswitchinterval()), so a healthy loop answers in milliseconds even then.
+LOOP_ANSWER_S = 2.0
 
 disable_created_metrics()
 
@@ -91,16 +101,26 @@ def parse_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     if not port.isdigit():
         raise ValueError(f"metrics address must be HOST:PORT or PORT, not {address!r}")
-    return host or "0.0.0.0", int(port)
+    return host.strip("[]") or "0.0.0.0", int(port)  # [::]:9100: IPv6
 
 
 class WorkerTelemetry:
-    """Metrics and spans of one worker; `assignment_done` records each finished assignment."""
+    """Metrics and spans of one worker; `assignment_done` records each finished assignment.
+
+    `ready` says why the worker is not ready for work ("" while it is): `/readyz` answers 503
+    with that reason. It is called from the listener's threads.
+    """
 
     def __init__(
-        self, worker_id: str, slots: int, busy: Callable[[], int], loaded: Callable[[], list[str]]
+        self,
+        worker_id: str,
+        slots: int,
+        busy: Callable[[], int],
+        loaded: Callable[[], list[str]],
+        ready: Callable[[], str] = lambda: "",
     ) -> None:
         self.worker_id = worker_id
+        self._ready = ready
         self.registry = r = CollectorRegistry()
         self.jobs = Counter(
             "omnirt_worker_jobs",
@@ -176,10 +196,24 @@ class WorkerTelemetry:
         return child
 
     def serve(self, address: str) -> None:
-        """Serve `/metrics` on `address` from a background thread (prometheus_client's server)."""
+        """Serve `/metrics`, `/readyz` and `/livez` on `address` from background threads.
+
+        Called on the daemon's event loop (if any): `/livez` checks that loop answers.
+        OSError when the address cannot be bound.
+        """
         host, port = parse_address(address)
-        start_http_server(port, addr=host, registry=self.registry)
-        log.info("metrics on http://%s:%d/metrics", host, port)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        app = http_app(make_wsgi_app(self.registry), self._ready, lambda: loop_stall(loop))
+
+        class Server(ThreadingWSGIServer):
+            address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+        server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="omnirt-worker-http", daemon=True).start()
+        log.info("metrics on http://%s:%d/metrics (probes: /readyz, /livez)", host, port)
 
     def assignment_done(
         self, assignment: Assignment, outcomes: list[ItemOutcome], start_ns: int, end_ns: int
@@ -248,6 +282,59 @@ class WorkerTelemetry:
             self._series(self.step_rows, model).observe(float(shared.get("mean_rows") or 0))
             if shared.get("preemptions"):
                 self._series(self.preemptions, model).inc(float(shared["preemptions"]))
+
+
+# ---- the HTTP listener: /metrics and the probes -------------------------------------------------
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def loop_stall(loop: asyncio.AbstractEventLoop | None, timeout: float = LOOP_ANSWER_S) -> str:
+    """Why `loop` is not alive: it did not run a callback within `timeout` seconds ("" when it did,
+    or when there is no loop)."""
+    if loop is None:
+        return ""
+    answered = threading.Event()
+    try:
+        loop.call_soon_threadsafe(answered.set)
+    except RuntimeError:
+        return "the event loop is closed"
+    if answered.wait(timeout):
+        return ""
+    return f"the event loop did not answer within {timeout:g} s"
+
+
+def http_app(metrics: WsgiApp, ready: Callable[[], str], live: Callable[[], str]) -> WsgiApp:
+    """`/metrics` (prometheus_client's app), `/readyz` and `/livez`: 200 `{"status": "SERVING"}`,
+    or 503 `{"status": "NOT_SERVING", "reason": ...}` (the controller's `/healthz` shape); any
+    other path is a JSON 404, so a mistyped probe path fails instead of passing."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        check = {"/readyz": ready, "/livez": live}.get(path)
+        if check is None:
+            message = f"no route {path}: this listener serves /metrics, /readyz and /livez"
+            body: dict[str, Any] = {"error": {"code": "NOT_FOUND", "message": message}}
+            status = "404 Not Found"
+        elif reason := check():
+            body, status = {"status": "NOT_SERVING", "reason": reason}, "503 Service Unavailable"
+        else:
+            body, status = {"status": "SERVING"}, "200 OK"
+        data = json.dumps(body).encode()
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+        start_response(status, [*headers, ("Cache-Control", "no-store")])
+        return [data]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per request: a probe every few seconds would fill the log."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 # ---- log lines: every one carries the worker id and, inside a job, its ids -----------------------

@@ -7,7 +7,9 @@ checks where no helm exists); with helm here, `helm lint` runs and its rendering
 file object by object, and other values (the HPA, TLS, defaults) are rendered too. Every rendered
 object is validated against the Kubernetes schemas (kubernetes-validate) or its CRD's, and every
 PromQL expression must parse and name only metrics the daemons export (read from a real
-controller's /metrics and the worker's registry).
+controller's /metrics and the worker's registry). values.schema.json must refuse a misspelt key
+or a wrong type by name, and `helm install --dry-run=client` must print the NOTES (against a
+stand-in API server, kube_api.py). Without helm or node the tests skip; under CI=true they fail.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from omnirt.controller.config import ControllerConfig
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.telemetry import WorkerTelemetry
 from tests.daemons import Controller
+from tests.tools import require_tool
+from tests.unit.deploy.kube_api import kube_api
 from tests.unit.deploy.test_deploy_manifests import (
     DRAIN_TAIL_S,
     K8S,
@@ -56,7 +60,8 @@ CRD_KINDS = {
     ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 VALIDATE_CRDS = Path(__file__).with_name("validate_crds.mjs")
-NO_HELM = "no helm binary: scripts/install_tools.sh installs one into .tools/bin"
+SCHEMA = CHART / "values.schema.json"
+INSTALL_TOOLS = "scripts/install_tools.sh (run by scripts/test.sh) installs it into .tools/"
 
 
 def load(text: str) -> list[dict[str, Any]]:
@@ -94,16 +99,18 @@ def containers(objs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[st
 # ---- helm itself -----------------------------------------------------------------------------
 
 
-def helm_binary() -> str | None:
+def helm_binary() -> str:
+    """.tools/bin/helm, else one on PATH; skips the test without (fails it under CI)."""
     local = TOOLS / "bin" / "helm"
-    return str(local) if os.access(local, os.X_OK) else shutil.which("helm")
+    found = str(local) if os.access(local, os.X_OK) else shutil.which("helm")
+    require_tool("helm", found, INSTALL_TOOLS + "bin/helm")
+    assert found is not None
+    return found
 
 
 def helm_template(*values: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """`helm template omnirt CHART --namespace omnirt` with these `--set`/`-f` arguments."""
     helm = helm_binary()
-    if helm is None:
-        pytest.skip(NO_HELM)
     argv = [helm, "template", "omnirt", str(CHART), "--namespace", "omnirt", *values]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=check)
 
@@ -113,13 +120,11 @@ def by_key(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def test_helm_lint_and_template_match_the_rendered_example() -> None:
-    helm = helm_binary()
-    if helm is None:
-        pytest.skip(NO_HELM)
     lint = subprocess.run(
-        [helm, "lint", str(CHART), "-f", str(CI_VALUES)], capture_output=True, text=True, timeout=120
+        [helm_binary(), "lint", str(CHART), "-f", str(CI_VALUES)], capture_output=True, text=True, timeout=120
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "[INFO]" not in lint.stdout and "[WARNING]" not in lint.stdout, lint.stdout  # e.g. no icon
     out = helm_template("-f", str(CI_VALUES)).stdout
     assert by_key(load(out)) == by_key(list(rendered())), "rerender: helm template ... > rendered/full.yaml"
 
@@ -187,6 +192,77 @@ def test_chart_fails_with_a_reason_without_store_or_secrets() -> None:
         assert message in templates, message
 
 
+# ---- values.schema.json ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "field", "why"),
+    [
+        ("controller.replicaz=2", "replicaz", "Additional property replicaz is not allowed"),
+        ("pools[0].slots=abc", "pools.0.slots", "Expected: integer, given: string"),
+    ],
+    ids=["misspelt-key", "wrong-type"],
+)
+def test_schema_refuses_a_typo_or_a_wrong_type_naming_the_field(setting: str, field: str, why: str) -> None:
+    for command in ("template", "lint"):
+        if command == "template":
+            result = helm_template("-f", str(CI_VALUES), "--set", setting, check=False)
+        else:
+            argv = [helm_binary(), "lint", str(CHART), "-f", str(CI_VALUES), "--set", setting]
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0 and field in out and why in out, f"helm {command}: {out}"
+
+
+def test_default_values_pass_the_schema_with_the_three_required_settings() -> None:
+    required = ("controller.store=redis://r:6379/0", "auth.keysToml=k", "workerToken.token=t")
+    result = helm_template(*(a for r in required for a in ("--set", r)), check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_object_of_the_schema_is_closed_and_every_value_typed() -> None:
+    """Each of the chart's own objects lists its keys (additionalProperties: false), so a typo
+    anywhere is refused; each value has a type. Kubernetes objects passed as is stay open."""
+    schema = json.loads(SCHEMA.read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+
+    def walk(node: dict[str, Any], path: str) -> list[str]:
+        node = {k: v for k, v in node.items() if k != "description"}
+        if "$ref" in node or "allOf" in node:
+            return []  # the definitions are walked themselves
+        found = [] if "type" in node or "enum" in node else [f"{path}: no type"]
+        if "properties" in node:
+            if node.get("additionalProperties") is not False:
+                found.append(f"{path}: open (additionalProperties is not false)")
+            for key, child in node["properties"].items():
+                found += walk(child, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            found += walk(node["items"], f"{path}[]")
+        return found
+
+    problems = walk(schema, "(root)")
+    for name, definition in schema["definitions"].items():
+        problems += walk(definition, f"definitions.{name}")
+    assert not problems, problems
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) == set(schema["properties"]), "values.yaml and the schema list the same sections"
+
+
+def test_install_prints_notes_on_reaching_the_console_keys_and_a_first_request(tmp_path: Path) -> None:
+    kinds = {(o["apiVersion"], o["kind"]) for o in rendered()}
+    argv = [helm_binary(), "install", "omnirt", str(CHART), "--namespace", "omnirt", "--dry-run=client"]
+    argv += ["--disable-openapi-validation", "-f", str(CI_VALUES)]
+    with kube_api(kinds, tmp_path) as env:
+        environ = {**os.environ, **env}
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=environ)
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("\nNOTES:\n", 1)[1]
+    assert "kubectl -n omnirt port-forward svc/omnirt-controller 8080:8080" in notes
+    assert "open http://127.0.0.1:8080/" in notes
+    assert "omnirtctl keys new" in notes and "Secret omnirt-auth-keys" in notes
+    assert "curl -s http://127.0.0.1:8080/v1/generate" in notes and '"model": "tiny-sd"' in notes
+
+
 # ---- schemas ---------------------------------------------------------------------------------
 
 
@@ -195,8 +271,13 @@ def crd_errors(objs: tuple[str, ...]) -> tuple[str, ...]:
     """One error message ("" = valid) per custom resource (JSON), by its CRD's validator."""
     node = shutil.which("node")
     modules = TOOLS / "node_modules"
-    if node is None or not (modules / "@kubernetes-models" / "keda").is_dir():
-        pytest.skip("the CRD validators need node and scripts/install_tools.sh (.tools/node_modules)")
+    require_tool("node", node, "the machine must provide Node.js (scripts/install_tools.sh runs its npm)")
+    require_tool(
+        "the CRD validators",
+        (modules / "@kubernetes-models" / "keda").is_dir(),
+        INSTALL_TOOLS + "node_modules",
+    )
+    assert node is not None
     out = subprocess.run(
         [node, str(VALIDATE_CRDS), str(modules)],
         input="[" + ",".join(objs) + "]",
@@ -279,6 +360,19 @@ def test_controller_runs_on_redis_behind_its_service() -> None:
     assert config.auth_keys and config.worker_token_file and not config.insecure
 
 
+def test_a_stopping_controller_leaves_the_service_first_and_is_not_killed_mid_shutdown() -> None:
+    """preStop sleeps while the endpoints drop the pod; the grace period covers that sleep, the
+    controller's shutdown grace and 5 s more."""
+    ((deployment, c, config),) = [
+        t for t in containers(kind("Deployment")) if isinstance(t[2], ControllerConfig)
+    ]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["controller"]
+    sleep_s = values["preStopSleepSeconds"]
+    assert sleep_s > 0 and c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(sleep_s)]
+    grace_s = getattr(config, "shutdown_grace_s", values["shutdownGraceSeconds"])
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == sleep_s + grace_s + 5
+
+
 def test_workers_dial_the_controller_drain_in_time_and_gpu_pools_ask_for_gpus() -> None:
     service = named("Service", "omnirt-controller")
     for deployment, c, config in containers(kind("Deployment")):
@@ -294,6 +388,9 @@ def test_workers_dial_the_controller_drain_in_time_and_gpu_pools_ask_for_gpus() 
             > config.drain_timeout_s + DRAIN_TAIL_S
         )
         assert c["readinessProbe"]["httpGet"]["port"] == "metrics" and config.metrics.endswith(":9100"), name
+        # Ready while connected to a controller; alive whatever the controllers do.
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", name
+        assert c["livenessProbe"]["httpGet"]["path"] == "/livez", name
         if c["image"].startswith("omnirt-worker-cuda"):
             assert config.backend == "cuda" and c["resources"]["limits"]["nvidia.com/gpu"] >= 1, name
             assert deployment["spec"]["template"]["spec"]["tolerations"], name
