@@ -114,7 +114,7 @@ async def walk(model: str, model_dir: Path) -> dict[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.walk", description=__doc__)
     parser.add_argument("--model", default="tiny-sd", help="tiny-sd (default) or null")
-    parser.add_argument("--functions", action="store_true", help="also list the functions called in each file")
+    parser.add_argument("--functions", action="store_true", help="also list the functions called per file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as models:
         files = asyncio.run(walk(args.model, Path(models)))

@@ -33,6 +33,13 @@ class ControllerConfig:
             "for a worker to start, whatever --unserved-wait-s says (* = every model)"
         },
     )
+    shutdown_grace_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "at SIGTERM, seconds the calls in flight may take to finish (new calls are refused, "
+            "streams end, then the workers are told to reconnect)"
+        },
+    )
     priority_aging_s: float = field(
         default=30.0,
         metadata={"help": "seconds of waiting that raise a job's priority by one (0 = no aging)"},

@@ -25,6 +25,7 @@ from omnirt.controller.edges.audit import AuditLog
 from omnirt.controller.edges.auth import Authenticator, AuthInterceptor
 from omnirt.controller.edges.interceptors import ErrorInterceptor
 from omnirt.controller.edges.servicers import ClusterServicer, GenerationServicer, ModelServicer
+from omnirt.controller.edges.shutdown import Shutdown, ShutdownInterceptor
 from omnirt.controller.edges.tls import ServerTls
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.edges.worker_stream import WorkerGateway
@@ -63,6 +64,8 @@ SERVICE_NAMES = (
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 HEALTH_POLL_S = 0.25
+ANSWER_S = 1.0  # at shutdown: for the calls ended UNAVAILABLE to answer their callers
+RELEASE_S = 5.0  # at shutdown: for the engine to hand back the jobs of the workers told to reconnect
 LIVENESS_SERVICE = "omnirt.liveness"
 
 
@@ -162,6 +165,8 @@ class ControllerServer:
             self.engine.catalog, config.session_max_duration_s, name=config.listen, shared=shared
         )
         self.sessions.metrics = parts.metrics.realtime
+        # SIGTERM: new calls refused, streams ended, calls in flight given the grace (edges/shutdown).
+        self.shutdown = Shutdown()
         self.server = self._grpc_server([AuthInterceptor(self.auth, self.admission.carries_token)])
         public = {
             SERVICE_NAMES[0]: GenerationServicer(
@@ -175,8 +180,8 @@ class ControllerServer:
         models_pb2_grpc.add_ModelServiceServicer_to_server(public[SERVICE_NAMES[1]], self.server)
         cluster_pb2_grpc.add_ClusterServiceServicer_to_server(public[SERVICE_NAMES[2]], self.server)
         realtime_pb2_grpc.add_RealtimeServiceServicer_to_server(public[SERVICE_NAMES[3]], self.server)
-        gateway = WorkerGateway(
-            self.engine, self.admission, self.sessions, self.artifacts, parts.arriving_results
+        self.gateway = gateway = WorkerGateway(
+            self.engine, self.admission, self.sessions, self.artifacts, parts.arriving_results, self.shutdown
         )
         # One health servicer on both ports: a probe of either sees the same status.
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]  # the stub lacks `aio`
@@ -223,12 +228,18 @@ class ControllerServer:
                 cors_origins=config.cors_origin,
                 metrics_auth=config.metrics_auth,
                 artifacts=self.artifacts,
+                shutdown=self.shutdown,
             )
 
     def _grpc_server(self, interceptors: list[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
         limit = self.config.max_message_bytes
         return grpc.aio.server(
-            interceptors=[TraceInterceptor(), ErrorInterceptor(), *interceptors],
+            interceptors=[
+                TraceInterceptor(),
+                ErrorInterceptor(),
+                ShutdownInterceptor(self.shutdown),
+                *interceptors,
+            ],
             options=[
                 ("grpc.max_send_message_length", limit),
                 ("grpc.max_receive_message_length", limit),
@@ -337,11 +348,23 @@ class ControllerServer:
                 log.warning("job store %s: health %s", "reachable" if now else "unreachable", now)
                 await self._set_health(now)
 
-    async def stop(self, grace_s: float = 5.0) -> None:
-        """Report NOT_SERVING, let calls in flight finish for up to `grace_s`, then stop."""
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Shut down gracefully (docs/operations.md, "Rolling upgrades"): NOT_SERVING, new calls
+        refused and open streams ended (edges/shutdown), unary calls in flight given up to
+        `grace_s` (default --shutdown-grace-s) to finish, those still running ended UNAVAILABLE,
+        the workers told to reconnect (their jobs handed back first), then everything stopped."""
+        grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        self.shutdown.close()
         if self._health_task is not None:
             self._health_task.cancel()
         await self.health.enter_graceful_shutdown()
+        if not await self.shutdown.calls_done(grace_s):
+            log.warning(
+                "shutdown: the grace of %g s ran out; the calls still running end UNAVAILABLE", grace_s
+            )
+        self.shutdown.expire()
+        await self.shutdown.calls_done(ANSWER_S)  # the ended calls answer their callers
+        await self.gateway.release_workers(RELEASE_S)
         if self.http is not None:
             await self.http.stop()
         await self.webhooks.stop()
@@ -349,4 +372,4 @@ class ControllerServer:
         if self.artifacts is not None:
             await self.artifacts.stop()
         servers = [self.server] if self.worker_server is None else [self.server, self.worker_server]
-        await asyncio.gather(*(server.stop(grace_s) for server in servers))
+        await asyncio.gather(*(server.stop(ANSWER_S) for server in servers))

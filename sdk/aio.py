@@ -65,6 +65,7 @@ class AsyncClient:
         cert: PathArg | None = None,
         key: PathArg | None = None,
         api_key: str | None = None,
+        retries: int = calls.RETRIES,
     ) -> None:
         settings = ChannelSettings.of(
             address, options=options, credentials=credentials, tls=tls, ca=ca, cert=cert, key=key,
@@ -72,6 +73,7 @@ class AsyncClient:
         )  # fmt: skip
         self.address = settings.address
         self.timeout = timeout
+        self.retries = retries
         self.metadata = tuple(metadata)
         self.tls = settings.credentials is not None
         self.channel = open_aio_channel(settings)
@@ -96,7 +98,7 @@ class AsyncClient:
     # ---- the awaited I/O under `omnirt._internal.calls` ----------------------------------
 
     async def _run(self, plan: calls.Plan[T]) -> T:
-        return await calls.run_async(plan, self._perform)
+        return await calls.run_async(plan, self._perform, self.retries)
 
     async def _perform(self, step: calls.Step) -> Any:
         """One step of a plan: a unary call, a stream followed to its end, or a pause."""

@@ -78,6 +78,11 @@ class Client:
     certificate for a controller that asks for one; `tls=False` stays plaintext whatever the
     environment says; `credentials` (grpc's own) replaces all four. `api_key` (default
     `$OMNIRT_API_KEY`) is sent as `authorization: Bearer KEY` on every call, over TLS or not.
+
+    Calls that are safe to repeat (reads, cancels, `validate`, and `submit`/`generate` with an
+    `idempotency_key`) are sent again up to `retries` times, with backoff, when the controller
+    cannot be reached or is shutting down (UNAVAILABLE); `wait`/`watch` resume after their last
+    event. `retries=0` turns that off.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class Client:
         cert: PathArg | None = None,
         key: PathArg | None = None,
         api_key: str | None = None,
+        retries: int = calls.RETRIES,
     ) -> None:
         settings = ChannelSettings.of(
             address, options=options, credentials=credentials, tls=tls, ca=ca, cert=cert, key=key,
@@ -100,6 +106,7 @@ class Client:
         )  # fmt: skip
         self.address = settings.address
         self.timeout = timeout
+        self.retries = retries
         self.metadata = tuple(metadata)
         self.tls = settings.credentials is not None
         self._raw_channel, self.channel = open_channel(settings)
@@ -124,7 +131,7 @@ class Client:
     # ---- the blocking I/O under `omnirt._internal.calls` ---------------------------------
 
     def _run(self, plan: calls.Plan[T]) -> T:
-        return calls.run(plan, self._perform)
+        return calls.run(plan, self._perform, self.retries)
 
     def _perform(self, step: calls.Step) -> Any:
         """One step of a plan: a unary call, a stream followed to its end, or a pause."""

@@ -2,35 +2,59 @@
 
 The controller raises these in its domain code and one server interceptor turns them into
 a status code, a readable message and trailing metadata (`omnirt-error-field`,
-`omnirt-error-subject`, `retry-after-ms`, and the standard `google.rpc.Status` details in
-`grpc-status-details-bin`); the SDK turns the status back into the same class. It reads its
-own trailers first and the standard details for what they leave out (another server's errors).
+`omnirt-error-fields`, `omnirt-error-subject`, `retry-after-ms`, and the standard
+`google.rpc.Status` details in `grpc-status-details-bin`); the SDK turns the status back into the
+same class. It reads its own trailers first and the standard details for what they leave out
+(another server's errors, and each violation's description).
 `map_rpc_error` is what every client call and realtime session raises.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any, cast
 
 import grpc
 
 FIELD_KEY = "omnirt-error-field"
+# Every field at fault, as a JSON list, when a request broke more than one rule.
+FIELDS_KEY = "omnirt-error-fields"
 SUBJECT_KEY = "omnirt-error-subject"
 RETRY_AFTER_KEY = "retry-after-ms"
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
 class OmniRTError(Exception):
-    """Base class: `code` is the gRPC status, `field` the request field at fault (if any)."""
+    """Base class: `code` is the gRPC status, `field` the request field at fault (if any).
+
+    A request that breaks several rules is refused once for all of them: `field` is the first,
+    `violations` every one, as (field, description) pairs (`fields`: the fields alone). The
+    description is "" where the server sent only the field (a client without
+    googleapis-common-protos reads the fields from a trailer, the descriptions from the details).
+    """
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
     subject: str = ""
 
-    def __init__(self, message: str, *, field: str = "", retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str = "",
+        retry_after_s: float | None = None,
+        violations: Sequence[tuple[str, str]] = (),
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
         self.retry_after_s = retry_after_s
+        self.violations: list[tuple[str, str]] = list(violations) or ([(field, message)] if field else [])
+
+    @property
+    def fields(self) -> list[str]:
+        """Every request field at fault, `field` first."""
+        return [name for name, _ in self.violations]
 
     def __str__(self) -> str:
         return f"{self.message} ({self.code.name})"
@@ -163,6 +187,7 @@ def error_for(
     field: str = "",
     subject: str = "",
     retry_after_s: float | None = None,
+    violations: Sequence[tuple[str, str]] = (),
 ) -> OmniRTError:
     """Build the typed error for a status code (or its name, as in `JobError.code`)."""
     if isinstance(code, str):
@@ -171,14 +196,17 @@ def error_for(
         code = grpc.StatusCode.UNKNOWN
     cls = _BY_SUBJECT.get(subject) if code is grpc.StatusCode.NOT_FOUND else None
     cls = cls or _BY_CODE.get(code, OmniRTError)
-    err = cls(message, field=field, retry_after_s=retry_after_s)
+    err = cls(message, field=field, retry_after_s=retry_after_s, violations=violations)
     if cls is OmniRTError:
         err.code = code
     return err
 
 
-def _from_status_details(data: bytes) -> dict[str, str]:
-    """Field, subject and retry hint (as trailer values) from a serialized google.rpc.Status."""
+def _from_status_details(data: bytes, violations: list[tuple[str, str]]) -> dict[str, str]:
+    """Field, subject and retry hint (as trailer values) from a serialized google.rpc.Status.
+
+    Its BadRequest's violations are added to `violations`.
+    """
     try:  # googleapis-common-protos comes with grpcio-status; the base install may lack it
         from google.rpc import error_details_pb2, status_pb2
     except ImportError:
@@ -200,6 +228,7 @@ def _from_status_details(data: bytes) -> dict[str, str]:
             detail.Unpack(bad)
             if bad.field_violations:
                 found[FIELD_KEY] = bad.field_violations[0].field
+                violations.extend((v.field, v.description) for v in bad.field_violations)
         elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             retry = error_details_pb2.RetryInfo()
             detail.Unpack(retry)
@@ -213,22 +242,37 @@ def from_rpc_error(exc: grpc.RpcError) -> OmniRTError:
     message = (exc.details() if hasattr(exc, "details") else None) or str(code)
     meta: dict[str, str] = {}
     details: dict[str, str] = {}
+    violations: list[tuple[str, str]] = []
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for item in trailing or ():
         key, value = cast(Any, item)  # a _Metadatum (a named pair) or a plain pair
         if key == STATUS_DETAILS_KEY:
-            details = _from_status_details(value)
+            details = _from_status_details(value, violations)
         elif not key.endswith("-bin"):  # binary values are not text
             meta[key] = value if isinstance(value, str) else value.decode(errors="replace")
     meta = {**details, **meta}
+    field = meta.get(FIELD_KEY, "")
+    if not violations or violations[0][0] != field:
+        violations = [(name, "") for name in _fields(meta.get(FIELDS_KEY, ""))]
     retry = meta.get(RETRY_AFTER_KEY)
     return error_for(
         code,
         message,
-        field=meta.get(FIELD_KEY, ""),
+        field=field,
         subject=meta.get(SUBJECT_KEY, ""),
         retry_after_s=int(retry) / 1000 if retry and retry.isdigit() else None,
+        violations=violations if violations and violations[0][0] == field else (),
     )
+
+
+def _fields(text: str) -> list[str]:
+    """The fields of an `omnirt-error-fields` trailer; none for a value that is not a JSON list of them."""
+    try:
+        fields = json.loads(text) if text else []
+    except ValueError:
+        return []
+    ok = isinstance(fields, list) and all(isinstance(name, str) for name in fields)
+    return fields if ok else []
 
 
 # Messages of grpc core (not of the controller) that mean the address could not be reached.

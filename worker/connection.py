@@ -38,6 +38,8 @@ from omnirt import types as t
 from omnirt._internal.limits import MAX_MESSAGE_BYTES, STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
 from omnirt._internal.protocol import convert as wire
 from omnirt._internal.protocol.messages import (
+    RECONNECT_KEY,
+    RECONNECT_VALUE,
     AssignmentResult,
     ControllerMessage,
     Heartbeat,
@@ -186,6 +188,7 @@ class Connection:
         warned = False
         while not self._closing:
             self._welcomed_at = None
+            told = False  # the controller is shutting down and told this worker to reconnect
             try:
                 await self._session()
             except asyncio.CancelledError:
@@ -194,6 +197,7 @@ class Connection:
                 if exc.code() in REFUSALS:
                     self._refuse(exc)
                     return
+                told = (RECONNECT_KEY, RECONNECT_VALUE) in tuple(exc.trailing_metadata() or ())
                 failure = f"{exc.code().name} {exc.details()}{failure_hint(exc, self._config.tls)}"
             except Exception as exc:
                 failure = f"{type(exc).__name__}: {exc}"
@@ -204,6 +208,12 @@ class Connection:
             stable = (
                 self._welcomed_at is not None and time.monotonic() - self._welcomed_at >= STABLE_SESSION_S
             )
+            if told:  # a rolling restart: at once, to the controller behind the same address
+                attempt, warned = 0, False
+                delay = backoff_delay(0, self._config.reconnect_max_s)
+                log.info("controller %s is shutting down; reconnecting in %.2f s", controller, delay)
+                await asyncio.sleep(delay)
+                continue
             attempt = 0 if stable else attempt + 1
             delay = backoff_delay(attempt, self._config.reconnect_max_s)
             # The first failure of an outage is worth a warning; its retries are routine.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from omnirt._internal.limits import ECHO_CHARS, MAX_ADAPTER_NAME_CHARS, MAX_ADAPTER_SCALE, MAX_FILE_NAME_BYTES
@@ -23,6 +24,8 @@ from omnirt.types import GenerateRequest, ModelLimits
 # Most characters of an error's field path and of its reason (a few hundred bytes of trailers).
 MAX_FIELD_CHARS = 512
 MAX_REASON_CHARS = 256
+# Of the message naming several faults (each a field and its reason, joined by "; ").
+MAX_MESSAGE_CHARS = 1024
 # Job and worker ids a request names: the controller's own job ids are 20 characters; a worker
 # id is often its pod name (deploy/k8s), which Kubernetes allows 253 characters.
 MAX_ID_CHARS = 256
@@ -83,6 +86,47 @@ def bad(name: str, reason: str) -> InvalidRequest:
     return InvalidRequest(f"{name}: {reason}", field=name)
 
 
+class Violations(list[InvalidRequest]):
+    """The faults of one request, gathered in one pass so that one answer names them all.
+
+    A check appends its fault (`found.append(bad(...))`) or, for a helper that raises, runs
+    through `run`, and the next independent check goes on; `stop` raises what was found where
+    later checks depend on what these checked. No `with` block per check: a context manager's
+    enter and exit cost 0.16 us each time, and a request passes some thirty checks (a valid
+    request's `validate` took 13.5 us before, 20 us with them, 14.7 us so); a try that raises
+    nothing costs nothing in Python 3.11.
+    """
+
+    def run(self, check: Callable[..., None], *args: Any) -> None:
+        """`check(*args)`, its InvalidRequest kept (any other error passes through)."""
+        try:
+            check(*args)
+        except InvalidRequest as fault:
+            self.append(fault)
+
+    def error(self) -> InvalidRequest | None:
+        """One InvalidRequest for everything found (None when nothing was): the first fault's
+        field, every field once in `violations` (the first fault of each), the messages joined."""
+        if len(self) <= 1:
+            return self[0] if self else None
+        faults: dict[str, InvalidRequest] = {}
+        for fault in self:
+            faults.setdefault(fault.field, fault)
+        message = "; ".join(fault.message for fault in faults.values())
+        if len(message) > MAX_MESSAGE_CHARS:  # every fault stays whole in `violations`
+            message = message[: MAX_MESSAGE_CHARS - 3] + "..."
+        violations = [(fault.field, fault.message) for fault in faults.values()]
+        return InvalidRequest(message, field=self[0].field, violations=violations)
+
+    def stop(self, fault: InvalidRequest | None = None) -> None:
+        """Raise what was found, and `fault`, if anything (the checks after this one depend on it)."""
+        if fault is not None:
+            self.append(fault)
+        error = self.error()
+        if error is not None:
+            raise error
+
+
 def check_length(name: str, value: str, limit: int) -> None:
     """INVALID_ARGUMENT naming `name` when `value` is longer than `limit` (0 = no limit)."""
     if limit and len(value) > limit:
@@ -94,18 +138,27 @@ def check_id(name: str, value: str) -> None:
     check_length(name, value, MAX_ID_CHARS)
 
 
-def check_request(req: GenerateRequest, limits: ModelLimits) -> None:
-    """Sizes of the strings, collections and extras of a request (its model is known)."""
-    check_length("prompt", req.prompt, limits.max_prompt_chars)
-    check_length("negative_prompt", req.negative_prompt, limits.max_prompt_chars)
-    check_length("scheduler", req.scheduler, MAX_NAME_CHARS)
-    check_length("preset", req.preset, MAX_NAME_CHARS)
-    check_length("output.format", req.output_format, MAX_NAME_CHARS)
-    check_length("idempotency_key", req.idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS)
-    _check_labels(req.labels)
-    _check_adapters(req)
-    _check_inputs(req, limits.max_input_bytes)
-    check_extra(req.extra)
+def check_request(req: GenerateRequest, limits: ModelLimits, found: Violations | None = None) -> None:
+    """Sizes of the strings, collections and extras of a request (its model is known).
+
+    Each field's fault goes to `found` and the next field is checked; then what was found is
+    raised (all of it: `found` may hold faults of checks before these)."""
+    found = Violations() if found is None else found
+    for name, value, limit in (
+        ("prompt", req.prompt, limits.max_prompt_chars),
+        ("negative_prompt", req.negative_prompt, limits.max_prompt_chars),
+        ("scheduler", req.scheduler, MAX_NAME_CHARS),
+        ("preset", req.preset, MAX_NAME_CHARS),
+        ("output.format", req.output_format, MAX_NAME_CHARS),
+        ("idempotency_key", req.idempotency_key, MAX_IDEMPOTENCY_KEY_CHARS),
+    ):
+        if limit and len(value) > limit:  # check_length's rule, without a call per field
+            found.append(bad(name, f"at most {limit} characters (got {len(value)})"))
+    found.run(_check_labels, req.labels)
+    found.run(_check_adapters, req)
+    found.run(_check_inputs, req, limits.max_input_bytes)
+    found.run(check_extra, req.extra)
+    found.stop()
 
 
 def check_labels(labels: dict[str, str]) -> None:

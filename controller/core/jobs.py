@@ -27,6 +27,7 @@ from omnirt.types import (
     JobState,
     ModelSpec,
     Progress,
+    WorkerState,
 )
 
 log = logging.getLogger("omnirt.controller")
@@ -202,6 +203,22 @@ class Unserved:
 
 
 _START_ONE = "start a worker that serves it (omnirt-worker --models {model})"
+
+
+# The reason a worker's stream ends when its controller shuts down and tells it to reconnect.
+RECONNECT_REASON = "the controller is shutting down; the worker reconnects"
+
+
+def log_worker_gone(handle: WorkerHandle, reason: str) -> None:
+    """The log line of a worker whose stream ended: INFO for a worker that drained (it finished
+    its jobs and left) or was told to reconnect by a controller shutting down, WARNING else."""
+    extra = {"worker_id": handle.id, "reason": reason}
+    if handle.info.state is WorkerState.DRAINING and not handle.running:
+        log.info("worker drained", extra=extra)
+    elif reason == RECONNECT_REASON:
+        log.info("worker told to reconnect", extra=extra)
+    else:
+        log.warning("worker lost", extra=extra)
 
 
 async def worker_joined(

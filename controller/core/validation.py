@@ -15,9 +15,9 @@ from omnirt._internal.families import Family
 from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.controller.core import bounds
-from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, bad, echo
+from omnirt.controller.core.bounds import INT32_MAX, MAX_TIMEOUT_MS, Violations, bad, echo
 from omnirt.controller.core.catalog import PRESET_RUNTIME, Catalog
-from omnirt.errors import FailedPrecondition
+from omnirt.errors import FailedPrecondition, InvalidRequest, OmniRTError
 from omnirt.types import GenerateRequest, MediaKind, ModelSpec, Preset, Task, Webhook
 
 MAX_PRIORITY = 100
@@ -58,35 +58,37 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def _positive(req: GenerateRequest, name: str, limit: int, multiple: int = 1) -> None:
+def _positive(req: GenerateRequest, name: str, limit: int) -> InvalidRequest | None:
+    """The fault of an int field that is not positive, or over `limit` (0: none) or int32."""
     value = getattr(req, name)
     if value is None:
-        return
+        return None
     if value <= 0:
-        raise bad(name, f"must be positive (got {value})")
-    if value % multiple:
-        raise bad(name, f"must be a multiple of {multiple} (got {value})")
+        return bad(name, f"must be positive (got {value})")
     if limit and value > limit:
-        raise bad(name, f"at most {limit} for this model (got {value})")
+        return bad(name, f"at most {limit} for this model (got {value})")
     if value > INT32_MAX:  # the field is an int32 on the wire
-        raise bad(name, f"at most {INT32_MAX} (got {value})")
+        return bad(name, f"at most {INT32_MAX} (got {value})")
+    return None
 
 
-def _finite(req: GenerateRequest, name: str, low: float, high: float) -> None:
-    """`low <= value <= high` for a float field (NaN and infinities fail: they compare false)."""
+def _finite(req: GenerateRequest, name: str, low: float, high: float) -> InvalidRequest | None:
+    """The fault of a float field outside `low..high` (NaN and infinities: they compare false)."""
     value = getattr(req, name)
     if value is not None and not (math.isfinite(value) and low <= value <= high):
-        raise bad(name, f"must be between {low:g} and {high:g} (got {value})")
+        return bad(name, f"must be between {low:g} and {high:g} (got {value})")
+    return None
 
 
-def _check_times(req: GenerateRequest, now_ms: int) -> None:
+def _check_times(req: GenerateRequest, now_ms: int, found: Violations) -> None:
     """Deadline and timeout: the job's deadline (now + timeout) must stay a sane int64."""
     if req.deadline_ms < 0 or (req.deadline_ms and req.deadline_ms <= now_ms):
-        raise bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})")
-    if req.deadline_ms > now_ms + MAX_TIMEOUT_MS:
-        raise bad("deadline_ms", f"at most {MAX_TIMEOUT_MS} ms ahead (got {req.deadline_ms}, now {now_ms})")
+        found.append(bad("deadline_ms", f"already past (deadline {req.deadline_ms}, now {now_ms})"))
+    elif req.deadline_ms > now_ms + MAX_TIMEOUT_MS:
+        reason = f"at most {MAX_TIMEOUT_MS} ms ahead (got {req.deadline_ms}, now {now_ms})"
+        found.append(bad("deadline_ms", reason))
     if not 0 <= req.timeout_ms <= MAX_TIMEOUT_MS:
-        raise bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})")
+        found.append(bad("timeout_ms", f"must be between 0 and {MAX_TIMEOUT_MS} (got {req.timeout_ms})"))
 
 
 def parse_webhook_url(url: str) -> SplitResult:
@@ -204,24 +206,25 @@ def _check_persistent(req: GenerateRequest, spec: ModelSpec, family: Family) -> 
         raise FailedPrecondition(reason, field="model")
 
 
-def _check_grid(req: GenerateRequest, spec: ModelSpec, family: Family | None) -> None:
+def _check_grid(req: GenerateRequest, spec: ModelSpec, family: Family | None, found: Violations) -> None:
     """Width and height on the family's size grid; num_frames on its temporal grid."""
     lim = spec.limits
     multiple, where = (family.size_multiple, f" for the {family.id} family") if family else (8, "")
     for name, limit in (("width", lim.max_width), ("height", lim.max_height)):
         value = getattr(req, name)
         if value is not None and value > 0 and value % multiple:
-            raise bad(name, f"must be a multiple of {multiple}{where} (got {value})")
-        _positive(req, name, limit)
+            found.append(bad(name, f"must be a multiple of {multiple}{where} (got {value})"))
+        elif fault := _positive(req, name, limit):
+            found.append(fault)
     steps = req.num_inference_steps
     if family is not None and steps is not None and 0 < steps < family.min_steps:
         reason = f"at least {family.min_steps} for the {family.id} family (got {steps})"
-        raise bad("num_inference_steps", reason)
+        found.append(bad("num_inference_steps", reason))
     frames = req.num_frames
     if family is not None and frames is not None and frames > 0 and not family.on_frame_grid(frames):
         k = family.frame_grid
         grid = f"1, {k + 1}, {2 * k + 1}, ..."
-        raise bad("num_frames", f"must be {k}k+1 for the {family.id} family ({grid}; got {frames})")
+        found.append(bad("num_frames", f"must be {k}k+1 for the {family.id} family ({grid}; got {frames})"))
 
 
 def _check_inputs(req: GenerateRequest, task: Task) -> None:
@@ -246,8 +249,9 @@ def _check_step_cache(req: GenerateRequest, spec: ModelSpec, family: Family | No
     raise bad("extra.runtime.step_cache", reason)
 
 
-def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
-    """Validate and normalize `extra.runtime` (runtime options per request; legacy_call models only)."""
+def _check_runtime(req: GenerateRequest, spec: ModelSpec, family: Family | None) -> None:
+    """Validate and normalize `extra.runtime` (runtime options per request; legacy_call models
+    only), then its step cache against the family."""
     if "runtime" not in req.extra:
         return
     if spec.execution_mode != ExecutionMode.LEGACY_CALL:
@@ -259,10 +263,27 @@ def _check_runtime(req: GenerateRequest, spec: ModelSpec) -> None:
         raise bad(f"extra.runtime.{exc.path}".rstrip("."), exc.reason) from None
     # Normalized, so equal settings batch together (`extra` is part of the batching key).
     req.extra = {**req.extra, "runtime": options}
+    _check_step_cache(req, spec, family)
 
 
 def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None = None) -> Plan:
-    """Check `request` against the catalog and fill in every default; raise on the first fault."""
+    """Check `request` against the catalog and fill in every default.
+
+    Raises InvalidRequest naming every field at fault that one pass finds (`bounds.Violations`:
+    the first as `field`, all in `violations`); a check that needs an earlier one's value to be
+    good (anything after the sizes, the task or the preset) runs only when it is. Another
+    error (an unknown model, a mode the family cannot run) is raised as it comes, unless a field
+    was found at fault before it.
+    """
+    found = Violations()
+    try:
+        return _validate(request, catalog, now_ms, found)
+    except OmniRTError:
+        found.stop()  # what was found first is what the caller hears first
+        raise
+
+
+def _validate(request: GenerateRequest, catalog: Catalog, now_ms: int | None, found: Violations) -> Plan:
     req = dataclasses.replace(request)
     spec = catalog.resolve(req.model)
     req.model = spec.id
@@ -273,53 +294,70 @@ def validate(request: GenerateRequest, catalog: Catalog, *, now_ms: int | None =
             field="model",
         )
     # Sizes first: nothing below walks or quotes an unbounded value.
-    bounds.check_request(req, spec.limits)
-    _check_times(req, int(time.time() * 1000) if now_ms is None else now_ms)
-    _check_webhook(req)
+    bounds.check_request(req, spec.limits, found)
+    _check_times(req, int(time.time() * 1000) if now_ms is None else now_ms, found)
+    found.run(_check_webhook, req)
     req.task = defaults.task_of(req, spec)
     if req.task not in spec.tasks:
         tasks = ", ".join(t.value for t in spec.tasks)
-        raise bad("task", f"{spec.id} does not do {req.task.value} (it does: {tasks})")
+        # Every check below needs a task the model does.
+        found.stop(bad("task", f"{spec.id} does not do {req.task.value} (it does: {tasks})"))
     if req.task in TEXT_TASKS and not req.prompt.strip():
-        raise bad("prompt", f"required for {req.task.value}")
+        found.append(bad("prompt", f"required for {req.task.value}"))
     if not 0 <= req.priority <= MAX_PRIORITY:
-        raise bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})")
-    _check_inputs(req, req.task)
+        found.append(bad("priority", f"must be between 0 and {MAX_PRIORITY} (got {req.priority})"))
+    found.run(_check_inputs, req, req.task)
     family = catalog.family(spec)
     if family is not None:
-        _check_family(req, spec, family)
-    preset = _preset(req, spec)
-    _check_runtime(req, spec)
-    _check_step_cache(req, spec, family)
+        found.run(_check_family, req, spec, family)
+    try:
+        preset = _preset(req, spec)
+    except InvalidRequest as fault:
+        found.stop(fault)  # the defaults below depend on the preset
+        raise
+    found.run(_check_runtime, req, spec, family)
     defaults.apply(req, spec, preset.overrides if preset else None)
+    _check_values(req, spec, family, found)
+    found.stop()
+    return Plan(spec=spec, request=req, config=resolved_config(req, spec))
+
+
+def _check_values(req: GenerateRequest, spec: ModelSpec, family: Family | None, found: Violations) -> None:
+    """The request's numbers and output format, with its defaults applied: each field's fault
+    to `found`."""
     lim = spec.limits
-    _check_grid(req, spec, family)
-    _positive(req, "num_inference_steps", lim.max_inference_steps)
-    _positive(req, "num_outputs", lim.max_num_outputs)
-    _positive(req, "num_frames", lim.max_num_frames)
-    _positive(req, "duration_ms", lim.max_duration_ms)
+    _check_grid(req, spec, family, found)
+    for name, limit in (
+        ("num_inference_steps", lim.max_inference_steps),
+        ("num_outputs", lim.max_num_outputs),
+        ("num_frames", lim.max_num_frames),
+        ("duration_ms", lim.max_duration_ms),
+    ):
+        if fault := _positive(req, name, limit):
+            found.append(fault)
     if req.guidance_scale is not None and req.guidance_scale < 0:
-        raise bad("guidance_scale", f"must not be negative (got {req.guidance_scale})")
-    _finite(req, "guidance_scale", 0, MAX_GUIDANCE_SCALE)
+        found.append(bad("guidance_scale", f"must not be negative (got {req.guidance_scale})"))
+    elif fault := _finite(req, "guidance_scale", 0, MAX_GUIDANCE_SCALE):
+        found.append(fault)
     if req.strength is not None and not 0 < req.strength <= 1:
-        raise bad("strength", f"must be in (0, 1] (got {req.strength})")
+        found.append(bad("strength", f"must be in (0, 1] (got {req.strength})"))
     if req.fps is not None and req.fps <= 0:
-        raise bad("fps", f"must be positive (got {req.fps})")
-    _finite(req, "fps", 0, MAX_FPS)
+        found.append(bad("fps", f"must be positive (got {req.fps})"))
+    elif fault := _finite(req, "fps", 0, MAX_FPS):
+        found.append(fault)
     if not 0 <= req.quality <= MAX_QUALITY:
-        raise bad("output.quality", f"must be between 0 and {MAX_QUALITY} (got {req.quality})")
+        found.append(bad("output.quality", f"must be between 0 and {MAX_QUALITY} (got {req.quality})"))
     if not 0 <= req.inline_limit_bytes <= bounds.INT64_MAX:
-        raise bad(
-            "output.inline_limit_bytes", f"must be between 0 and 2**63-1 (got {req.inline_limit_bytes})"
-        )
-    assert req.seed is not None  # _apply_defaults chose one where the request gave none
+        reason = f"must be between 0 and 2**63-1 (got {req.inline_limit_bytes})"
+        found.append(bad("output.inline_limit_bytes", reason))
+    assert req.seed is not None and req.task is not None  # defaults.apply chose a seed
     if not 0 <= req.seed <= MAX_SEED:
-        raise bad("seed", f"must be between 0 and {MAX_SEED} (got {req.seed})")
+        found.append(bad("seed", f"must be between 0 and {MAX_SEED} (got {req.seed})"))
     kind = OUTPUT_KIND[req.task]
     req.output_format = (req.output_format or FORMATS[kind][0]).lower()
     if req.output_format not in FORMATS[kind]:
-        raise bad("output.format", f"{echo(req.output_format)} is not one of {', '.join(FORMATS[kind])}")
-    return Plan(spec=spec, request=req, config=resolved_config(req, spec))
+        reason = f"{echo(req.output_format)} is not one of {', '.join(FORMATS[kind])}"
+        found.append(bad("output.format", reason))
 
 
 def resolved_config(req: GenerateRequest, spec: ModelSpec) -> dict[str, Any]:

@@ -2,12 +2,14 @@
 
 Besides the code and message, an error carries the `omnirt-error-*` trailers the SDK reads and
 the standard `google.rpc.Status` details (`grpc-status-details-bin`: ErrorInfo on every error,
-BadRequest when a field is at fault, RetryInfo with a retry hint) that other gRPC clients read.
+BadRequest when a field is at fault, one violation per field, RetryInfo with a retry hint) that
+other gRPC clients read.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +21,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from omnirt.controller.core.bounds import MAX_FIELD_CHARS
-from omnirt.errors import InvalidRequest, OmniRTError
+from omnirt.errors import FIELDS_KEY, InvalidRequest, OmniRTError
 
 log = logging.getLogger("omnirt.controller")
 
@@ -32,6 +34,9 @@ MAX_ERROR_MESSAGE_BYTES = 1024
 MAX_METADATA_CHARS = MAX_FIELD_CHARS  # what validation lets through for a field: it arrives whole
 MAX_DESCRIPTION_CHARS = 256  # of a BadRequest violation: the message again, in short
 MAX_INTERNAL_CHARS = 300  # of an unexpected exception's text: enough to recognise it, no dump
+# Of the violations after the first (fields and descriptions): the rest are left out, still named
+# in the message. With it the details stay under 4 KiB (grpc-status-details-bin; 2.5 KiB before).
+MAX_MORE_VIOLATIONS_BYTES = 1024
 
 
 def bounded(text: str, limit: int) -> str:
@@ -61,19 +66,51 @@ def _pack(detail: message.Message) -> any_pb2.Any:
     return packed
 
 
+def _violations(exc: OmniRTError, message_text: str) -> list[error_details_pb2.BadRequest.FieldViolation]:
+    """`exc`'s violations, bounded: the first as one error always had it (the message as its
+    description), the others while they fit MAX_MORE_VIOLATIONS_BYTES."""
+    if not exc.field:
+        return []
+    first = (exc.field, message_text if len(exc.violations) <= 1 else exc.violations[0][1])
+    kept: list[error_details_pb2.BadRequest.FieldViolation] = []
+    size = 0
+    for field, description in [first, *exc.violations[1:]]:
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=_metadata_value(field), description=bounded(description, MAX_DESCRIPTION_CHARS)
+        )
+        if kept:
+            size += len(violation.field) + len(violation.description.encode())
+            if size > MAX_MORE_VIOLATIONS_BYTES:
+                break
+        kept.append(violation)
+    return kept
+
+
+def _fields_trailer(violations: list[error_details_pb2.BadRequest.FieldViolation]) -> tuple[str, str] | None:
+    """The `omnirt-error-fields` trailer: as many of the fields (in order) as fit a metadata value."""
+    fields = [v.field for v in violations]
+    while len(fields) > 1:
+        text = json.dumps(fields)
+        if len(text) <= MAX_METADATA_CHARS:
+            return FIELDS_KEY, text
+        fields.pop()
+    return None
+
+
 def status_trailers(exc: OmniRTError, message_text: str) -> tuple[tuple[str, str | bytes], ...]:
     """The SDK's trailers and the google.rpc.Status of `exc`, all bounded."""
+    violations = _violations(exc, message_text)
     trailers = tuple((key, _metadata_value(value)) for key, value in exc.trailing_metadata())
+    fields = _fields_trailer(violations)  # built here: cut to whole fields, it stays JSON
+    if fields is not None:
+        trailers = (*trailers, fields)
     info = error_details_pb2.ErrorInfo(reason=_reason(exc), domain=ERROR_DOMAIN)
     for key, value in (("field", exc.field), ("subject", exc.subject)):
         if value:
             info.metadata[key] = _metadata_value(value)
     details = [_pack(info)]
-    if exc.field:
-        violation = error_details_pb2.BadRequest.FieldViolation(
-            field=_metadata_value(exc.field), description=bounded(message_text, MAX_DESCRIPTION_CHARS)
-        )
-        details.append(_pack(error_details_pb2.BadRequest(field_violations=[violation])))
+    if violations:
+        details.append(_pack(error_details_pb2.BadRequest(field_violations=violations)))
     if exc.retry_after_s is not None:
         delay = duration_pb2.Duration()
         delay.FromMilliseconds(int(exc.retry_after_s * 1000))

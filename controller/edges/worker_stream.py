@@ -15,6 +15,8 @@ from omnirt._internal import convert as c
 from omnirt._internal.limits import STREAM_BATCH_MAX_BYTES, STREAM_BATCH_MAX_MESSAGES
 from omnirt._internal.protocol import convert as wire
 from omnirt._internal.protocol.messages import (
+    RECONNECT_KEY,
+    RECONNECT_VALUE,
     Assignment,
     AssignmentEvent,
     ControllerMessage,
@@ -27,8 +29,9 @@ from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import check_id
 from omnirt.controller.core.encoded import ArrivingResults
 from omnirt.controller.core.engine_client import EngineClient
-from omnirt.controller.core.jobs import artifact_reference
+from omnirt.controller.core.jobs import RECONNECT_REASON, artifact_reference
 from omnirt.controller.core.router import WorkerHandle, WorkerLink, worker_info
+from omnirt.controller.edges.shutdown import Shutdown
 from omnirt.controller.edges.worker_auth import WorkerAdmission
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.servicer import worker_session
@@ -133,13 +136,26 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         sessions: SessionManager | None = None,
         artifacts: ArtifactStore | None = None,
         arriving_results: ArrivingResults | None = None,
+        shutdown: Shutdown | None = None,
     ) -> None:
         self.engine = engine
+        self.shutdown = shutdown  # when it closes, a closed link tells the worker to reconnect
         self.admission = admission
         self.sessions = sessions
         self.artifacts = artifacts
         self.arriving_results = arriving_results  # the memory store's fast path (core.encoded)
         self._closing: set[asyncio.Future[None]] = set()
+        self._links: set[StreamLink] = set()  # the open Connect streams'
+
+    async def release_workers(self, timeout_s: float) -> None:
+        """End every worker stream (telling the workers to reconnect while the controller shuts
+        down) and wait, up to `timeout_s`, until the engine has handed their jobs back."""
+        for link in list(self._links):
+            link.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self._links or self._closing:
+                    await asyncio.sleep(0.01)
 
     async def WorkerSession(
         self,
@@ -172,12 +188,16 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a worker_id and slots > 0")
             return
         check_id("worker_id", hello.worker_id)  # DrainWorker must be able to name it
+        if self.shutdown is not None and self.shutdown.closing.is_set():
+            await self._tell_to_reconnect(context)
         if self.admission is not None:
             # Unauthenticated here: the ErrorInterceptor answers it with the standard details.
             self.admission.admit(
                 context.invocation_metadata() or (), context.auth_context(), context.peer(), hello.worker_id
             )
         link = StreamLink()
+        reason = "stream closed"
+        self._links.add(link)
         handle = await self.engine.worker_connected(worker_info(hello), link)  # AlreadyExists
         handle.loads_models = hello.loads_models  # it answers LoadModel / UnloadModel
         hosting = (
@@ -207,7 +227,11 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
                 else:
                     yield wire.batch_to_worker(messages)
                 link.written()  # the write went out (grpc.aio resumes the generator then)
+            if self.shutdown is not None and self.shutdown.closing.is_set():
+                reason = RECONNECT_REASON
+                await self._tell_to_reconnect(context)
         finally:
+            self._links.discard(link)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
@@ -215,10 +239,19 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             # worker's jobs (a Redis round trip), and a half-done requeue would leave them stuck.
             if self.sessions is not None and hosting is not None:
                 self.sessions.worker_left(hosting)
-            lost = asyncio.ensure_future(self.engine.worker_lost(handle, "stream closed"))
+            lost = asyncio.ensure_future(self.engine.worker_lost(handle, reason))
             self._closing.add(lost)
             lost.add_done_callback(self._closing.discard)
             await asyncio.shield(lost)
+
+    @staticmethod
+    async def _tell_to_reconnect(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """End the stream so that the worker reconnects at once (to another controller)."""
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            "controller shutting down: reconnect",
+            trailing_metadata=((RECONNECT_KEY, RECONNECT_VALUE),),
+        )
 
     async def _read(
         self,

@@ -5,7 +5,8 @@ videos routes, `/metrics` (Prometheus) and `/healthz`. One middleware admits eac
 origin, its key, its body's type and size: `security.py`) and runs the handler as that caller
 (`CURRENT`, which the servicers read), maps every error once (native or OpenAI JSON shape by
 path), counts requests, and keeps the server serving after bad input. Every response gets the
-security headers as it starts.
+security headers as it starts. A request aiohttp cannot parse never reaches the middleware: the
+server's own connection handler (`GatewayRequestHandler`) answers it in the native JSON shape.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import HttpVersion11, web
+from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
@@ -24,8 +26,16 @@ from omnirt._internal.address import is_loopback
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import echo
 from omnirt.controller.edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
+from omnirt.controller.edges.shutdown import Shutdown
 from omnirt.controller.http import console, openai_audio, openai_images, openai_models, openai_videos, openapi
-from omnirt.controller.http.errors import HttpError, bad_request, error_response, from_http_exception
+from omnirt.controller.http.errors import (
+    HttpError,
+    ProtocolErrorLog,
+    bad_request,
+    error_response,
+    from_http_exception,
+    protocol_error,
+)
 from omnirt.controller.http.security import (
     METRICS_PATH,
     Cors,
@@ -68,6 +78,55 @@ OPENAI_PREFIXES = ("/v1/images", "/v1/videos", "/v1/models", "/v1/audio")
 MAX_SEQUENCE = 2**64 - 1  # after_sequence is a uint64
 SHUTDOWN_GRACE_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PROTOCOL_ERRORS = ProtocolErrorLog(log)  # one for the process: its lines are per kind, not per gateway
+
+
+class GatewayRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, with requests its parser refused (an over-long request line
+    or header, an invalid method, no Host on HTTP/1.1, not HTTP at all) answered in the native
+    JSON shape, with aiohttp's status (400), and logged by PROTOCOL_ERRORS instead of as an
+    ERROR with a traceback each. These never reach the application, its middleware or its
+    response hooks: the security headers are set here."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError) or not 400 <= status < 500:
+            return super().handle_error(request, status, exc, message)  # a handler's failure: logged
+        error = protocol_error(exc, status)
+        PROTOCOL_ERRORS.record(exc, request.remote, error)
+        if request.writer.output_size > 0:  # as aiohttp: the response has begun, close instead
+            raise ConnectionError("a response was under way; cannot send an error")
+        response = error_response(error)
+        secure(response.headers, request.path, tls=request.secure)
+        response.force_close()
+        return response
+
+
+class GatewayServer(web.Server):
+    """aiohttp's server, making `GatewayRequestHandler`s for its connections."""
+
+    def __call__(self) -> web.RequestHandler:
+        return GatewayRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    """`web.AppRunner` serving the application with a `GatewayServer`; every argument the
+    runner gives aiohttp's server (the application's handler, the request factory, the
+    handler options) is passed on as it made them."""
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()  # starts the application, as AppRunner does
+        return GatewayServer(
+            made.request_handler,
+            request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation,
+            **made._kwargs,
+        )
 
 
 class CallContext:
@@ -106,8 +165,11 @@ class HttpGateway:
         cors_origins: Sequence[str] = (),
         metrics_auth: bool = False,
         artifacts: ArtifactStore | None = None,
+        shutdown: Shutdown | None = None,
     ) -> None:
         self.engine = engine
+        # The controller's shutdown: new requests refused, streams ended, calls given the grace.
+        self.shutdown = shutdown or Shutdown()
         self.metrics = metrics  # /metrics, and the gateway's own request counts
         self.artifacts = artifacts  # --artifact-store: the OpenAI routes read objects from it
         self.auth = auth  # None: auth is off (every caller is the anonymous admin)
@@ -138,7 +200,7 @@ class HttpGateway:
         console.register(self.app)  # GET / and /console/{name}
         openapi.register(self.app)  # GET /openapi.json, from the routes above
         self.app.on_response_prepare.append(self._on_prepare)
-        self._runner: web.AppRunner | None = None
+        self._runner: GatewayRunner | None = None
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -146,7 +208,7 @@ class HttpGateway:
         # handler_cancellation: a client that goes away cancels its handler (and a sync
         # Generate's job), as a cancelled gRPC call does.
         # Open event streams get a short grace at shutdown; the gRPC server has its own.
-        self._runner = web.AppRunner(
+        self._runner = GatewayRunner(
             self.app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
         )
         await self._runner.setup()
@@ -183,11 +245,11 @@ class HttpGateway:
         """Run a unary RPC in-process, as the request's caller, with its trace context."""
         fn = self._rpc(rpc, request)
         with tracing.remote_parent(request.headers):
-            return await fn(msg, CallContext(request))
+            return await self.shutdown.call(fn(msg, CallContext(request)))
 
     def stream(self, rpc: str, msg: Message, request: web.Request) -> AsyncGenerator[Any, None]:
         fn = self._rpc(rpc, request)
-        return fn(msg, CallContext(request))
+        return self.shutdown.stream(fn(msg, CallContext(request)))
 
     def request_type(self, rpc: str) -> Descriptor:
         return method_of(rpc).input_type
@@ -253,6 +315,8 @@ class HttpGateway:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        if self.shutdown.closing.is_set():
+            return web.json_response({"status": "NOT_SERVING", "reason": "shutting down"}, status=503)
         if not self.engine.ready():
             return web.json_response(
                 {"status": "NOT_SERVING", "reason": "the job store is unreachable"}, status=503

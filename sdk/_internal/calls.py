@@ -11,8 +11,10 @@ one step of I/O in its flavour. `watch` is a `Stream` that the clients iterate t
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from datetime import UTC
@@ -54,6 +56,9 @@ class Unary:
     method: str  # the RPC's name on the stub: "Generate"
     request: Any  # the request message
     timeout: float | None = None  # seconds; None: the client's default deadline
+    # Safe to send again when the controller could not be reached or was shutting down: reads,
+    # cancels, and Submit/Generate with an idempotency key (a second send finds the same job).
+    retry: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +91,25 @@ Step = Unary | Follow | Pause
 Plan = Generator[Step, Any, T]
 
 
-def run(plan: Plan[T], perform: Callable[[Step], Any]) -> T:
+RETRIES = 5  # the clients' default: tries after the first, for calls that are safe to repeat
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 2.0  # backoff: doubling from the first, capped, +-20 % jitter
+
+
+def retry_delay(step: Step, exc: Exception, attempt: int, retries: int) -> float | None:
+    """Seconds to wait before sending `step` again after try `attempt` (1, 2, ...) failed; None: give up.
+
+    Only UNAVAILABLE is retried (no connection, or a controller that is shutting down), only for
+    steps marked `retry`, and the controller's RetryInfo is a floor.
+    """
+    if not isinstance(step, Unary) or not step.retry or attempt > retries:
+        return None
+    if not isinstance(exc, errors.Unavailable):
+        return None
+    delay = min(RETRY_FIRST_S * 2 ** (attempt - 1), RETRY_MAX_S)
+    return max(delay * random.uniform(0.8, 1.2), exc.retry_after_s or 0.0)
+
+
+def run(plan: Plan[T], perform: Callable[[Step], Any], retries: int = RETRIES) -> T:
     """Drive `plan` with blocking I/O: each step's answer, or the error it raised, goes back in."""
     answer: Any = None
     error: Exception | None = None
@@ -95,13 +118,21 @@ def run(plan: Plan[T], perform: Callable[[Step], Any]) -> T:
             step = plan.send(answer) if error is None else plan.throw(error)
         except StopIteration as done:
             return done.value
-        try:
-            answer, error = perform(step), None
-        except Exception as exc:  # raised at the plan's `yield`, as if the call were written there
-            answer, error = None, exc
+        attempt = 0
+        while True:
+            try:
+                answer, error = perform(step), None
+            except Exception as exc:  # raised at the plan's `yield`, as if the call were written there
+                attempt += 1
+                delay = retry_delay(step, exc, attempt, retries)
+                if delay is not None:
+                    time.sleep(delay)
+                    continue
+                answer, error = None, exc
+            break
 
 
-async def run_async(plan: Plan[T], perform: Callable[[Step], Awaitable[Any]]) -> T:
+async def run_async(plan: Plan[T], perform: Callable[[Step], Awaitable[Any]], retries: int = RETRIES) -> T:
     """`run` with awaited I/O (`AsyncClient`)."""
     answer: Any = None
     error: Exception | None = None
@@ -110,10 +141,18 @@ async def run_async(plan: Plan[T], perform: Callable[[Step], Awaitable[Any]]) ->
             step = plan.send(answer) if error is None else plan.throw(error)
         except StopIteration as done:
             return done.value
-        try:
-            answer, error = await perform(step), None
-        except Exception as exc:
-            answer, error = None, exc
+        attempt = 0
+        while True:
+            try:
+                answer, error = await perform(step), None
+            except Exception as exc:
+                attempt += 1
+                delay = retry_delay(step, exc, attempt, retries)
+                if delay is not None:
+                    await asyncio.sleep(delay)
+                    continue
+                answer, error = None, exc
+            break
 
 
 # ---- results -------------------------------------------------------------------------------
@@ -222,7 +261,8 @@ def generate(
 ) -> Plan[GenerateResult]:
     """`Client.generate`: one call; a job that ended without a result raises its error."""
     req = build_request(request, **fields)
-    reply = yield Unary("generation", "Generate", conv.request_to_proto(req), timeout)
+    message = conv.request_to_proto(req)
+    reply = yield Unary("generation", "Generate", message, timeout, retry=bool(req.idempotency_key))
     if reply.HasField("result"):
         return conv.result_from_proto(reply.result)
     job = conv.job_from_proto(reply.job)
@@ -231,8 +271,9 @@ def generate(
 
 def submit(request: GenerateRequest | None, timeout: float | None, fields: Mapping[str, Any]) -> Plan[Job]:
     """`Client.submit`."""
-    message = generation_pb2.SubmitRequest(request=conv.request_to_proto(build_request(request, **fields)))
-    reply = yield Unary("generation", "Submit", message, timeout)
+    req = build_request(request, **fields)
+    message = generation_pb2.SubmitRequest(request=conv.request_to_proto(req))
+    reply = yield Unary("generation", "Submit", message, timeout, retry=bool(req.idempotency_key))
     return conv.job_from_proto(reply.job)
 
 
@@ -241,7 +282,7 @@ def validate(
 ) -> Plan[ValidationResult]:
     """`Client.validate`."""
     message = generation_pb2.ValidateRequest(request=conv.request_to_proto(build_request(request, **fields)))
-    return validation_from_proto((yield Unary("generation", "Validate", message, timeout)))
+    return validation_from_proto((yield Unary("generation", "Validate", message, timeout, retry=True)))
 
 
 # ---- jobs ----------------------------------------------------------------------------------
@@ -249,7 +290,7 @@ def validate(
 
 def get_job(job_id: str) -> Plan[Job]:
     """`Client.get_job`."""
-    reply = yield Unary("generation", "GetJob", generation_pb2.GetJobRequest(job_id=job_id))
+    reply = yield Unary("generation", "GetJob", generation_pb2.GetJobRequest(job_id=job_id), retry=True)
     return conv.job_from_proto(reply.job)
 
 
@@ -261,7 +302,7 @@ def list_jobs(states: Sequence[JobState | str] | None, model: str, limit: int) -
     while True:
         size = max(limit - len(jobs), 0)
         message = generation_pb2.ListJobsRequest(states=wanted, model=model, page_size=size, page_token=token)
-        reply = yield Unary("generation", "ListJobs", message)
+        reply = yield Unary("generation", "ListJobs", message, retry=True)
         jobs.extend(conv.job_from_proto(j) for j in reply.jobs)
         token = reply.next_page_token
         if not token or not reply.jobs or (limit and len(jobs) >= limit):
@@ -276,7 +317,8 @@ def watch(job_id: str, after_sequence: int, timeout: float | None) -> Stream[Job
 
 def cancel(job_id: str) -> Plan[CancelResult]:
     """`Client.cancel`."""
-    reply = yield Unary("generation", "CancelJob", generation_pb2.CancelJobRequest(job_id=job_id))
+    message = generation_pb2.CancelJobRequest(job_id=job_id)
+    reply = yield Unary("generation", "CancelJob", message, retry=True)
     return CancelResult(**vars(conv.job_from_proto(reply.job)), cancelled=reply.cancelled)
 
 
@@ -292,6 +334,7 @@ def wait(
             on_event(event)
         return follower.feed(event)
 
+    broken = 0  # watch calls in a row that could not reach a controller
     while True:
         try:
             yield Follow(watch(job_id, follower.last_sequence, remaining(deadline)), take)
@@ -301,6 +344,16 @@ def wait(
             if timeout is None:
                 raise
             raise wait_timed_out(job_id, timeout) from None
+        except errors.Unavailable as exc:
+            # The controller went away or is shutting down: resume after the last event, on
+            # whichever controller answers next (bounded as the clients' retries).
+            broken += 1
+            delay = retry_delay(Unary("generation", "WatchJob", None, retry=True), exc, broken, RETRIES)
+            if delay is None:
+                raise
+            yield Pause(delay)
+            continue
+        broken = 0
         if follower.ended:
             return follower.outcome((yield from get_job(job_id)) if follower.needs_job else None)
         job = yield from get_job(job_id)
@@ -339,13 +392,13 @@ def save(result: GenerateResult, folder: str | os.PathLike[str]) -> Plan[list[Pa
 def list_models(task: Task | str | None) -> Plan[list[ModelSpec]]:
     """`Client.list_models`."""
     message = models_pb2.ListModelsRequest(task=conv.task_to_proto(parse_task(task) if task else None))
-    reply = yield Unary("models", "ListModels", message)
+    reply = yield Unary("models", "ListModels", message, retry=True)
     return [catalog_convert.model_from_proto(m) for m in reply.models]
 
 
 def describe_model(name: str) -> Plan[ModelSpec]:
     """`Client.describe_model`."""
-    reply = yield Unary("models", "DescribeModel", models_pb2.DescribeModelRequest(model=name))
+    reply = yield Unary("models", "DescribeModel", models_pb2.DescribeModelRequest(model=name), retry=True)
     return catalog_convert.model_from_proto(reply.model)
 
 
@@ -367,13 +420,13 @@ def unload_model(model: str, worker_ids: Sequence[str], timeout: float | None) -
 
 def list_workers() -> Plan[list[WorkerInfo]]:
     """`Client.list_workers`."""
-    reply = yield Unary("cluster", "ListWorkers", cluster_pb2.ListWorkersRequest())
+    reply = yield Unary("cluster", "ListWorkers", cluster_pb2.ListWorkersRequest(), retry=True)
     return [catalog_convert.worker_from_proto(w) for w in reply.workers]
 
 
 def list_sessions(model: str) -> Plan[list[SessionInfo]]:
     """`Client.list_sessions`."""
-    reply = yield Unary("cluster", "ListSessions", cluster_pb2.ListSessionsRequest(model=model))
+    reply = yield Unary("cluster", "ListSessions", cluster_pb2.ListSessionsRequest(model=model), retry=True)
     return [session_from_proto(s) for s in reply.sessions]
 
 

@@ -135,8 +135,9 @@ def test_a_job_waits_for_a_worker_that_serves_its_model(
         time.sleep(0.5)
         waiting = client.get_job(job.id)
         assert waiting.state is JobState.QUEUED
-        assert (
-            waiting.waiting_reason == "no connected worker serves model tiny-sd (execution mode legacy_call)"
+        assert waiting.waiting_reason == (
+            "no connected worker serves model tiny-sd (execution mode legacy_call); "
+            "the job fails after 60 s without one (--unserved-wait-s)"
         )
         worker = Worker(log_dir, own_controller.address, "w-late", model_dir).start()
         try:

@@ -24,7 +24,7 @@ from omnirt._internal.protocol.messages import AssignmentItem
 from omnirt._internal.tasks import REQUIRED_INPUTS
 from omnirt.worker.export import video as video_export
 from omnirt.worker.failures import JobFailure
-from omnirt.worker.pipelines import media_inputs, speech
+from omnirt.worker.pipelines import extra_types, media_inputs, speech
 from omnirt.worker.pipelines import tasks as task_pipelines
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -401,9 +401,10 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
     `clip_skip` is checked against the model's text encoders, `guidance_rescale` must be a number
     from 0 to 1, `guidance_scale_2` needs a two-expert model (Wan 2.2), a video longer than a
     diffusion-forcing window needs `overlap_history`, a media input the pipeline requires must be
-    there (JobFailure naming `inputs`), and an argument whose default is a number
-    must get a number (or a list of them, when its annotation takes one). JobFailure naming
-    `extra.KEY`. A transformers TTS model refuses its own fields first (`speech.check_request`).
+    there (JobFailure naming `inputs`), an argument whose default is a number
+    must get a number (or a list of them, when its annotation takes one), and any other must fit
+    its annotation (`extra_types`). JobFailure naming `extra.KEY`. A transformers TTS model
+    refuses its own fields first (`speech.check_request`).
     """
     if isinstance(pipeline, speech.SpeechPipeline):
         speech.check_request(pipeline, plan.item.request.prompt, plan.common, plan.specific, plan.scheduler)
@@ -427,6 +428,10 @@ def check_arguments(pipeline: Any, plan: ItemPlan) -> None:
             raise _bad_extra(key, f"a number (got {_echo(value)})")
         if not (isinstance(value, list) and value and all(_is_number(v) for v in value)):
             raise _bad_extra(key, f"a number or a list of numbers (got {_echo(value)})")
+    for key, value in extra.items() if call is not None else ():
+        wanted = extra_types.mismatch(call, key, value)
+        if wanted is not None:
+            raise _bad_extra(key, f"expected {wanted} (got {_echo(value)})")
 
 
 @functools.lru_cache(maxsize=256)

@@ -28,6 +28,7 @@ from omnirt.controller.core.jobs import (
     accept_result,
     end_state,
     log_finished,
+    log_worker_gone,
     new_job,
     request_fingerprint,
     requeue_unheld,
@@ -386,7 +387,7 @@ class MemoryEngine:
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
         if self.workers.remove(handle):
-            log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
+            log_worker_gone(handle, reason)
             await self._lose_jobs(handle, reason)
             self.model_loads.worker_lost(handle)
             self.wake.set()

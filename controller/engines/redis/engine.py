@@ -33,6 +33,7 @@ from omnirt.controller.core.jobs import (
     accept_result,
     end_state,
     log_finished,
+    log_worker_gone,
     new_job,
     request_fingerprint,
     requeue_unheld,
@@ -244,8 +245,7 @@ class RedisEngine:
         return queued_exceeded(tenant, refusal.active, policy)
 
     async def _load(self, job_id: str, tenant: str | None = None) -> StoredJob:
-        """The job; with `tenant`, NOT_FOUND unless it is that tenant's (the same error as an
-        unknown id: nobody learns that another tenant's job exists)."""
+        """The job; with `tenant`, NOT_FOUND unless it is that tenant's (as for an unknown id)."""
         check_id("job_id", job_id)  # every lookup of a client's job id comes here
         with self._guard():
             return await self.store.load(job_id, tenant)
@@ -577,7 +577,7 @@ class RedisEngine:
 
     async def worker_lost(self, handle: WorkerHandle, reason: str) -> None:
         if self.workers.remove(handle):
-            log.warning("worker lost", extra={"worker_id": handle.id, "reason": reason})
+            log_worker_gone(handle, reason)
             await self._lose_jobs(handle, reason)
             self.model_loads.worker_lost(handle)
             await self.cluster.dropped(handle)

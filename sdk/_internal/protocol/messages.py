@@ -12,6 +12,10 @@ from typing import Any
 
 from omnirt import types as t
 
+# Trailing metadata of the UNAVAILABLE that ends a worker's stream when its controller shuts
+# down: the worker reconnects at once (to another controller behind the same address), quietly.
+RECONNECT_KEY, RECONNECT_VALUE = "omnirt-reconnect", "controller-shutdown"
+
 # ---- worker -> controller ----------------------------------------------------------------
 
 

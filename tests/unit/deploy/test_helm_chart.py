@@ -369,8 +369,21 @@ def test_a_stopping_controller_leaves_the_service_first_and_is_not_killed_mid_sh
     values = yaml.safe_load((CHART / "values.yaml").read_text())["controller"]
     sleep_s = values["preStopSleepSeconds"]
     assert sleep_s > 0 and c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(sleep_s)]
-    grace_s = getattr(config, "shutdown_grace_s", values["shutdownGraceSeconds"])
+    grace_s = config.shutdown_grace_s
+    assert grace_s == values["shutdownGraceSeconds"], "the controller is told the grace its pod allows"
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == sleep_s + grace_s + 5
+
+
+def test_the_controllers_expect_the_pools_models() -> None:
+    """Jobs of a pool's models wait for its first worker (KEDA pools scale from zero)."""
+    ((_, _, config),) = [t for t in containers(kind("Deployment")) if isinstance(t[2], ControllerConfig)]
+    served = {
+        model
+        for _, _, worker in containers(kind("Deployment"))
+        if isinstance(worker, WorkerConfig)
+        for model in worker.models
+    }
+    assert served and set(config.expected_models) == served
 
 
 def test_workers_dial_the_controller_drain_in_time_and_gpu_pools_ask_for_gpus() -> None:
