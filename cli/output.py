@@ -25,9 +25,16 @@ def error_line(exc: OmniRTError) -> str:
 
 
 def error_object(
-    code: str, message: str, *, field: str = "", subject: str = "", retry_after_s: float | None = None
+    code: str,
+    message: str,
+    *,
+    field: str = "",
+    subject: str = "",
+    retry_after_s: float | None = None,
+    violations: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """What `--json` prints for an error: `{"error": {...}}`, with the same keys every time."""
+    """What `--json` prints for an error: `{"error": {...}}`, with the same keys every time
+    (`violations`: every field at fault, the first being `field`)."""
     return {
         "error": {
             "code": code,
@@ -35,6 +42,7 @@ def error_object(
             "field": field,
             "subject": subject,
             "retry_after_s": retry_after_s,
+            "violations": [{"field": f, "description": d} for f, d in violations],
         }
     }
 
@@ -45,7 +53,12 @@ def print_error(exc: OmniRTError, *, json_output: bool) -> None:
     print(error_line(exc), file=sys.stderr)
     if json_output:
         error = error_object(
-            exc.code.name, exc.message, field=exc.field, subject=exc.subject, retry_after_s=exc.retry_after_s
+            exc.code.name,
+            exc.message,
+            field=exc.field,
+            subject=exc.subject,
+            retry_after_s=exc.retry_after_s,
+            violations=exc.violations,
         )
         print_json(error, compact=True)
 

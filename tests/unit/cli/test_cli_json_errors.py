@@ -11,6 +11,7 @@ from sdk_fake_server import FakeController
 
 from omnirt import errors
 from omnirt.cli.main import main
+from omnirt.cli.output import print_error
 
 
 def run(fake: FakeController, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -30,6 +31,7 @@ def test_invalid_request_under_json(fake: FakeController, capsys: pytest.Capture
             "field": "width",
             "subject": "",
             "retry_after_s": None,
+            "violations": [{"field": "width", "description": "width: must be a multiple of 8 (got 65)"}],
         }
     }
     assert out.count("\n") == 1  # one line: it can end a JSON Lines stream too
@@ -48,6 +50,7 @@ def test_not_found_and_queue_full_under_json(
         "field": "",
         "subject": "",
         "retry_after_s": 1.5,
+        "violations": [],
     }
     status, out, _ = run(fake, capsys, "jobs", "get", "job-nope", "--json")
     assert status == 1
@@ -94,3 +97,18 @@ def test_usage_errors_under_json_are_json_too(capsys: pytest.CaptureFixture[str]
     # Without --json, stdout stays empty.
     assert main(["generate", "-m", "tiny-sd", "--width", "abc"]) == 2
     assert capsys.readouterr().out == ""
+
+
+def test_every_violated_field_is_in_the_json_error(capsys: pytest.CaptureFixture[str]) -> None:
+    err = errors.InvalidRequest(
+        "width: must be positive; num_inference_steps: must be positive",
+        field="width",
+        violations=[("width", "must be positive"), ("num_inference_steps", "must be positive")],
+    )
+    print_error(err, json_output=True)
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["field"] == "width"
+    assert error["violations"] == [
+        {"field": "width", "description": "must be positive"},
+        {"field": "num_inference_steps", "description": "must be positive"},
+    ]
