@@ -158,6 +158,7 @@ def check_request(req: GenerateRequest, limits: ModelLimits, found: Violations |
     found.run(_check_adapters, req)
     found.run(_check_inputs, req, limits.max_input_bytes)
     found.run(check_extra, req.extra)
+    found.run(check_extra_keys, req.extra)
     found.stop()
 
 
@@ -211,6 +212,20 @@ class _Fault(Exception):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         self.keys: list[str | int] = []
+
+
+# Request fields that are pipeline keywords too: `extra` may not set them (`check_extra`).
+REQUEST_FIELDS = frozenset(
+    {"prompt", "negative_prompt", "width", "height", "num_frames", "fps", "num_inference_steps"}
+    | {"guidance_scale", "strength", "seed"}
+)
+
+
+def check_extra_keys(extra: dict[str, Any]) -> None:
+    """A request's `extra` names no request field: as a pipeline keyword it would bypass the
+    field's bounds (a width of 100000)."""
+    for key in sorted(REQUEST_FIELDS.intersection(extra)):
+        raise bad(f"extra.{key}", f"is a request field: set {key} itself, where its bounds apply")
 
 
 def check_extra(extra: dict[str, Any]) -> None:

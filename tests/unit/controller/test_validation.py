@@ -357,3 +357,11 @@ def test_runtime_option_errors_are_bounded_ascii(
     # A field path travels in trailing metadata (printable ASCII only); a reason in the status.
     error = invalid(req(extra={"runtime": runtime}), catalog, field)
     assert error.field.isascii() and error.field.isprintable()
+
+
+@pytest.mark.parametrize("key", ["width", "num_inference_steps", "guidance_scale", "strength"])
+def test_extra_may_not_set_a_request_field_around_its_bounds(catalog: Catalog, key: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        validate(req(extra={key: 100000, "eta": 0.5}), catalog)
+    assert info.value.field == f"extra.{key}" and "is a request field" in str(info.value)
+    assert validate(req(extra={"eta": 0.5}), catalog).request.extra == {"eta": 0.5}
