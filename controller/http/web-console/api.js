@@ -101,6 +101,50 @@ export function socketProtocols() {
   return ["omnirt.v1", `omnirt.bearer.${encoded}`];
 }
 
+// ---- the requests this tab submitted: the jobs API does not return a job's request, so the
+// console keeps what it sent (in the tab's sessionStorage, without the inputs' bytes; the input
+// files themselves only in memory) to show its parameters, run it again and copy it as a command.
+const REQUESTS = "omnirt.requests";
+const REMEMBERED = 200;
+const inputFiles = new Map(); // job id -> {role: File}
+
+function requests() {
+  try {
+    return JSON.parse(sessionStorage.getItem(REQUESTS) || "{}");
+  } catch {
+    return {};
+  }
+}
+
+/** Keep `request` (as submitted) and its input `files` ({role: File}) for job `jobId`. */
+export function remember(jobId, request, files = {}) {
+  const kept = requests();
+  const light = { ...request };
+  if (light.inputs) {
+    light.inputs = light.inputs.map(({ data, ...rest }) => ({ ...rest, file_name: files[roleOf(rest.role)]?.name || "" }));
+  }
+  kept[jobId] = light;
+  const ids = Object.keys(kept);
+  for (const id of ids.slice(0, Math.max(0, ids.length - REMEMBERED))) delete kept[id];
+  try {
+    sessionStorage.setItem(REQUESTS, JSON.stringify(kept));
+  } catch {
+    // storage full: the request is not kept, the job runs all the same
+  }
+  inputFiles.set(jobId, files);
+}
+
+/** {request, files} this tab submitted as job `jobId`, or null. */
+export function recall(jobId) {
+  const request = requests()[jobId];
+  return request ? { request, files: inputFiles.get(jobId) || {} } : null;
+}
+
+/** "MEDIA_ROLE_IMAGE" -> "image". */
+export function roleOf(role) {
+  return String(role || "").replace("MEDIA_ROLE_", "").toLowerCase();
+}
+
 /** A File as base64 (the JSON API takes media inline as proto3 bytes). */
 export function fileBase64(file) {
   return new Promise((resolve, reject) => {

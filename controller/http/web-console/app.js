@@ -1,21 +1,25 @@
 // The console's entry: tabs (kept in the URL's hash), the API key, and the views.
+// `#job/ID` is the Generate tab with that job beside the form.
 import { getKey, setKey } from "./api.js";
-import { $ } from "./dom.js";
+import { $, dismissAll } from "./dom.js";
 import * as generate from "./generate.js";
 import * as job from "./job.js";
 import * as queue from "./queue.js";
 import * as realtime from "./realtime.js";
 import * as workers from "./workers.js";
 
-const VIEWS = { generate, job, queue, workers, realtime };
+const VIEWS = { generate, queue, workers, realtime };
 
 function show(tab, arg) {
+  const jobId = tab === "job" ? arg : "";
+  if (tab === "job") tab = "generate";
   if (!(tab in VIEWS)) tab = "generate";
   for (const name of Object.keys(VIEWS)) {
     $(`tab-${name}`).hidden = name !== tab;
     document.querySelector(`#tabs [data-tab="${name}"]`).classList.toggle("active", name === tab);
   }
   VIEWS[tab].show(arg);
+  if (tab === "generate") job.show(jobId);
 }
 
 function route() {
@@ -36,11 +40,11 @@ $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   setKey($("api-key").value.trim());
   $("api-key").value = "";
-  $("banner").hidden = true; // an error of the last key is not one of this key
+  dismissAll(); // an error of the last key is not one of this key
   keyState();
   route(); // reload the current view's data with the new key
 });
 window.addEventListener("hashchange", route);
-for (const view of Object.values(VIEWS)) view.init();
+for (const view of [...Object.values(VIEWS), job]) view.init();
 keyState();
 route();

@@ -2,7 +2,7 @@
 // Microphone -> AudioWorklet -> resampled to the session's rate -> s16le in b"AUDI" frames;
 // b"VIDX" frames back (uint32 count, then uint32 length + JPEG each, little-endian) on an <img>.
 import { api, fileBase64, socketProtocols } from "./api.js";
-import { $, banner, el } from "./dom.js";
+import { $, el, fail, ok } from "./dom.js";
 
 const AUDIO_MAGIC = [0x41, 0x55, 0x44, 0x49]; // "AUDI"
 const VIDEO_MAGIC = "VIDX";
@@ -20,8 +20,9 @@ async function load() {
     $("r-model").replaceChildren(...streaming.map((m) => el("option", { value: m.id }, m.id)));
     if (streaming.some((m) => m.id === chosen)) $("r-model").value = chosen;
     if (!streaming.length) status("no streaming model in the catalog");
+    ok("realtime", "models");
   } catch (error) {
-    banner(`Listing models: ${error}`);
+    fail("realtime", `Listing models: ${error}`, "models");
   }
 }
 
@@ -77,14 +78,15 @@ class Session {
     if (message.type === "session.created") {
       this.created = message;
       status(`session ${message.session_id}: listening`);
+      ok("realtime", "start");
       this.microphone(message.audio).catch((error) => {
-        banner(`Microphone: ${error}`);
+        fail("realtime", `Microphone: ${error}`, "start");
         this.stop();
       });
     } else if (message.type === "metrics") {
       this.chunks += 1;
     } else if (message.type === "error") {
-      banner(`Realtime: ${message.code}: ${message.message}${message.field ? ` (${message.field})` : ""}`);
+      fail("realtime", `Realtime: ${message.code}: ${message.message}${message.field ? ` (${message.field})` : ""}`);
     } else if (message.type === "session.closed") {
       status(`session closed: ${message.reason || "done"}`);
     }
@@ -106,6 +108,8 @@ class Session {
       if (this.url) URL.revokeObjectURL(this.url);
       this.url = URL.createObjectURL(new Blob([last], { type: "image/jpeg" }));
       $("r-video").src = this.url;
+      $("r-video").hidden = false; // no empty <img> (a broken image) before the first frame
+      $("r-placeholder").hidden = true;
     }
     $("r-counts").textContent = `${this.frames} frames in ${this.chunks} chunks · ${this.sentBytes} audio bytes sent`;
     $("r-counts").dataset.frames = String(this.frames);
@@ -163,11 +167,11 @@ class Session {
 async function start() {
   const file = $("r-portrait").files[0];
   if (!file) {
-    banner("Choose a portrait image first.");
+    fail("realtime", "Choose a portrait image first.", "start");
     return;
   }
   if (!$("r-model").value) {
-    banner("No streaming model to open a session on.");
+    fail("realtime", "No streaming model to open a session on.", "start");
     return;
   }
   $("r-start").disabled = true;
@@ -176,7 +180,7 @@ async function start() {
 }
 
 export function init() {
-  $("r-start").addEventListener("click", () => start().catch((error) => banner(`Realtime: ${error}`)));
+  $("r-start").addEventListener("click", () => start().catch((error) => fail("realtime", `Realtime: ${error}`, "start")));
   $("r-stop").addEventListener("click", () => session && session.stop());
 }
 

@@ -1,23 +1,57 @@
-// Workers: the workers (an admin's view: ListWorkers needs an admin key) and where models are warm.
+// Workers: one card per connected worker (ListWorkers needs an admin key): its slots, the jobs it
+// ran, the models it holds warm and their memory, its heartbeat, and a drain button. The model
+// catalog is folded away below.
 import { api } from "./api.js";
-import { $, banner, clear, el, short } from "./dom.js";
+import { $, ago, bytes, clear, el, fail, note, ok, short } from "./dom.js";
 import { byServed } from "./generate.js";
 
-function workerRow(w) {
+const FINISHED_PAGE = 200; // finished jobs read to count each worker's (the API keeps no counter)
+let timer = null;
+let tally = { counts: new Map(), reports: new Map(), seen: 0, more: false };
+
+function item(label, ...value) {
+  return [el("dt", {}, label), el("dd", { dataset: { field: label } }, ...value)];
+}
+
+function card(w, memory) {
+  const state = short(w.state, "WORKER_STATE_");
   const drain =
-    short(w.state, "WORKER_STATE_") === "ready"
+    state === "ready"
       ? el("button", { type: "button", className: "drain", onclick: () => drainWorker(w.id) }, "Drain")
       : "";
+  const done = tally.counts.get(w.id) || { succeeded: 0, failed: 0 };
+  const report = tally.reports.get(w.id);
+  const scope = `of the ${tally.seen}${tally.more ? " newest" : ""} finished jobs the controller keeps`;
+  const warm = (w.loaded_models || []).map((m) =>
+    el("tr", { dataset: { model: m } }, el("td", {}, m), el("td", {}, bytes((memory.get(m) || new Map()).get(w.id)) || "not measured")),
+  );
+  const running = (w.running_job_ids || []).map((id) => el("a", { href: `#job/${encodeURIComponent(id)}`, className: "mono" }, id));
   return el(
-    "tr",
-    { dataset: { worker: w.id } },
-    el("td", {}, w.id),
-    el("td", {}, short(w.state, "WORKER_STATE_")),
-    el("td", {}, w.execution_mode),
-    el("td", { className: "warm" }, (w.loaded_models || []).join(", ")),
-    el("td", {}, (w.models || []).join(", ")),
-    el("td", {}, `${w.busy_slots} / ${w.slots}`),
-    el("td", {}, drain),
+    "article",
+    { className: "card", dataset: { worker: w.id, state } },
+    el("div", { className: "card-head" }, el("h4", {}, w.id), el("span", { className: "badge", dataset: { state } }, state), drain),
+    el(
+      "dl",
+      { className: "summary" },
+      item("Slots", el("span", { className: "slots" }, `${w.busy_slots || 0} / ${w.slots} busy`)),
+      item("Jobs", el("span", { className: "jobs" }, `${done.succeeded} done · ${done.failed} failed`), el("span", { className: "muted" }, ` (${scope})`)),
+      item(
+        "Device",
+        report && report.device ? `${report.device}${report.dtype ? ` · ${report.dtype}` : ""} · ` : "",
+        `${w.backend || "?"} backend`,
+        report && report.device ? el("span", { className: "muted" }, " (device: its last run's report)") : "",
+      ),
+      item("Mode", w.execution_mode + (w.step_rows ? ` · step engine, ${w.step_rows} rows` : "")),
+      item("Heartbeat", el("span", { className: "heartbeat" }, ago(w.last_heartbeat_at) || "-")),
+      item("Connected", `${ago(w.connected_at)} · ${w.hostname || "?"} pid ${w.pid || "?"} · ${w.version || ""}`),
+      running.length ? item("Running", ...running.flatMap((a, i) => (i ? [" ", a] : [a]))) : [],
+    ),
+    el("h5", {}, "Warm models"),
+    warm.length
+      ? el("table", { className: "warm" }, el("thead", {}, el("tr", {}, el("th", {}, "Model"), el("th", {}, "Memory"))), el("tbody", {}, warm))
+      : el("p", { className: "muted warm" }, "none loaded"),
+    el("p", { className: "muted" }, `Serves: ${(w.models || []).join(", ")}`),
+    (w.unknown_models || []).length ? el("p", { className: "warning" }, `Not in the catalog: ${w.unknown_models.join(", ")}`) : "",
   );
 }
 
@@ -32,45 +66,77 @@ function modelRow(m) {
   );
 }
 
-async function load() {
+/** Each worker's finished jobs (and its newest report) among those the controller keeps. */
+async function count() {
+  const query = new URLSearchParams({ page_size: String(FINISHED_PAGE) });
+  query.append("states", "JOB_STATE_SUCCEEDED");
+  query.append("states", "JOB_STATE_FAILED");
+  const answer = await api("GET", `/v1/jobs?${query}`);
+  const counts = new Map();
+  const reports = new Map();
+  for (const job of answer.jobs || []) {
+    if (!job.worker_id) continue;
+    const c = counts.get(job.worker_id) || { succeeded: 0, failed: 0 };
+    c[short(job.state, "JOB_STATE_")] += 1;
+    counts.set(job.worker_id, c);
+    const report = job.result && job.result.report;
+    if (report && !reports.has(job.worker_id)) reports.set(job.worker_id, report); // newest first
+  }
+  tally = { counts, reports, seen: (answer.jobs || []).length, more: Boolean(answer.next_page_token) };
+}
+
+async function load(full) {
   const denied = $("w-denied");
+  let models = [];
+  try {
+    models = (await api("GET", "/v1/omnirt/models")).models || [];
+    ok("workers", "models");
+  } catch (error) {
+    fail("workers", `Listing models: ${error}`, "models");
+  }
+  const memory = new Map(); // model -> worker -> bytes
+  for (const m of models) memory.set(m.id, new Map((m.warm_on || []).map((w) => [w.worker_id, w.memory_bytes])));
   try {
     const answer = await api("GET", "/v1/workers");
+    if (full) await count().catch(() => {});
     denied.hidden = true;
-    $("w-workers").hidden = false;
-    clear($("w-workers").tBodies[0]).append(...(answer.workers || []).map(workerRow));
+    const list = answer.workers || [];
+    clear($("w-workers")).append(...list.map((w) => card(w, memory)));
+    $("w-note").textContent = list.length ? `${list.length} worker(s) connected` : "no worker is connected";
   } catch (error) {
-    clear($("w-workers").tBodies[0]); // a key that cannot list workers sees none, and no drain
-    $("w-workers").hidden = true;
+    clear($("w-workers")); // a key that cannot list workers sees none, and no drain
+    $("w-note").textContent = "";
     denied.hidden = false;
     denied.textContent =
       error.status === 403
         ? `The workers list and drain need an admin key (${error.code}: ${error.message}).`
         : `Listing workers: ${error}`;
   }
-  try {
-    const answer = await api("GET", "/v1/omnirt/models");
-    clear($("w-models").tBodies[0]).append(...(answer.models || []).sort(byServed).map(modelRow));
-  } catch (error) {
-    banner(`Listing models: ${error}`);
-  }
+  const served = models.filter((m) => m.serving_workers > 0).length;
+  $("w-catalog-summary").textContent = `Model catalog: ${models.length} models, ${served} served by a connected worker`;
+  clear($("w-models").tBodies[0]).append(...models.sort(byServed).map(modelRow));
 }
 
 async function drainWorker(id) {
   if (!confirm(`Drain ${id}? It finishes its jobs and takes no new ones.`)) return;
   try {
     await api("POST", `/v1/workers/${encodeURIComponent(id)}/drain`);
-    banner(`Draining ${id}`, false);
+    ok("workers", "drain");
+    note("workers", `Draining ${id}`);
   } catch (error) {
-    banner(`Draining ${id}: ${error}`);
+    fail("workers", `Draining ${id}: ${error}`, "drain");
   }
-  await load();
+  await load(false);
 }
 
 export function init() {
-  $("w-refresh").addEventListener("click", load);
+  $("w-refresh").addEventListener("click", () => load(true));
 }
 
 export function show() {
-  load();
+  load(true);
+  clearInterval(timer);
+  // Heartbeats and busy slots change: refresh while the tab is on screen (the job counts only
+  // on Refresh, as they read the finished jobs).
+  timer = setInterval(() => ($("tab-workers").hidden ? clearInterval(timer) : load(false)), 3000);
 }
