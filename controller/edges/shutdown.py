@@ -88,6 +88,23 @@ class Shutdown:
             if not self._calls:
                 self._idle.set()
 
+    async def session(self, work: Awaitable[T]) -> T:
+        """Run a long-lived exchange (a WebSocket session), ended with Unavailable as soon as
+        the controller starts closing, as a stream is."""
+        self.check()
+        task = asyncio.ensure_future(work)
+        try:
+            await _first(task, self.closing)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                raise Unavailable(STREAM_ENDED, retry_after_s=RETRY_AFTER_S)
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
     async def stream(self, items: AsyncIterator[T]) -> AsyncGenerator[T, None]:
         """`items`, ended with Unavailable as soon as the controller starts closing."""
         self.check()

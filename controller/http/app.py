@@ -196,7 +196,7 @@ class HttpGateway:
         openai_images.register(self.app, self)
         openai_videos.register(self.app, self)
         openai_audio.register(self.app, self)
-        realtime_websocket.register(self.app, self.servicers)  # WS /v1/avatar/realtime
+        realtime_websocket.register(self.app, self.servicers, self.shutdown)  # WS /v1/avatar/realtime
         console.register(self.app)  # GET / and /console/{name}
         openapi.register(self.app)  # GET /openapi.json, from the routes above
         self.app.on_response_prepare.append(self._on_prepare)

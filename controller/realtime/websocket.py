@@ -47,6 +47,7 @@ from omnirt._internal import convert as c
 from omnirt._internal.protocol import realtime as wire
 from omnirt._internal.protocol.messages import SessionSettings
 from omnirt.controller.edges.auth import caller
+from omnirt.controller.edges.shutdown import Shutdown
 from omnirt.controller.http.security import WS_PROTOCOL
 from omnirt.controller.realtime.manager import SessionManager
 from omnirt.controller.realtime.relay import relay
@@ -65,9 +66,10 @@ EDGE_FIELDS = ("chunk_samples",)
 CLOSE_BAD_INPUT, CLOSE_TRY_LATER, CLOSE_ERROR = 1008, 1013, 1011
 
 
-def register(app: web.Application, servicers: Mapping[str, Any]) -> None:
+def register(app: web.Application, servicers: Mapping[str, Any], shutdown: Shutdown | None = None) -> None:
     """Add the route; sessions go through the RealtimeService servicer's manager (of `servicers`,
-    the gateway's by full service name)."""
+    the gateway's by full service name). When the controller shuts down (`shutdown`), a session
+    ends with an UNAVAILABLE error ("controller shutting down, reconnect") and close 1013."""
     servicer = servicers.get(rt.DESCRIPTOR.services_by_name["RealtimeService"].full_name)
     if servicer is None:
         return
@@ -77,7 +79,8 @@ def register(app: web.Application, servicers: Mapping[str, Any]) -> None:
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_FRAME_BYTES, protocols=(WS_PROTOCOL,))
         await ws.prepare(request)
         try:
-            await serve(ws, manager, caller().tenant)
+            work = serve(ws, manager, caller().tenant)
+            await (work if shutdown is None else shutdown.session(work))
         except OmniRTError as exc:
             await fail(ws, exc)
         except ConnectionResetError:

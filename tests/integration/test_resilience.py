@@ -89,6 +89,10 @@ def test_sigterm_drains_the_worker(own_controller: Controller, log_dir: Path, mo
         assert client.get_job(queued_after.id).state is JobState.QUEUED
         own_controller.wait_worker("w-drain", present=False, timeout=10)
         client.cancel(queued_after.id)
+    # A clean drain is not an incident: INFO "worker drained", never WARNING "worker lost".
+    lines = [line for line in own_controller.log().splitlines() if "worker_id=w-drain" in line]
+    assert any("INFO" in line and "worker drained" in line for line in lines), lines
+    assert not any("worker lost" in line for line in lines), lines
 
 
 def test_a_silent_worker_loses_its_lease_and_its_job_finishes_elsewhere(

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -160,3 +161,59 @@ def test_a_stopping_controller_is_not_ready_refuses_new_calls_and_ends_watches(
                 pass
         assert "controller shutting down, reconnect" in str(ended.value)
     assert a.wait(GRACE_S + 20) == 0
+
+
+def test_shutdown_over_http_and_for_the_calls_the_grace_cannot_wait_for(
+    log_dir: Path, model_dir: Path
+) -> None:
+    """One controller (memory) with a 2 s grace: /healthz says 503 at once, a new HTTP call is
+    refused 503 UNAVAILABLE with Retry-After, an SSE stream ends with an error event saying to
+    reconnect, and a Generate still running when the grace ends gets UNAVAILABLE with a
+    RetryInfo; its worker is told to reconnect and says so, and the controller exits 0."""
+    controller = Controller(log_dir, "--shutdown-grace-s", "2", http=True).start()
+    worker = Worker(
+        log_dir, controller.address, "w-grace", model_dir, "--models", "null", "--slots", "2"
+    ).start()
+    slow = {"model": "null", "prompt": "slow", "num_inference_steps": 30, "extra": {"sleep_ms_per_step": 300}}
+    try:
+        controller.wait_worker("w-grace")
+        outcome: list[BaseException] = []
+
+        def generate() -> None:
+            with controller.client(retries=0) as client:
+                try:
+                    client.generate(**slow)
+                except BaseException as exc:  # what the caller gets
+                    outcome.append(exc)
+
+        caller = threading.Thread(target=generate)
+        caller.start()
+        with httpx.Client(base_url=controller.http, timeout=30) as http:
+            watched = http.post("/v1/jobs", json=slow).json()["job"]["id"]
+            with http.stream("GET", f"/v1/jobs/{watched}/events") as events:
+                lines = events.iter_lines()
+                assert next(line for line in lines if line.startswith("data:"))  # the stream is open
+                wait_for(
+                    lambda: controller.client().get_job(watched).state is omnirt.JobState.RUNNING, 30, "run"
+                )
+                controller.signal(15)  # SIGTERM
+                rest = "\n".join(lines)
+            assert "event: error" in rest and "controller shutting down, reconnect" in rest, rest
+            health = http.get("/healthz")
+            assert health.status_code == 503 and health.json()["reason"] == "shutting down"
+            refused = http.post("/v1/jobs", json=slow)
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+            assert refused.json()["error"]["code"] == "UNAVAILABLE"
+            assert "shutting down" in refused.json()["error"]["message"]
+        caller.join(30)
+        [error] = outcome
+        assert isinstance(error, omnirt.errors.Unavailable), error
+        assert "shut down before the call finished" in str(error) and error.retry_after_s
+        assert controller.wait(30) == 0
+        assert "worker told to reconnect" in controller.log()
+        wait_for(
+            lambda: "is shutting down; reconnecting" in worker.log(), 10, "the worker to say it reconnects"
+        )
+    finally:
+        worker.stop()
+        controller.stop()
