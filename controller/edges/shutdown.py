@@ -44,7 +44,8 @@ class Shutdown:
     def __init__(self) -> None:
         self.closing = asyncio.Event()
         self.expired = asyncio.Event()
-        self._calls = 0  # unary calls in flight
+        self._running: set[asyncio.Task[Any]] = set()  # the tasks of the unary calls in flight
+        self._ended: set[asyncio.Task[Any]] = set()  # those `expire` cancelled
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -52,8 +53,12 @@ class Shutdown:
         self.closing.set()
 
     def expire(self) -> None:
+        """The grace is over: the unary calls still running end (see `call`)."""
         self.closing.set()
         self.expired.set()
+        for task in self._running:
+            self._ended.add(task)
+            task.cancel()
 
     async def calls_done(self, timeout_s: float) -> bool:
         """Wait for the unary calls in flight to finish, up to `timeout_s`; whether they did."""
@@ -68,24 +73,24 @@ class Shutdown:
             raise Unavailable(REFUSED, retry_after_s=RETRY_AFTER_S)
 
     async def call(self, work: Awaitable[T]) -> T:
-        """Run a unary call's `work`, ended with Unavailable if the grace expires first."""
+        """Run a unary call's `work` in this task, ended with Unavailable if the grace expires
+        first (`expire` cancels the tasks still running; no task of its own per call)."""
         self.check()
-        self._calls += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._running.add(task)
         self._idle.clear()
-        task = asyncio.ensure_future(work)
         try:
-            await _first(task, self.expired)
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-                raise Unavailable(CALL_ENDED, retry_after_s=RETRY_AFTER_S)
-            return task.result()
+            return await work
+        except asyncio.CancelledError:
+            if task not in self._ended:
+                raise  # the caller went away, or the server stopped it: as before
+            task.uncancel()
+            raise Unavailable(CALL_ENDED, retry_after_s=RETRY_AFTER_S) from None
         finally:
-            if not task.done():  # our own caller was cancelled
-                task.cancel()
-            self._calls -= 1
-            if not self._calls:
+            self._running.discard(task)
+            self._ended.discard(task)
+            if not self._running:
                 self._idle.set()
 
     async def session(self, work: Awaitable[T]) -> T:
@@ -109,6 +114,7 @@ class Shutdown:
         """`items`, ended with Unavailable as soon as the controller starts closing."""
         self.check()
         iterator = aiter(items)
+        step: asyncio.Future[T] | None = None
         try:
             while True:
                 step = asyncio.ensure_future(anext(iterator))
@@ -124,6 +130,12 @@ class Shutdown:
                     return
                 yield item
         finally:
+            if step is not None and not step.done():
+                # Our caller was cancelled (the client went away): the stream's own code sees
+                # the cancellation where it waits, as it would without this wrapper.
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await step
             close = getattr(iterator, "aclose", None)
             if close is not None:
                 with contextlib.suppress(Exception):
