@@ -36,7 +36,7 @@ from omnirt.worker.modes.events import StepMonitor, ThreadEvents, attach_step_ho
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor
 from omnirt.worker.modes.schedulers import fresh_scheduler, own_tokenizers, seed_noise_sampler
 from omnirt.worker.modes.step_engine import Member, StepEngine
-from omnirt.worker.pipelines import media_inputs
+from omnirt.worker.pipelines import clip_skip, media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import ItemPlan, call_kwargs, call_parameters
 from omnirt.worker.pipelines.model_cache import CachedPipeline, ModelCache
@@ -333,6 +333,7 @@ class LegacyCallRun(AssignmentRun):
             call_options[inference_mode.NAME] = in_inference_mode
         with (
             own_tokenizers(view),
+            clip_skip.text_model_view(view, kwargs),
             inference_mode.call_context(in_inference_mode),
             step_cache.enabled(view, options, int(first.common.get("num_inference_steps", 0))) as usage,
         ):

@@ -521,6 +521,7 @@ def _check_clip_skip(pipeline: Any, value: Any) -> None:
     if (
         encoder is not None
         and not hasattr(encoder, "text_model")
+        and not hasattr(encoder, "final_layer_norm")
         and _uses_text_model(type(pipeline).__module__)
     ):
         # diffusers' SD pipelines apply `text_encoder.text_model.final_layer_norm` after the

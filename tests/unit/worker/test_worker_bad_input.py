@@ -11,8 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from options_testing import report, run_job
+from options_testing import pixels, report, run_job
 from worker_testing import run_script_job
 
 from omnirt import types as t
@@ -81,18 +82,42 @@ def test_clip_skip_is_checked_against_the_text_encoder(
     assert refused(outcome, "INVALID_ARGUMENT", "extra.clip_skip") == reason
 
 
-def test_a_clip_skip_the_model_has_runs_or_says_why_it_cannot(executor: LegacyCallExecutor) -> None:
+def test_clip_skip_skips_text_encoder_layers_and_is_reported(executor: LegacyCallExecutor) -> None:
+    # transformers 5 flattened CLIPTextModel, where diffusers' SD pipelines reach into
+    # `text_encoder.text_model` to skip: the call's view of the encoder has one (`clip_skip.py`).
+    plain = run_job(executor, seed=5)
+    skipped = [run_job(executor, seed=5, extra={"clip_skip": 1}) for _ in range(2)]
+    none_skipped = run_job(executor, seed=5, extra={"clip_skip": 0})
+    assert report(skipped[0]).config_resolved["clip_skip"] == 1
+    # tiny-sd's text encoder has 2 layers: the prompt's states after layer 1, not 2, make another
+    # image (a mean of 8 to 14 levels over seeds 5, 7, 11; a clip_skip that never reached the
+    # encoder, 0).
+    assert np.abs(pixels(skipped[0]) - pixels(plain)).mean() > 3
+    # The same again: a second call skips as the first (no state left behind by the first).
+    assert np.abs(pixels(skipped[1]) - pixels(skipped[0])).max() == 0
+    # 0 skips no layer: the last layer's states through the final norm are the usual embeddings.
+    assert np.abs(pixels(none_skipped) - pixels(plain)).max() == 0
+
+
+def test_the_text_model_is_the_calls_alone(model_dir: Path) -> None:
+    """diffusers' LoRA loader keeps a checkpoint's `text_model.` key prefix for an encoder that
+    has a `text_model`: the loaded pipeline's encoder never gets one."""
+    import copy
+
     from diffusers import StableDiffusionPipeline
 
-    encoder = StableDiffusionPipeline.from_pretrained(
-        Path(executor.config.model_dir) / "tiny-sd"
-    ).text_encoder
-    outcome = run_job(executor, extra={"clip_skip": 1})
-    if hasattr(encoder, "text_model"):
-        assert report(outcome).config_resolved["clip_skip"] == 1
-    else:  # transformers 5 flattened CLIPTextModel; diffusers 0.42's SD pipelines still reach into it
-        message = refused(outcome, "FAILED_PRECONDITION", "extra.clip_skip")
-        assert "StableDiffusionPipeline cannot skip layers" in message
+    from omnirt.worker.pipelines.clip_skip import text_model_view
+
+    pipeline = StableDiffusionPipeline.from_pretrained(model_dir / "tiny-sd")
+    encoder = pipeline.text_encoder
+    view = copy.copy(pipeline)
+    with text_model_view(view, {"clip_skip": None}):
+        assert view.text_encoder is encoder
+    with text_model_view(view, {"clip_skip": 1}):
+        assert view.text_encoder.text_model is encoder
+        assert view.text_encoder.final_layer_norm is encoder.final_layer_norm
+        assert not hasattr(pipeline.text_encoder, "text_model") and not hasattr(encoder, "text_model")
+    assert view.text_encoder is encoder
 
 
 @pytest.mark.parametrize(

@@ -249,6 +249,11 @@ def test_ulysses_splits_the_sequence_on_gloo_and_equals_legacy_call(
     ours = only_result(run(pw, assignment(WAN, ulysses))[0])
     assert ours.report.cold_start is True
     assert ours.report.config_resolved["parallel"] == "ulysses"
+    # Each rank's attention took its half of the tokens: 9 frames are 3 latent frames of 8x8,
+    # (1, 2, 2) patches make 3 x 4 x 4 = 48 tokens. An unsplit call (the same frames) shows 48.
+    tokens = 3 * (64 // 8 // 2) * (64 // 8 // 2)
+    world = int(CFG2["nproc_per_node"])
+    assert ours.report.config_resolved["context_parallel"] == [{"tokens": tokens // world}] * world
     diff = np.abs(frames(ours) - frames(legacy(executor, WAN))).max()
     assert diff <= MAX_DIFF, f"differs from legacy_call by {diff}/255"
 

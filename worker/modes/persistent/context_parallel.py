@@ -30,6 +30,7 @@ What diffusers 0.42.1 needs, found on this worker's CPU group:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
@@ -77,3 +78,40 @@ def apply(pipe: Any, kind: str, attention_backend: str = "") -> None:
         )
         with counted:
             model.enable_parallelism(config=config)
+
+
+class SequenceProbe:
+    """The tokens this rank's attention took in one call: the largest sequence (`hidden_states`'
+    second dimension) an attention module of the denoisers was given. Context parallel splits the
+    sequence before the first block, so each rank's count is its share (Wan's 48 tokens: 24 on
+    each of 2 ranks); a model the split missed shows the whole. For the report
+    (`config_resolved["context_parallel"]`), read by a shape per attention call."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def _seen(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        states: Any = args[0] if args else kwargs.get("hidden_states")
+        if getattr(states, "ndim", 0) == 3:  # [batch, tokens, channels]
+            self.tokens = max(self.tokens, int(states.shape[1]))
+
+    def stats(self) -> dict[str, Any]:
+        """This rank's share of the sequence."""
+        return {"tokens": self.tokens}
+
+    @contextlib.contextmanager
+    def installed(self, pipe: Any) -> Iterator[None]:
+        """The probe on the denoisers' attention modules for the duration of one call."""
+        from diffusers.models.attention import AttentionModuleMixin
+
+        handles = [
+            module.register_forward_pre_hook(self._seen, with_kwargs=True)
+            for model in denoisers(pipe)
+            for module in model.modules()
+            if isinstance(module, AttentionModuleMixin)
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()

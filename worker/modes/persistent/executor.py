@@ -411,6 +411,8 @@ class _PersistentRun:
             config["cfg_parallel"] = any(s["pattern"] in ("batched", "sequential") for s in reply["split"])
             if reply["split"]:  # what each rank computed: the pattern read, denoiser calls and samples
                 config["guidance_split"] = list(reply["split"])
+            if reply.get("sequence"):  # context parallel: the tokens each rank's attention took
+                config["context_parallel"] = list(reply["sequence"])
             if first.num_frames:  # the frames really made (Wan rounds num_frames to 4k+1)
                 config["num_frames"] = first.num_frames
             if first.kind is t.MediaKind.AUDIO:  # a clip has no size: its rate, channels and length

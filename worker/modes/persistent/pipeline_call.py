@@ -39,7 +39,7 @@ from omnirt.worker.modes.events import StepHook, attach_step_hook
 from omnirt.worker.modes.legacy_call import prompt_kwargs
 from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
 from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
-from omnirt.worker.pipelines import media_inputs
+from omnirt.worker.pipelines import clip_skip, media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import (
     ItemPlan,
@@ -142,7 +142,11 @@ def run_share(
     if not decode and "output_type" in accepted:
         kwargs["output_type"] = "latent"
     hooked = split.installed(view) if split is not None else nullcontext()
-    with inference_mode.call_context(inference_mode.use_inference_mode(view, None)), hooked:
+    with (
+        clip_skip.text_model_view(view, kwargs),
+        inference_mode.call_context(inference_mode.use_inference_mode(view, None)),
+        hooked,
+    ):
         output = view(**kwargs)
     info = {
         "scheduler": type(view.scheduler).__name__,

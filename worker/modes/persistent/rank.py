@@ -27,6 +27,7 @@ collective error (a peer died); the daemon then restarts the whole group.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import datetime
@@ -315,6 +316,7 @@ class Rank:
         import torch.distributed as dist
 
         from omnirt.worker.modes.persistent import pipeline_call as pc
+        from omnirt.worker.modes.persistent.context_parallel import SequenceProbe
         from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
         from omnirt.worker.runtime.backends import PeakMemory
 
@@ -330,6 +332,7 @@ class Rank:
         outputs = pc.outputs_of(plans, [i for i in range(len(plans)) if i not in errors])
         share = pc.share_of(parallel, outputs, self.rank, self.world_size)
         split = GuidanceSplit(self.rank, self.world_size, len(outputs)) if parallel == "cfg" else None
+        probe = SequenceProbe() if parallel in ("ulysses", "ring") else None
         planned = int(plans[0].common.get("num_inference_steps", 0))
         steps: list[int] = []
         previews = pc.preview_maker(call.get("preview"), spec, plans) if self.rank == 0 and share else None
@@ -354,7 +357,10 @@ class Rank:
         if share:
             decode = self.rank == 0 or parallel not in pc.EVERY_RANK
             try:
-                made, info = pc.run_share(self.pipe, plans, spec, share, self.device, step_end, split, decode)
+                with probe.installed(self.pipe) if probe is not None else contextlib.nullcontext():
+                    made, info = pc.run_share(
+                        self.pipe, plans, spec, share, self.device, step_end, split, decode
+                    )
             except _Ended as exc:
                 ended = exc.flag
             except Exception as exc:
@@ -368,6 +374,7 @@ class Rank:
             "outputs": list(zip(share, made, strict=True)) if made else [],
             "failure": failure,
             "split": split.stats() if split is not None else None,
+            "sequence": probe.stats() if probe is not None else None,
             "info": info,
             "made": len(share),
         }
@@ -418,6 +425,7 @@ class Rank:
             "peak_memory_bytes": peak,
             "parallel": parallel,
             "split": [part["split"] for part in gathered] if gathered[0]["split"] is not None else [],
+            "sequence": [part["sequence"] for part in gathered if part["sequence"] is not None],
         }
         if parallel not in pc.EVERY_RANK:  # the outputs were cut between the ranks
             reply["outputs_per_rank"] = [part["made"] for part in gathered]
