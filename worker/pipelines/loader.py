@@ -141,7 +141,8 @@ class PipelineLoader:
                     location = tiny_models.resolve_source(key.source, self.model_dir)
                     options = runtime_options.load_options(spec.runtime)
                     return speech.load(location, key.pipeline_class, placement, options), SharePlan()
-            cls = getattr(diffusers, key.pipeline_class, None)
+            with LOAD_LOCK:  # diffusers imports its classes lazily, and not thread-safely
+                cls = getattr(diffusers, key.pipeline_class, None)
             if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
                 raise ModelLoadError(spec.id, key.source, f"unknown pipeline class {key.pipeline_class!r}")
             kwargs: dict[str, Any] = {dtype_argument(): placement.torch_dtype()}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from omnirt import types as t
 from omnirt.worker.modes.persistent import channel
 from omnirt.worker.modes.persistent.settings import GroupSettings, SettingsError
+from omnirt.worker.pipelines.loader import LOAD_LOCK
 from omnirt.worker.runtime import backends
 from omnirt.worker.tiny import registry as tiny_models
 
@@ -103,7 +104,11 @@ def launch_spec(
     except (backends.BackendError, SettingsError) as exc:
         raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
     try:  # a builtin model is built here once, so the ranks only load it
-        source = tiny_models.resolve_source(spec.source or spec.id, config.model_dir)
+        # Under the process-wide lock of module builds: groups preloaded side by side build in
+        # threads, and diffusers' lazy imports and module construction are not thread-safe
+        # ("cannot import name 'WanPipeline' from 'diffusers'" when two groups built at once).
+        with LOAD_LOCK:
+            source = tiny_models.resolve_source(spec.source or spec.id, config.model_dir)
     except tiny_models.BuiltinModelError as exc:
         raise GroupError(f"model {spec.id!r}: {exc}", "FAILED_PRECONDITION") from exc
     launch = LaunchSpec(
