@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== installing (first run takes a few minutes) =="
-scripts/setup.sh controller,worker
+scripts/setup.sh controller,worker,bench
 
 run=$(mktemp -d)
 models=${OMNIRT_MODEL_DIR:-$HOME/.cache/omnirt/models}

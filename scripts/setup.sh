@@ -3,7 +3,7 @@
 # Usage: scripts/setup.sh [EXTRAS]   e.g. scripts/setup.sh controller,worker,dev
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=${1:-controller,worker}
+extras=${1:-controller,worker,bench}
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
