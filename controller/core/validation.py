@@ -240,6 +240,9 @@ def _check_inputs(req: GenerateRequest, task: Task) -> None:
             raise bad("inputs", f"{task.value} needs an input with role {role.value}")
 
 
+NULL_FAMILY = "null"  # the null model: no pipeline, no compute (docs/catalog.md)
+
+
 def _check_step_cache(req: GenerateRequest, spec: ModelSpec, family: Family | None) -> None:
     """A step cache asked of a family whose denoiser takes no cache hooks (a UNet, SD3's MMDiT)."""
     runtime = req.extra.get("runtime")
@@ -257,6 +260,8 @@ def _check_runtime(req: GenerateRequest, spec: ModelSpec, family: Family | None)
     if spec.execution_mode != ExecutionMode.LEGACY_CALL:
         reason = f"{spec.id} runs in {spec.execution_mode} mode, which takes no runtime options per request"
         raise bad("extra.runtime", reason)
+    if spec.family == NULL_FAMILY:  # its worker would refuse it, after the queue
+        raise bad("extra.runtime", f"{spec.id} runs no pipeline: it takes no runtime options")
     try:
         options = runtime_schema.request_options(req.extra["runtime"], spec.runtime)
     except runtime_schema.RuntimeOptionError as exc:

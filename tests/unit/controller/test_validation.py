@@ -365,3 +365,9 @@ def test_extra_may_not_set_a_request_field_around_its_bounds(catalog: Catalog, k
         validate(req(extra={key: 100000, "eta": 0.5}), catalog)
     assert info.value.field == f"extra.{key}" and "is a request field" in str(info.value)
     assert validate(req(extra={"eta": 0.5}), catalog).request.extra == {"eta": 0.5}
+
+
+def test_the_null_model_takes_no_runtime_options(catalog: Catalog) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        validate(req(model="null", extra={"runtime": {"enable_vae_tiling": True}}), catalog)
+    assert info.value.field == "extra.runtime" and "runs no pipeline" in str(info.value)
