@@ -35,14 +35,28 @@ def run_list(args: argparse.Namespace, client: Client) -> int:
             w.state,
             w.execution_mode,
             w.backend,
+            w.device or "-",
             f"{w.busy_slots}/{w.slots}",
+            # Since the worker process started, as it counts them (cancelled jobs are neither).
+            f"{w.jobs_succeeded}/{w.jobs_failed}",
             _models(w),
             w.hostname,
             fmt_time(w.last_heartbeat_at),
         )
         for w in workers
     ]
-    header = ("ID", "STATE", "MODE", "BACKEND", "BUSY", "MODELS (*loaded, !unknown)", "HOST", "HEARTBEAT")
+    header = (
+        "ID",
+        "STATE",
+        "MODE",
+        "BACKEND",
+        "DEVICE",
+        "BUSY",
+        "DONE/FAILED",
+        "MODELS (*loaded, !unknown)",
+        "HOST",
+        "HEARTBEAT",
+    )
     print_table(header, rows, empty="no workers connected")
     return 0
 

@@ -448,6 +448,12 @@ class WorkerInfo:
     # Its step engine: most rows per denoiser step (0: none), and the pipeline classes it batches.
     step_rows: int = 0
     step_pipelines: list[str] = field(default_factory=list)
+    # Jobs this worker process finished since it started, as the worker counts them (they survive
+    # a controller restart): succeeded, and failed (cancelled or refused jobs are neither).
+    jobs_succeeded: int = 0
+    jobs_failed: int = 0
+    # The devices it runs on, as torch names them: "cpu", "cuda:0", "cuda:0,1".
+    device: str = ""
 
 
 @dataclass

@@ -6,7 +6,8 @@ the new assignment), re-addressed (a job whose result still waits to be sent goe
 new assignment instead of a second run) or refused at once: while draining (UNAVAILABLE), for a
 model outside `--models` or of another execution mode (FAILED_PRECONDITION). Each job's events
 go up the stream while it is connected; its one result goes into the `Outbox` as durable
-(`result_message`: a result over the stream's message limit becomes an error).
+(`result_message`: a result over the stream's message limit becomes an error), and is counted
+(`succeeded`, `failed`: what the heartbeats report).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from omnirt.worker import redact
 from omnirt.worker.artifact_store import ArtifactUploader
 from omnirt.worker.config import WorkerConfig
 from omnirt.worker.connection import Outbox
+from omnirt.worker.failures import CANCELLED
 from omnirt.worker.modes.events import trace_id
 from omnirt.worker.modes.executor import CancelFlags, Executor
 from omnirt.worker.telemetry import job_context
@@ -113,6 +115,9 @@ class Assignments:
         self._active: dict[str, str] = {}
         # Assignment tasks -> their model (an unload waits for the model's jobs).
         self._task_models: dict[asyncio.Task[None], str] = {}
+        # Jobs run here to an end since the process started (see `_answer`).
+        self.succeeded = 0
+        self.failed = 0
 
     @property
     def busy(self) -> int:
@@ -213,6 +218,13 @@ class Assignments:
 
     async def _answer(self, assignment: Assignment, outcome: ItemOutcome) -> None:
         job_id = outcome.job_id
+        # Each run's end counts once (an adopted job under its last assignment, a re-addressed
+        # result not again). A cancel is the client's choice, not a failure: neither; a refusal
+        # never gets here (the job did not run). A job the drain timeout stopped failed here.
+        if outcome.error is None:
+            self.succeeded += 1
+        elif outcome.error.code != CANCELLED:
+            self.failed += 1
         if outcome.error is not None:
             log.info("job %s failed: %s %s", job_id, outcome.error.code, outcome.error.message)
             # Whatever mode produced it (persistent ranks, a new executor), the client sees no

@@ -53,7 +53,7 @@ from omnirt.worker.model_requests import ModelRequests
 from omnirt.worker.modes.base import create_executor
 from omnirt.worker.modes.executor import Executor
 from omnirt.worker.preload import Preload
-from omnirt.worker.runtime.backends import current_rss_bytes
+from omnirt.worker.runtime.backends import current_rss_bytes, worker_device
 from omnirt.worker.session_slots import SessionSlots
 from omnirt.worker.telemetry import WorkerTelemetry
 
@@ -81,6 +81,7 @@ class WorkerDaemon:
         # --artifact-store: outputs go to S3 while the controller uses the same store.
         self._uploader = ArtifactUploader(config) if config.artifact_store else None
         self._draining = False
+        self._device = ""  # the devices it runs on: known once the executor has started
         self._drain_requested = asyncio.Event()
         self._hurry = asyncio.Event()
         self.telemetry = WorkerTelemetry(
@@ -161,16 +162,18 @@ class WorkerDaemon:
         threads = thread_pool(self.config.slots + self.config.session_slots + rows)
         asyncio.get_running_loop().set_default_executor(threads)
         await self.executor.start()
+        self._device = await asyncio.to_thread(worker_device, self.executor.backend)
         # What startup made (torch, diffusers and the rest of the imports) lives as long as the
         # process: kept out of the collector's full passes, which otherwise walk all of it again
         # (models loaded later are not frozen: an evicted one must be collectable).
         gc.collect()
         gc.freeze()
         log.info(
-            "worker %s ready: mode=%s backend=%s slots=%d session_slots=%d controller=%s",
+            "worker %s ready: mode=%s backend=%s device=%s slots=%d session_slots=%d controller=%s",
             self.worker_id,
             self.config.mode,
             self.executor.backend,
+            self._device,
             self.config.slots,
             self.config.session_slots,
             self.config.controller,
@@ -236,6 +239,7 @@ class WorkerDaemon:
             session_slots=self.config.session_slots,
             step_rows=step_rows,
             step_pipelines=step_pipelines,
+            device=self._device,
         )
 
     def _heartbeat(self) -> Heartbeat:
@@ -247,6 +251,8 @@ class WorkerDaemon:
             running=self._assignments.running,
             sessions=self._sessions.ids,
             model_bytes=self.executor.model_memory(),
+            jobs_succeeded=self._assignments.succeeded,
+            jobs_failed=self._assignments.failed,
         )
 
     def _not_ready(self) -> str:

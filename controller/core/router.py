@@ -347,6 +347,7 @@ def worker_info(hello: Hello) -> WorkerInfo:
         instance_id=hello.instance_id,
         step_rows=hello.step_rows,
         step_pipelines=list(hello.step_pipelines),
+        device=hello.device,
     )
 
 

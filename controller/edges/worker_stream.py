@@ -301,6 +301,8 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             # None from a worker that does not list its jobs (older): nothing is reconciled.
             running = set(hb.running.items()) if reports_running else None
             model_bytes = hb.model_bytes if handle.loads_models else None
+            # The worker's own counts: they outlive this stream and this controller.
+            handle.info.jobs_succeeded, handle.info.jobs_failed = hb.jobs_succeeded, hb.jobs_failed
             await self.engine.worker_heartbeat(handle, hb.loaded_models, hb.draining, running, model_bytes)
             if self.sessions is not None:
                 self.sessions.worker_beat(handle.id, hb.loaded_models, hb.draining)

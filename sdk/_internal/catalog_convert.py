@@ -143,6 +143,9 @@ def worker_to_proto(w: t.WorkerInfo) -> cluster_pb2.WorkerInfo:
         instance_id=w.instance_id,
         step_rows=w.step_rows,
         step_pipelines=w.step_pipelines,
+        jobs_succeeded=w.jobs_succeeded,
+        jobs_failed=w.jobs_failed,
+        device=w.device,
     )
     c.ts_to_proto(w.connected_at, msg.connected_at)
     c.ts_to_proto(w.last_heartbeat_at, msg.last_heartbeat_at)
@@ -170,4 +173,7 @@ def worker_from_proto(m: cluster_pb2.WorkerInfo) -> t.WorkerInfo:
         instance_id=m.instance_id,
         step_rows=m.step_rows,
         step_pipelines=list(m.step_pipelines),
+        jobs_succeeded=m.jobs_succeeded,
+        jobs_failed=m.jobs_failed,
+        device=m.device,
     )

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17omnirt/v1/cluster.proto\x12\tomnirt.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x04\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.omnirt.v1.WorkerState\x12\x16\n\x0e\x65xecution_mode\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0e\n\x06models\x18\x05 \x03(\t\x12\x15\n\rloaded_models\x18\x06 \x03(\t\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x12\n\nbusy_slots\x18\x08 \x01(\r\x12\x10\n\x08hostname\x18\t \x01(\t\x12\x0b\n\x03pid\x18\n \x01(\r\x12\x0f\n\x07version\x18\x0b \x01(\t\x12\x30\n\x0c\x63onnected_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\x06labels\x18\x0e \x03(\x0b\x32!.omnirt.v1.WorkerInfo.LabelsEntry\x12\x17\n\x0frunning_job_ids\x18\x0f \x03(\t\x12\x16\n\x0eunknown_models\x18\x10 \x03(\t\x12\x13\n\x0binstance_id\x18\x11 \x01(\t\x12\x11\n\tstep_rows\x18\x12 \x01(\r\x12\x16\n\x0estep_pipelines\x18\x13 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x14\n\x12ListWorkersRequest\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.omnirt.v1.WorkerInfo\"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"<\n\x13\x44rainWorkerResponse\x12%\n\x06worker\x18\x01 \x01(\x0b\x32\x15.omnirt.v1.WorkerInfo\"\xf9\x01\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\ncontroller\x18\x04 \x01(\t\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12-\n\topened_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06labels\x18\x07 \x03(\x0b\x32\".omnirt.v1.SessionInfo.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\x13ListSessionsRequest\x12\r\n\x05model\x18\x01 \x01(\t\"@\n\x14ListSessionsResponse\x12(\n\x08sessions\x18\x01 \x03(\x0b\x32\x16.omnirt.v1.SessionInfo*u\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_STATE_READY\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02\x12\x15\n\x11WORKER_STATE_GONE\x10\x03\x32\xfd\x01\n\x0e\x43lusterService\x12L\n\x0bListWorkers\x12\x1d.omnirt.v1.ListWorkersRequest\x1a\x1e.omnirt.v1.ListWorkersResponse\x12L\n\x0b\x44rainWorker\x12\x1d.omnirt.v1.DrainWorkerRequest\x1a\x1e.omnirt.v1.DrainWorkerResponse\x12O\n\x0cListSessions\x12\x1e.omnirt.v1.ListSessionsRequest\x1a\x1f.omnirt.v1.ListSessionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17omnirt/v1/cluster.proto\x12\tomnirt.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x04\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.omnirt.v1.WorkerState\x12\x16\n\x0e\x65xecution_mode\x18\x03 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x0e\n\x06models\x18\x05 \x03(\t\x12\x15\n\rloaded_models\x18\x06 \x03(\t\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x12\n\nbusy_slots\x18\x08 \x01(\r\x12\x10\n\x08hostname\x18\t \x01(\t\x12\x0b\n\x03pid\x18\n \x01(\r\x12\x0f\n\x07version\x18\x0b \x01(\t\x12\x30\n\x0c\x63onnected_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\x06labels\x18\x0e \x03(\x0b\x32!.omnirt.v1.WorkerInfo.LabelsEntry\x12\x17\n\x0frunning_job_ids\x18\x0f \x03(\t\x12\x16\n\x0eunknown_models\x18\x10 \x03(\t\x12\x13\n\x0binstance_id\x18\x11 \x01(\t\x12\x11\n\tstep_rows\x18\x12 \x01(\r\x12\x16\n\x0estep_pipelines\x18\x13 \x03(\t\x12\x16\n\x0ejobs_succeeded\x18\x14 \x01(\x04\x12\x13\n\x0bjobs_failed\x18\x15 \x01(\x04\x12\x0e\n\x06\x64\x65vice\x18\x16 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x14\n\x12ListWorkersRequest\"=\n\x13ListWorkersResponse\x12&\n\x07workers\x18\x01 \x03(\x0b\x32\x15.omnirt.v1.WorkerInfo\"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"<\n\x13\x44rainWorkerResponse\x12%\n\x06worker\x18\x01 \x01(\x0b\x32\x15.omnirt.v1.WorkerInfo\"\xf9\x01\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\ncontroller\x18\x04 \x01(\t\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12-\n\topened_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06labels\x18\x07 \x03(\x0b\x32\".omnirt.v1.SessionInfo.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"$\n\x13ListSessionsRequest\x12\r\n\x05model\x18\x01 \x01(\t\"@\n\x14ListSessionsResponse\x12(\n\x08sessions\x18\x01 \x03(\x0b\x32\x16.omnirt.v1.SessionInfo*u\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_STATE_READY\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02\x12\x15\n\x11WORKER_STATE_GONE\x10\x03\x32\xfd\x01\n\x0e\x43lusterService\x12L\n\x0bListWorkers\x12\x1d.omnirt.v1.ListWorkersRequest\x1a\x1e.omnirt.v1.ListWorkersResponse\x12L\n\x0b\x44rainWorker\x12\x1d.omnirt.v1.DrainWorkerRequest\x1a\x1e.omnirt.v1.DrainWorkerResponse\x12O\n\x0cListSessions\x12\x1e.omnirt.v1.ListSessionsRequest\x1a\x1f.omnirt.v1.ListSessionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,28 +36,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERINFO_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_SESSIONINFO_LABELSENTRY']._loaded_options = None
   _globals['_SESSIONINFO_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERSTATE']._serialized_start=1160
-  _globals['_WORKERSTATE']._serialized_end=1277
+  _globals['_WORKERSTATE']._serialized_start=1221
+  _globals['_WORKERSTATE']._serialized_end=1338
   _globals['_WORKERINFO']._serialized_start=72
-  _globals['_WORKERINFO']._serialized_end=614
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=569
-  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=614
-  _globals['_LISTWORKERSREQUEST']._serialized_start=616
-  _globals['_LISTWORKERSREQUEST']._serialized_end=636
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=638
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=699
-  _globals['_DRAINWORKERREQUEST']._serialized_start=701
-  _globals['_DRAINWORKERREQUEST']._serialized_end=740
-  _globals['_DRAINWORKERRESPONSE']._serialized_start=742
-  _globals['_DRAINWORKERRESPONSE']._serialized_end=802
-  _globals['_SESSIONINFO']._serialized_start=805
-  _globals['_SESSIONINFO']._serialized_end=1054
-  _globals['_SESSIONINFO_LABELSENTRY']._serialized_start=569
-  _globals['_SESSIONINFO_LABELSENTRY']._serialized_end=614
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1056
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1092
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1094
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1158
-  _globals['_CLUSTERSERVICE']._serialized_start=1280
-  _globals['_CLUSTERSERVICE']._serialized_end=1533
+  _globals['_WORKERINFO']._serialized_end=675
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_start=630
+  _globals['_WORKERINFO_LABELSENTRY']._serialized_end=675
+  _globals['_LISTWORKERSREQUEST']._serialized_start=677
+  _globals['_LISTWORKERSREQUEST']._serialized_end=697
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=699
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=760
+  _globals['_DRAINWORKERREQUEST']._serialized_start=762
+  _globals['_DRAINWORKERREQUEST']._serialized_end=801
+  _globals['_DRAINWORKERRESPONSE']._serialized_start=803
+  _globals['_DRAINWORKERRESPONSE']._serialized_end=863
+  _globals['_SESSIONINFO']._serialized_start=866
+  _globals['_SESSIONINFO']._serialized_end=1115
+  _globals['_SESSIONINFO_LABELSENTRY']._serialized_start=630
+  _globals['_SESSIONINFO_LABELSENTRY']._serialized_end=675
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1117
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1153
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1155
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1219
+  _globals['_CLUSTERSERVICE']._serialized_start=1341
+  _globals['_CLUSTERSERVICE']._serialized_end=1594
 # @@protoc_insertion_point(module_scope)

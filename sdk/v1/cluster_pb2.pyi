@@ -22,7 +22,7 @@ WORKER_STATE_DRAINING: WorkerState
 WORKER_STATE_GONE: WorkerState
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("id", "state", "execution_mode", "backend", "models", "loaded_models", "slots", "busy_slots", "hostname", "pid", "version", "connected_at", "last_heartbeat_at", "labels", "running_job_ids", "unknown_models", "instance_id", "step_rows", "step_pipelines")
+    __slots__ = ("id", "state", "execution_mode", "backend", "models", "loaded_models", "slots", "busy_slots", "hostname", "pid", "version", "connected_at", "last_heartbeat_at", "labels", "running_job_ids", "unknown_models", "instance_id", "step_rows", "step_pipelines", "jobs_succeeded", "jobs_failed", "device")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,9 @@ class WorkerInfo(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ROWS_FIELD_NUMBER: _ClassVar[int]
     STEP_PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    JOBS_SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: WorkerState
     execution_mode: str
@@ -68,7 +71,10 @@ class WorkerInfo(_message.Message):
     instance_id: str
     step_rows: int
     step_pipelines: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., loaded_models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., busy_slots: _Optional[int] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., connected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., running_job_ids: _Optional[_Iterable[str]] = ..., unknown_models: _Optional[_Iterable[str]] = ..., instance_id: _Optional[str] = ..., step_rows: _Optional[int] = ..., step_pipelines: _Optional[_Iterable[str]] = ...) -> None: ...
+    jobs_succeeded: int
+    jobs_failed: int
+    device: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., loaded_models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., busy_slots: _Optional[int] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., connected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., running_job_ids: _Optional[_Iterable[str]] = ..., unknown_models: _Optional[_Iterable[str]] = ..., instance_id: _Optional[str] = ..., step_rows: _Optional[int] = ..., step_pipelines: _Optional[_Iterable[str]] = ..., jobs_succeeded: _Optional[int] = ..., jobs_failed: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ()

@@ -40,7 +40,7 @@ import omnirt.controller.http
 from omnirt.controller.edges.auth import key_digest
 from omnirt.controller.http.console import CSP
 from tests.conftest import USER_CATALOG
-from tests.daemons import Controller, Worker
+from tests.daemons import Controller, Worker, wait_for
 from tests.tools import require_tool
 
 if TYPE_CHECKING:
@@ -484,17 +484,48 @@ def test_the_queue_cancels_a_running_job(page: Page, http: httpx.Client) -> None
     assert int(job.get("progress", {}).get("step", 0)) < 100, "stopped at a step, not run to the end"
 
 
+def console_worker(http: httpx.Client) -> dict[str, Any]:
+    """w-console as `GET /v1/workers` lists it (uint64 counts are JSON strings)."""
+    (worker,) = [
+        w for w in http.get("/v1/workers", headers=auth("root")).json()["workers"] if w["id"] == "w-console"
+    ]
+    return worker
+
+
+def finished_on_console_worker(http: httpx.Client, state: str) -> int:
+    """The module's jobs in `state` that w-console ran (an admin lists every tenant's)."""
+    query = {"states": f"JOB_STATE_{state}", "page_size": "1000"}
+    jobs = http.get("/v1/jobs", params=query, headers=auth("root")).json()["jobs"]
+    return sum(job.get("worker_id") == "w-console" for job in jobs)
+
+
 def test_workers_show_their_work_and_drain_to_admins_only(page: Page, http: httpx.Client) -> None:
+    before = console_worker(http)
+    done, failed = int(before["jobs_succeeded"]) + 1, int(before["jobs_failed"]) + 1
     tiny_sd_job(http)  # tiny-sd warm, one more job done
+    bad = {"model": "null", "prompt": "x", "extra": {"sleep_ms_per_step": -1}}  # the worker refuses it
+    assert http.post("/v1/generate", json=bad, headers=auth("alice")).status_code == 400
+    wait_for(
+        lambda: (
+            (int(console_worker(http)["jobs_succeeded"]), int(console_worker(http)["jobs_failed"]))
+            == (done, failed)
+        ),
+        10,
+        "the worker's heartbeat to count both jobs",
+    )
+    # The worker's own counts are every job it ran to its end in this module (cancelled ones: neither).
+    assert (done, failed) == (
+        finished_on_console_worker(http, "SUCCEEDED"),
+        finished_on_console_worker(http, "FAILED"),
+    )
     use_key(page, "root")
     page.click("#tabs [data-tab=workers]")
     card = page.wait_for_selector("#w-workers [data-worker=w-console]")
     warm = card.query_selector("table.warm tr[data-model=tiny-sd]")
     assert warm is not None and re.fullmatch(r"tiny-sd[\d.]+ (KiB|MiB|GiB)", warm.text_content())
     assert re.fullmatch(r"\d / 1 busy", card.query_selector(".slots").text_content())
-    done = re.match(r"(\d+) done · (\d+) failed", card.query_selector(".jobs").text_content())
-    assert done and int(done.group(1)) >= 1
-    assert "backend" in card.query_selector("[data-field=Device]").text_content()
+    assert card.query_selector(".jobs").text_content() == f"{done} done · {failed} failed"
+    assert card.query_selector("[data-field=Device]").text_content() == "cpu · cpu backend"
     assert card.query_selector(".heartbeat").text_content().endswith(" ago")
     assert card.query_selector("button.drain") is not None
     assert page.is_hidden("#w-models")  # the catalog is folded away

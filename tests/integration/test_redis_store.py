@@ -143,6 +143,15 @@ def test_two_controllers_share_jobs_workers_cancels_and_artifacts(
             assert (tmp_path / "artifacts" / result.job_id / "0").read_bytes() == data
             # Both controllers list the worker, wherever it is connected.
             assert "w-on-b" in {w.id for w in on_a.list_workers()}
+            # ... with what its heartbeats say (its job count, its device), as B last listed it.
+            wait_for(
+                lambda: (
+                    [(w.jobs_succeeded, w.device) for w in on_a.list_workers() if w.id == "w-on-b"]
+                    == [(1, "cpu")]
+                ),
+                10,
+                "A to list the worker's job count",
+            )
             # A running job submitted to B is cancelled through A: B's worker stops it.
             slow = on_b.submit(prompt="cancel me", **SLOW_NULL)
             wait_for(lambda: on_a.get_job(slow.id).state is JobState.RUNNING, 30, "the slow job to run")

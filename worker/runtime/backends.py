@@ -108,6 +108,20 @@ def detect_backend(requested: str) -> str:
     raise BackendError(f"unknown backend {requested!r}; known: auto, cpu, cuda, ascend")
 
 
+def worker_device(backend: str) -> str:
+    """The devices of a resolved `backend` this process sees, as torch names them: "cpu",
+    "cuda:0", "cuda:0,1", "npu:0" (what Hello tells the controller; `runtime.devices` picks
+    among them per model). The backend's bare name when torch sees none."""
+    if backend not in DEVICES or backend == "cpu":
+        return "cpu"
+    import torch
+
+    prefix = DEVICES[backend]
+    module = getattr(torch, prefix, None)
+    count = int(module.device_count()) if module is not None else 0
+    return f"{prefix}:{','.join(str(i) for i in range(count))}" if count else prefix
+
+
 def placement_for(backend: str, runtime: Mapping[str, Any] | None = None) -> Placement:
     """Device and dtype for a model on a resolved `backend`, honouring `runtime["dtype"]` on accelerators.
 

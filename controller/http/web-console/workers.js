@@ -1,13 +1,11 @@
 // Workers: one card per connected worker (ListWorkers needs an admin key): its slots, the jobs it
-// ran, the models it holds warm and their memory, its heartbeat, and a drain button. The model
-// catalog is folded away below.
+// ran (the worker's own counts since it started), its device, the models it holds warm and their
+// memory, its heartbeat, and a drain button. The model catalog is folded away below.
 import { api } from "./api.js";
 import { $, ago, bytes, clear, el, fail, note, ok, short } from "./dom.js";
 import { byServed } from "./generate.js";
 
-const FINISHED_PAGE = 200; // finished jobs read to count each worker's (the API keeps no counter)
 let timer = null;
-let tally = { counts: new Map(), reports: new Map(), seen: 0, more: false };
 
 function item(label, ...value) {
   return [el("dt", {}, label), el("dd", { dataset: { field: label } }, ...value)];
@@ -19,9 +17,6 @@ function card(w, memory) {
     state === "ready"
       ? el("button", { type: "button", className: "drain", onclick: () => drainWorker(w.id) }, "Drain")
       : "";
-  const done = tally.counts.get(w.id) || { succeeded: 0, failed: 0 };
-  const report = tally.reports.get(w.id);
-  const scope = `of the ${tally.seen}${tally.more ? " newest" : ""} finished jobs the controller keeps`;
   const warm = (w.loaded_models || []).map((m) =>
     el("tr", { dataset: { model: m } }, el("td", {}, m), el("td", {}, bytes((memory.get(m) || new Map()).get(w.id)) || "not measured")),
   );
@@ -34,13 +29,13 @@ function card(w, memory) {
       "dl",
       { className: "summary" },
       item("Slots", el("span", { className: "slots" }, `${w.busy_slots || 0} / ${w.slots} busy`)),
-      item("Jobs", el("span", { className: "jobs" }, `${done.succeeded} done · ${done.failed} failed`), el("span", { className: "muted" }, ` (${scope})`)),
+      // uint64 counts arrive as JSON strings.
       item(
-        "Device",
-        report && report.device ? `${report.device}${report.dtype ? ` · ${report.dtype}` : ""} · ` : "",
-        `${w.backend || "?"} backend`,
-        report && report.device ? el("span", { className: "muted" }, " (device: its last run's report)") : "",
+        "Jobs",
+        el("span", { className: "jobs" }, `${Number(w.jobs_succeeded || 0)} done · ${Number(w.jobs_failed || 0)} failed`),
+        el("span", { className: "muted" }, " (since the worker started)"),
       ),
+      item("Device", `${w.device || "?"} · ${w.backend || "?"} backend`),
       item("Mode", w.execution_mode + (w.step_rows ? ` · step engine, ${w.step_rows} rows` : "")),
       item("Heartbeat", el("span", { className: "heartbeat" }, ago(w.last_heartbeat_at) || "-")),
       item("Connected", `${ago(w.connected_at)} · ${w.hostname || "?"} pid ${w.pid || "?"} · ${w.version || ""}`),
@@ -66,26 +61,7 @@ function modelRow(m) {
   );
 }
 
-/** Each worker's finished jobs (and its newest report) among those the controller keeps. */
-async function count() {
-  const query = new URLSearchParams({ page_size: String(FINISHED_PAGE) });
-  query.append("states", "JOB_STATE_SUCCEEDED");
-  query.append("states", "JOB_STATE_FAILED");
-  const answer = await api("GET", `/v1/jobs?${query}`);
-  const counts = new Map();
-  const reports = new Map();
-  for (const job of answer.jobs || []) {
-    if (!job.worker_id) continue;
-    const c = counts.get(job.worker_id) || { succeeded: 0, failed: 0 };
-    c[short(job.state, "JOB_STATE_")] += 1;
-    counts.set(job.worker_id, c);
-    const report = job.result && job.result.report;
-    if (report && !reports.has(job.worker_id)) reports.set(job.worker_id, report); // newest first
-  }
-  tally = { counts, reports, seen: (answer.jobs || []).length, more: Boolean(answer.next_page_token) };
-}
-
-async function load(full) {
+async function load() {
   const denied = $("w-denied");
   let models = [];
   try {
@@ -98,7 +74,6 @@ async function load(full) {
   for (const m of models) memory.set(m.id, new Map((m.warm_on || []).map((w) => [w.worker_id, w.memory_bytes])));
   try {
     const answer = await api("GET", "/v1/workers");
-    if (full) await count().catch(() => {});
     denied.hidden = true;
     const list = answer.workers || [];
     clear($("w-workers")).append(...list.map((w) => card(w, memory)));
@@ -126,17 +101,16 @@ async function drainWorker(id) {
   } catch (error) {
     fail("workers", `Draining ${id}: ${error}`, "drain");
   }
-  await load(false);
+  await load();
 }
 
 export function init() {
-  $("w-refresh").addEventListener("click", () => load(true));
+  $("w-refresh").addEventListener("click", () => load());
 }
 
 export function show() {
-  load(true);
+  load();
   clearInterval(timer);
-  // Heartbeats and busy slots change: refresh while the tab is on screen (the job counts only
-  // on Refresh, as they read the finished jobs).
-  timer = setInterval(() => ($("tab-workers").hidden ? clearInterval(timer) : load(false)), 3000);
+  // Heartbeats, busy slots and job counts change: refresh while the tab is on screen.
+  timer = setInterval(() => ($("tab-workers").hidden ? clearInterval(timer) : load()), 3000);
 }

@@ -100,6 +100,7 @@ def _hello_to_proto(h: m.Hello) -> pb.Hello:
         loads_models=h.loads_models,
         step_rows=h.step_rows,
         step_pipelines=h.step_pipelines,
+        device=h.device,
     )
 
 
@@ -124,6 +125,7 @@ def hello_from_proto(h: pb.Hello) -> m.Hello:
         loads_models=h.loads_models,
         step_rows=h.step_rows,
         step_pipelines=list(h.step_pipelines),
+        device=h.device,
     )
 
 
@@ -136,6 +138,8 @@ def _heartbeat_to_proto(b: m.Heartbeat) -> pb.Heartbeat:
         running=[pb.RunningJob(assignment_id=a, job_id=j) for j, a in b.running.items()],
         sessions=b.sessions,
         loaded=[pb.LoadedModel(model_id=k, memory_bytes=n) for k, n in sorted(b.model_bytes.items())],
+        jobs_succeeded=b.jobs_succeeded,
+        jobs_failed=b.jobs_failed,
     )
 
 
@@ -149,6 +153,8 @@ def heartbeat_from_proto(b: pb.Heartbeat) -> m.Heartbeat:
         running={r.job_id: r.assignment_id for r in b.running},
         sessions=list(b.sessions),
         model_bytes={x.model_id: x.memory_bytes for x in b.loaded},
+        jobs_succeeded=b.jobs_succeeded,
+        jobs_failed=b.jobs_failed,
     )
 
 

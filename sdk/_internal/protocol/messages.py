@@ -47,6 +47,8 @@ class Hello:
     # Its step engine: most rows per denoiser step (0: none), and the pipeline classes it batches.
     step_rows: int = 0
     step_pipelines: list[str] = field(default_factory=list)
+    # The devices it runs on, as torch names them ("cpu", "cuda:0", "cuda:0,1"); fixed for the process.
+    device: str = ""
 
 
 @dataclass
@@ -64,6 +66,9 @@ class Heartbeat:
     sessions: list[str] = field(default_factory=list)
     # model id -> bytes, of the loaded models whose memory the worker measures.
     model_bytes: dict[str, int] = field(default_factory=dict)
+    # Jobs this process finished since it started (cancelled and refused ones are neither).
+    jobs_succeeded: int = 0
+    jobs_failed: int = 0
 
 
 @dataclass

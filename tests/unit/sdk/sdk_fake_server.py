@@ -144,6 +144,9 @@ WORKERS = [
         busy_slots=1,
         hostname="host-a",
         connected_at=T0,
+        jobs_succeeded=5,
+        jobs_failed=1,
+        device="cuda:0,1",
     )
 ]
 

@@ -39,6 +39,7 @@ WORKER_MESSAGES = [
         labels={"zone": "a"},
         instance_id="i-1",
         session_slots=1,
+        device="cuda:0,1",
     ),
     m.Heartbeat(
         busy_slots=1,
@@ -48,6 +49,8 @@ WORKER_MESSAGES = [
         running={"j-1": "a-1", "j-2": "a-1"},
         sessions=["sess-1"],
         model_bytes={"tiny-sd": 1 << 20},
+        jobs_succeeded=7,
+        jobs_failed=2,
     ),
     m.AssignmentEvent("a-1", t.JobEvent("j", t.EventKind.PROGRESS, progress=t.Progress(2, 4, "denoise"))),
     m.AssignmentResult("a-1", m.ItemOutcome("j", result=RESULT)),

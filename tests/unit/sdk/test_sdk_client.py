@@ -200,6 +200,7 @@ def test_models_and_workers(fake: FakeController) -> None:
             client.describe_model("tiny-sdd")
         workers = client.list_workers()
     assert workers[0].id == "w-1" and workers[0].loaded_models == ["tiny-sd"]
+    assert (workers[0].jobs_succeeded, workers[0].jobs_failed, workers[0].device) == (5, 1, "cuda:0,1")
 
 
 def test_raw_stubs_stay_reachable(fake: FakeController) -> None:

@@ -77,6 +77,17 @@ def test_devices_and_device_map() -> None:
     )
 
 
+def test_the_worker_device_names_every_device_of_its_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Hello and `ListWorkers` say the worker runs on."""
+    assert backends.worker_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert backends.worker_device("cuda") == "cuda:0,1"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert backends.worker_device("cuda") == "cuda:0"
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(device_count=lambda: 0), raising=False)
+    assert backends.worker_device("ascend") == "npu"
+
+
 @pytest.mark.parametrize(
     ("backend", "runtime", "match"),
     [

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running", "session_slots", "loads_models", "step_rows", "step_pipelines")
+    __slots__ = ("worker_id", "execution_mode", "backend", "models", "slots", "loaded_models", "hostname", "pid", "version", "labels", "token", "accepts_batches", "instance_id", "reports_running", "session_slots", "loads_models", "step_rows", "step_pipelines", "device")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class Hello(_message.Message):
     LOADS_MODELS_FIELD_NUMBER: _ClassVar[int]
     STEP_ROWS_FIELD_NUMBER: _ClassVar[int]
     STEP_PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     execution_mode: str
     backend: str
@@ -54,7 +55,8 @@ class Hello(_message.Message):
     loads_models: bool
     step_rows: int
     step_pipelines: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ..., session_slots: _Optional[int] = ..., loads_models: _Optional[bool] = ..., step_rows: _Optional[int] = ..., step_pipelines: _Optional[_Iterable[str]] = ...) -> None: ...
+    device: str
+    def __init__(self, worker_id: _Optional[str] = ..., execution_mode: _Optional[str] = ..., backend: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token: _Optional[str] = ..., accepts_batches: _Optional[bool] = ..., instance_id: _Optional[str] = ..., reports_running: _Optional[bool] = ..., session_slots: _Optional[int] = ..., loads_models: _Optional[bool] = ..., step_rows: _Optional[int] = ..., step_pipelines: _Optional[_Iterable[str]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RunningJob(_message.Message):
     __slots__ = ("assignment_id", "job_id")
@@ -65,7 +67,7 @@ class RunningJob(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining", "running", "sessions", "loaded")
+    __slots__ = ("busy_slots", "loaded_models", "memory_bytes", "draining", "running", "sessions", "loaded", "jobs_succeeded", "jobs_failed")
     BUSY_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LOADED_MODELS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +75,8 @@ class Heartbeat(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     LOADED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FAILED_FIELD_NUMBER: _ClassVar[int]
     busy_slots: int
     loaded_models: _containers.RepeatedScalarFieldContainer[str]
     memory_bytes: int
@@ -80,7 +84,9 @@ class Heartbeat(_message.Message):
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
     sessions: _containers.RepeatedScalarFieldContainer[str]
     loaded: _containers.RepeatedCompositeFieldContainer[LoadedModel]
-    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., sessions: _Optional[_Iterable[str]] = ..., loaded: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ...) -> None: ...
+    jobs_succeeded: int
+    jobs_failed: int
+    def __init__(self, busy_slots: _Optional[int] = ..., loaded_models: _Optional[_Iterable[str]] = ..., memory_bytes: _Optional[int] = ..., draining: _Optional[bool] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., sessions: _Optional[_Iterable[str]] = ..., loaded: _Optional[_Iterable[_Union[LoadedModel, _Mapping]]] = ..., jobs_succeeded: _Optional[int] = ..., jobs_failed: _Optional[int] = ...) -> None: ...
 
 class LoadedModel(_message.Message):
     __slots__ = ("model_id", "memory_bytes")
