@@ -7,9 +7,28 @@ import argparse
 from dataclasses import asdict
 from typing import Any
 
+from omnirt._internal.jsonable import to_jsonable
 from omnirt.cli.output import fmt_ms, fmt_value, print_fields, print_json, print_table
 from omnirt.client import Client
 from omnirt.types import ModelOutcome, ModelSpec, Task
+
+# The model ids of the original OmniRT's registry (datascale-ai/omnirt; 60 ids and the alias
+# flux2-dev), for `models list --original`: the catalog serves most of them as aliases of its
+# entries, which are all a client sees of them (tests/fixtures/original_registry_ids.json holds
+# the list and the catalog to each other; docs/migrating.md).
+ORIGINAL_IDS = frozenset({
+    "animate-diff-sdxl", "bria-3.2", "chronoedit", "cogvideox-2b", "cogvideox-5b",
+    "cosyvoice3-triton-trtllm", "flux-canny", "flux-depth", "flux-dev", "flux-fill", "flux-kontext",
+    "flux-schnell", "flux2-dev", "flux2.dev", "glm-image", "helios-i2v", "helios-t2v", "hidream-i1",
+    "hunyuan-image-2.1", "hunyuan-video", "hunyuan-video-1.5-i2v", "hunyuan-video-1.5-t2v", "indextts",
+    "kandinsky5-i2v", "kandinsky5-t2v", "kolors", "longcat-video-avatar-1.5", "ltx-video", "ltx2-i2v",
+    "lumina-t2x", "mochi", "omnigen", "ovis-image", "pixart-sigma", "qwen-image", "qwen-image-edit",
+    "qwen-image-edit-plus", "qwen-image-layered", "sana-1.6b", "sana-video", "sd15", "sd21",
+    "sd3-medium", "sd3.5-large", "sd3.5-large-turbo", "sdxl-base-1.0", "sdxl-refiner-1.0", "sdxl-turbo",
+    "sensevoice-small", "skyreels-v2", "soulx-flashhead-1.3b", "soulx-flashtalk-14b",
+    "soulx-liveact-14b", "soulx-podcast-1.7b", "svd", "svd-xt", "vllm-omni-speech", "wan2.1-i2v-14b",
+    "wan2.1-t2v-14b", "wan2.2-i2v-14b", "wan2.2-t2v-14b"
+})  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -18,6 +37,10 @@ def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentPa
     ls = sub.add_parser("list", parents=[common], help="list models")
     ls.add_argument("--task", "-t", choices=[t.value for t in Task], help="only models that do this task")
     ls.add_argument("--served", action="store_true", help="only models a connected worker serves")
+    ls.add_argument(
+        "--original", action="store_true",
+        help="add the model ids of the original OmniRT that each model answers to (docs/migrating.md)",
+    )  # fmt: skip
     ls.set_defaults(handler=run_list)
     describe = sub.add_parser("describe", parents=[common], help="show one model")
     describe.add_argument("name", help="model id or alias")
@@ -86,22 +109,33 @@ def run_list(args: argparse.Namespace, client: Client) -> int:
     if args.served:
         models = [m for m in models if m.serving_workers]
     if args.json:
-        print_json(models)
+        if args.original:
+            print_json([{**to_jsonable(m), "original_ids": original_ids(m)} for m in models])
+        else:
+            print_json(models)
         return 0
+    original = ["ORIGINAL"] if args.original else []  # beside our id
+    header = ["ID", *original, "FAMILY", "TASKS", "MODE", "WORKERS", "ALIASES"]
     rows = [
-        (
+        [
             m.id,
+            *([original_ids(m)] if args.original else []),
             m.family,
             [t.value for t in m.tasks],
             m.execution_mode,
             m.serving_workers,
             m.aliases,
-        )
+        ]
         for m in models
     ]
     empty = "no connected worker serves a model" if args.served else "no models"
-    print_table(("ID", "FAMILY", "TASKS", "MODE", "WORKERS", "ALIASES"), rows, empty=empty)
+    print_table(header, rows, empty=empty)
     return 0
+
+
+def original_ids(spec: ModelSpec) -> list[str]:
+    """The original OmniRT's ids that name `spec` here: its own id, or aliases of it."""
+    return [name for name in (spec.id, *spec.aliases) if name in ORIGINAL_IDS]
 
 
 def _nonzero(values: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import difflib
 import json
 import tomllib
 from collections.abc import Iterable
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,9 @@ MAX_LISTED_CHARS = 120
 PRESET_RUNTIME = "runtime"
 # The built-in catalog files, in order: the tiny offline models, then the real models by hub id.
 BUILTIN_FILES = ("catalog.toml", "hub.toml")
+# The table of the built-in files that lists the original OmniRT's model ids this build does not
+# serve (its other ids are aliases of catalog entries; docs/migrating.md).
+NOT_SERVED_TABLE = "original_not_served"
 
 
 class CatalogError(ValueError):
@@ -109,12 +112,54 @@ def load_families(path: str | Path) -> list[Family]:
         raise CatalogError(str(exc)) from None
 
 
+@dataclass(frozen=True)
+class NotServed:
+    """A model id of the original OmniRT that this build does not serve, and what to use instead."""
+
+    id: str
+    # Why it is not served here (its own runtime, a pipeline no family of ours runs, ...).
+    reason: str
+    # The served model that comes closest ("" when nothing here does that task).
+    closest: str = ""
+
+    def error(self) -> ModelNotFound:
+        """NOT_FOUND for a request naming this id: the reason, and the closest model here."""
+        instead = f"; the closest here is {self.closest!r}" if self.closest else ""
+        return ModelNotFound(
+            f"model {self.id!r} is an id of the original OmniRT that this build does not serve: "
+            f"{self.reason}{instead} (see docs/migrating.md)",
+            field="model",
+        )
+
+
+def load_not_served(path: str | Path) -> list[NotServed]:
+    """Read the `[[original_not_served]]` tables of one built-in catalog file."""
+    path = Path(path)
+    rows = []
+    for entry in _read(path).get(NOT_SERVED_TABLE, []):
+        where = f"{path}: [[{NOT_SERVED_TABLE}]] {echo(str(entry.get('id', '')))}"
+        if not (entry.get("id") and entry.get("reason")):
+            raise CatalogError(f"{where}: needs an `id` and a `reason`")
+        row = _table(NotServed, entry, where)
+        if not all(isinstance(getattr(row, f.name), str) for f in fields(NotServed)):
+            raise CatalogError(f"{where}: `id`, `reason` and `closest` are strings")
+        rows.append(row)
+    return rows
+
+
 class Catalog:
     """Models by id and alias. Later files replace entries of the same id."""
 
-    def __init__(self, specs: Iterable[ModelSpec] = (), families: Iterable[Family] | None = None) -> None:
+    def __init__(
+        self,
+        specs: Iterable[ModelSpec] = (),
+        families: Iterable[Family] | None = None,
+        not_served: Iterable[NotServed] = (),
+    ) -> None:
         self._by_id: dict[str, ModelSpec] = {}
         self._alias: dict[str, str] = {}
+        # Looked up only after the served ids and aliases: a user's entry of that id serves it.
+        self._not_served = {row.id: row for row in not_served}
         self._families = dict(family_table.builtin()) if families is None else {}
         for family in families or ():
             self._families[family.id] = family
@@ -125,14 +170,21 @@ class Catalog:
     def load(cls, extra_files: Iterable[str | Path] = ()) -> Catalog:
         """The built-in catalog plus the user's files (their families first, then their models)."""
         specs: list[ModelSpec] = []
+        not_served: list[NotServed] = []
         for name in BUILTIN_FILES:
             with resources.as_file(resources.files("omnirt.controller.core") / name) as path:
                 specs += load_file(path)
+                not_served += load_not_served(path)
         families = list(family_table.builtin().values())
         for extra in extra_files:
             families += load_families(extra)
             specs += load_file(extra)
-        return cls(specs, families)
+        catalog = cls(specs, families, not_served)
+        for row in not_served:
+            if row.closest and not catalog.serves(row.closest):
+                where = f"[[{NOT_SERVED_TABLE}]] {row.id!r}"
+                raise CatalogError(f"{where}: closest {row.closest!r} is no catalog model")
+        return catalog
 
     def add(self, spec: ModelSpec) -> None:
         """Add (or replace) a model; it runs in its family's dtype unless its runtime names one."""
@@ -156,13 +208,20 @@ class Catalog:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def serves(self, name: str) -> bool:
+        """Whether `name` is the id or an alias of a model of this catalog."""
+        return name in self._by_id or name in self._alias
+
     def resolve(self, name: str) -> ModelSpec:
-        """The spec for an id or alias; ModelNotFound with close matches otherwise."""
+        """The spec for an id or alias; ModelNotFound with close matches otherwise, or, for an id
+        of the original OmniRT that this build does not serve, with why and the closest model."""
         if not name:
             raise InvalidRequest("model: required", field="model")
         # Before the lookup and the close matches (difflib is quadratic in the name's length).
         check_length("model", name, MAX_MODEL_NAME_CHARS)
         spec = self._by_id.get(name) or self._by_id.get(self._alias.get(name, ""))
+        if spec is None and name in self._not_served:
+            raise self._not_served[name].error()
         if spec is None:
             known = list(self._by_id) + list(self._alias)
             close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
