@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
+from omnirt._internal.defaults import planned_steps
 from omnirt.controller.core.router import WorkerHandle, same_process
 from omnirt.controller.core.validation import Plan
 from omnirt.errors import FailedPrecondition, InvalidRequest
@@ -71,16 +72,6 @@ def new_job(plan: Plan, call_deadline_ms: int = 0, tenant: str = "") -> Job:
     # Workers see one deadline per job: the effective one.
     req.deadline_ms = job.deadline_ms
     return job
-
-
-def planned_steps(request: GenerateRequest) -> int:
-    """The denoising steps a request will run, as diffusers counts them (image-to-image with
-    `strength` below 1 skips the first ones); the worker's progress has the last word."""
-    steps = request.num_inference_steps or 0
-    strength = request.strength
-    if strength is not None and 0 < strength < 1:
-        return steps - int(max(steps - steps * strength, 0))
-    return steps
 
 
 def artifact_reference(job_id: str, index: int) -> str:

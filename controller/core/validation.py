@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from omnirt._internal import defaults, runtime_schema
-from omnirt._internal.defaults import MAX_SEED
+from omnirt._internal.defaults import MAX_SEED, planned_steps
 from omnirt._internal.families import Family
 from omnirt._internal.modes import ExecutionMode
 from omnirt._internal.tasks import REQUIRED_INPUTS
@@ -346,6 +346,13 @@ def _check_values(req: GenerateRequest, spec: ModelSpec, family: Family | None, 
         found.append(fault)
     if req.strength is not None and not 0 < req.strength <= 1:
         found.append(bad("strength", f"must be in (0, 1] (got {req.strength})"))
+    elif req.strength is not None and req.num_inference_steps and planned_steps(req) < 1:
+        # diffusers runs int(steps * strength) of them: none would fail inside the pipeline.
+        reason = (
+            f"{req.strength:g} of {req.num_inference_steps} step(s) is no denoising step; "
+            "raise strength or num_inference_steps"
+        )
+        found.append(bad("strength", reason))
     if req.fps is not None and req.fps <= 0:
         found.append(bad("fps", f"must be positive (got {req.fps})"))
     elif fault := _finite(req, "fps", 0, MAX_FPS):

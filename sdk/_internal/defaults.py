@@ -72,3 +72,16 @@ def random_seed() -> int:
 def output_seeds(seed: int, num_outputs: int) -> list[int]:
     """The seed of each output of a request: `seed`, `seed + 1`, ..."""
     return [seed + i for i in range(num_outputs)]
+
+
+def planned_steps(request: GenerateRequest) -> int:
+    """The denoising steps a request runs, as diffusers' image-to-image pipelines count them.
+
+    Of `num_inference_steps`, `int(steps * strength)` for the tasks that take a strength (so 0.75
+    of one step is none); the worker's progress has the last word.
+    """
+    steps = request.num_inference_steps or 0
+    strength = request.strength
+    if strength is not None and 0 < strength < 1 and request.task in STRENGTH_TASKS:
+        return min(int(steps * strength), steps)
+    return steps

@@ -371,3 +371,12 @@ def test_the_null_model_takes_no_runtime_options(catalog: Catalog) -> None:
     with pytest.raises(InvalidRequest) as info:
         validate(req(model="null", extra={"runtime": {"enable_vae_tiling": True}}), catalog)
     assert info.value.field == "extra.runtime" and "runs no pipeline" in str(info.value)
+
+
+def test_a_strength_that_leaves_no_step_is_refused(catalog: Catalog) -> None:
+    image = MediaInput(role=MediaRole.IMAGE, data=b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(InvalidRequest) as info:
+        validate(req(task=Task.IMAGE2IMAGE, inputs=[image], num_inference_steps=1, strength=0.75), catalog)
+    assert info.value.field == "strength" and "no denoising step" in str(info.value)
+    plan = validate(req(task=Task.IMAGE2IMAGE, inputs=[image], num_inference_steps=4, strength=0.5), catalog)
+    assert plan.request.strength == 0.5
