@@ -135,11 +135,16 @@ def _check_webhook(req: GenerateRequest) -> None:
     )
 
 
+BALANCED = "balanced"  # every model has it: its own, else its defaults (the original's default preset)
+
+
 def _preset(req: GenerateRequest, spec: ModelSpec) -> Preset | None:
     """The request's preset; its runtime options become the request's when it sets none."""
     if not req.preset:
         return None
     preset = next((p for p in spec.presets if p.name == req.preset), None)
+    if preset is None and req.preset == BALANCED:
+        return None  # a model that defines no "balanced" preset: its defaults are the balance
     if preset is None:
         names = ", ".join(p.name for p in spec.presets) or "none"
         raise bad("preset", f"unknown preset {echo(req.preset)} for {spec.id} (known: {names})")

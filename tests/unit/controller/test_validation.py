@@ -380,3 +380,15 @@ def test_a_strength_that_leaves_no_step_is_refused(catalog: Catalog) -> None:
     assert info.value.field == "strength" and "no denoising step" in str(info.value)
     plan = validate(req(task=Task.IMAGE2IMAGE, inputs=[image], num_inference_steps=4, strength=0.5), catalog)
     assert plan.request.strength == 0.5
+
+
+def test_every_model_takes_the_balanced_preset(catalog: Catalog) -> None:
+    """The original OmniRT's default preset: a model without one of its own runs its defaults."""
+    plain = validate(req(), catalog).request
+    balanced = validate(req(preset="balanced"), catalog).request
+    assert (balanced.num_inference_steps, balanced.guidance_scale) == (
+        plain.num_inference_steps,
+        plain.guidance_scale,
+    )
+    with pytest.raises(InvalidRequest):
+        validate(req(preset="no-such-preset"), catalog)
