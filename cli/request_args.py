@@ -1,13 +1,20 @@
-"""The request flags shared by `generate` and `validate`, and the request they build."""
+"""The request flags shared by `generate` and `validate`, and the request they build.
+
+`--config FILE` stands in for the request flags with the original OmniRT's request file
+(YAML or JSON: `task`, `model`, `backend`, `inputs`, `config`), read by `omnirt.original`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from omnirt._internal.requests import build_request
+from omnirt.cli.output import error_object, print_json
+from omnirt.requests import load_request_file
 from omnirt.types import Adapter, GenerateRequest, Task
 
 
@@ -52,10 +59,56 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
-def add_request_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
-    """Flags for every field of a `GenerateRequest` people set by hand."""
+def _request_file(value: str) -> dict[str, Any]:
+    """The original's request file, read at parse time: a bad one is a usage error."""
+    try:
+        return load_request_file(value)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {value}: {exc.strerror or exc}") from None
+    except (ValueError, ModuleNotFoundError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def request_source_problem(args: argparse.Namespace) -> str | None:
+    """Why the flags name no request (or two), else None: --model, or --config alone."""
+    if getattr(args, "config", None) is None:
+        return None if args.model is not None else "give --model (and the other request flags) or --config"
+    given = sorted(d for d in REQUEST_DESTS - {"timeout"} if getattr(args, d, None) is not None)
+    if given:
+        flags = ", ".join("--" + d.replace("_", "-") for d in given)
+        return f"--config replaces the request flags (got {flags})"
+    return None
+
+
+def usage_error(message: str, *, json_output: bool) -> int:
+    """A usage error found after parsing: its line (and --json object), and the status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    if json_output:
+        print_json(error_object("INVALID_ARGUMENT", message), compact=True)
+    return 2
+
+
+def add_request_arguments(
+    parser: argparse.ArgumentParser, *, model_required: bool = True, config: bool = False
+) -> None:
+    """Flags for every field of a `GenerateRequest` people set by hand.
+
+    `config`: `--config FILE` too, the original OmniRT's request file, given instead of
+    `--model` (one of the two is required; see `request_source_problem` for the other flags).
+    """
     g = parser.add_argument_group("request")
-    g.add_argument("--model", "-m", required=model_required, help="model id or alias from the catalog")
+    model_help = "model id or alias from the catalog"
+    if config:
+        source = g.add_mutually_exclusive_group(required=True)
+        source.add_argument("--model", "-m", help=model_help)
+        source.add_argument(
+            "--config",
+            type=_request_file,
+            metavar="FILE",
+            help="the original OmniRT's request file (YAML; JSON if named *.json) for the request flags",
+        )
+    else:
+        g.add_argument("--model", "-m", required=model_required, help=model_help)
     g.add_argument("--prompt", "-p", help="what to generate")
     g.add_argument("--task", "-t", choices=[t.value for t in Task], help="default: the model's first task")
     g.add_argument("--negative-prompt", help="what to avoid")
@@ -131,3 +184,13 @@ def request_from_args(args: argparse.Namespace) -> GenerateRequest:
         webhook=args.webhook,
         webhook_events=args.webhook_events,
     )
+
+
+def _request_dests() -> set[str]:
+    """The argparse names of the request flags (to tell whether any was given)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    add_request_arguments(probe)
+    return set(vars(probe.parse_args(["--model", "-"])))
+
+
+REQUEST_DESTS = _request_dests()

@@ -23,11 +23,20 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from omnirt._internal.address import is_loopback
+from omnirt._internal.original import is_original
 from omnirt.controller.core.artifact_store import ArtifactStore
 from omnirt.controller.core.bounds import echo
 from omnirt.controller.edges.auth import ANONYMOUS, CURRENT, NOBODY, Principal, caller
 from omnirt.controller.edges.shutdown import Shutdown
-from omnirt.controller.http import console, openai_audio, openai_images, openai_models, openai_videos, openapi
+from omnirt.controller.http import (
+    console,
+    openai_audio,
+    openai_images,
+    openai_models,
+    openai_videos,
+    openapi,
+    original_shape,
+)
 from omnirt.controller.http.errors import (
     HttpError,
     ProtocolErrorLog,
@@ -54,6 +63,7 @@ from omnirt.controller.http.transcode import (
     ASYNC_KEY,
     DOWNLOAD,
     ROUTES,
+    SHAPE_KEY,
     SSE,
     WEBSOCKET,
     Route,
@@ -196,6 +206,7 @@ class HttpGateway:
         openai_images.register(self.app, self)
         openai_videos.register(self.app, self)
         openai_audio.register(self.app, self)
+        original_shape.register(self.app, self)  # GET /v1/jobs/{job_id}/trace
         realtime_websocket.register(self.app, self.servicers, self.shutdown)  # WS /v1/avatar/realtime
         console.register(self.app)  # GET / and /console/{name}
         openapi.register(self.app)  # GET /openapi.json, from the routes above
@@ -260,7 +271,10 @@ class HttpGateway:
         async def handle(request: web.Request) -> web.StreamResponse:
             for rpc in filter(None, (route.rpc, route.async_rpc)):
                 self._require(rpc, request, audit=False)  # a user's 403 before its body is read
+            shape = original_shape.wanted_shape(request) if route.shaped else ""
             body = await read_json(request) if route.body else None
+            if route.async_rpc and body is not None and is_original(body):
+                return await original_shape.generate(self, request, body, shape)
             rpc, binding = route.rpc, route.body
             if route.async_rpc:
                 wanted = (
@@ -269,19 +283,31 @@ class HttpGateway:
                 if flag(wanted):
                     rpc, binding = route.async_rpc, route.async_body
             # Any: the message's class is the route's RPC's, known at run time only.
-            msg: Any = build_request(binding, self.request_type(rpc), request.match_info, request.query, body)
+            skip = (SHAPE_KEY,) if route.shaped else ()
+            descriptor = self.request_type(rpc)
+            msg: Any = build_request(binding, descriptor, request.match_info, request.query, body, skip)
             if route.kind == SSE:
                 last = request.headers.get("Last-Event-ID", "")
                 if last and "after_sequence" not in request.query:
                     msg.after_sequence = last_event_id(last)
+                if route.shaped and await original_shape.streams_original(self, request, shape):
+                    return await send_sse(request, self.stream(rpc, msg, request), original_shape.sse_event)
                 return await send_sse(request, self.stream(rpc, msg, request))
             if route.kind == WEBSOCKET:
+                if route.shaped and await original_shape.streams_original(self, request, shape):
+                    commands = original_shape.ws_commands(self, request)
+                    stream = self.stream(rpc, msg, request)
+                    return await send_websocket(
+                        request, stream, commands, frame=original_shape.ws_frame, key="action"
+                    )
                 return await send_websocket(
                     request, self.stream(rpc, msg, request), self._ws_commands(request)
                 )
             if route.kind == DOWNLOAD:
                 return await send_download(request, self.stream(rpc, msg, request))
             response = await self.call(rpc, msg, request)
+            if route.shaped and (shaped := original_shape.answer(request, rpc, response, shape)):
+                return shaped
             data = artifact_links(to_json(response), str(request.url.origin()))
             if rpc.endswith(".Submit"):
                 location = f"/v1/jobs/{data['job']['id']}"

@@ -20,7 +20,16 @@ from omnirt import __version__
 from omnirt.controller.http import route_docs
 from omnirt.controller.http.proto_schema import Schemas
 from omnirt.controller.http.security import OPENAPI_PATH, rpc_level
-from omnirt.controller.http.transcode import ASYNC_KEY, DOWNLOAD, ROUTES, SSE, WEBSOCKET, Route, method_of
+from omnirt.controller.http.transcode import (
+    ASYNC_KEY,
+    DOWNLOAD,
+    ROUTES,
+    SHAPE_KEY,
+    SSE,
+    WEBSOCKET,
+    Route,
+    method_of,
+)
 
 ERROR_REF = {"$ref": "#/components/schemas/Error"}
 ERROR = {
@@ -47,6 +56,35 @@ ERRORS = {
     "429": "queue full, or the tenant's quota or rate (Retry-After)",
 }
 _PARAM = re.compile(r"\{(\w+)\}")
+# What only the original OmniRT's request has (`omnirt._internal.original.is_original`).
+ORIGINAL_MARKERS = {
+    "anyOf": [
+        {"required": ["config"]},
+        {"required": ["backend"]},
+        {"required": ["async_run"]},
+        {"required": ["inputs"], "properties": {"inputs": {"type": "object"}}},
+    ]
+}
+SHAPE_PARAMETERS = [
+    {
+        "name": SHAPE_KEY,
+        "in": "query",
+        "schema": {"type": "string", "enum": ["omnirt", "original"]},
+        "description": "answer in this shape (default: the job's own: the original OmniRT's for a job "
+        "submitted in its shape)",
+    },
+    {
+        "name": "X-Omnirt-Shape",
+        "in": "header",
+        "schema": {"type": "string", "enum": ["omnirt", "original"]},
+        "description": f"as ?{SHAPE_KEY}= (the query wins)",
+    },
+]
+
+
+def _original(ref: dict[str, Any], *names: str) -> dict[str, Any]:
+    """`ref`, or one of the original OmniRT's schemas (`route_docs.ORIGINAL_SCHEMAS`)."""
+    return {"anyOf": [ref, *({"$ref": f"#/components/schemas/original.{n}"} for n in names)]}
 
 
 def _error_responses() -> dict[str, Any]:
@@ -90,8 +128,15 @@ def _transcoded(route: Route, schemas: Schemas) -> dict[str, Any]:
                     "description": (f"true: run {route.async_rpc} instead (the body may carry it too)"),
                 }
             )
+        if route.shaped:  # /v1/generate: ours, or the original OmniRT's request
+            original_body = {"$ref": "#/components/schemas/original.GenerateRequest"}
+            body = {"oneOf": [{"allOf": [body, {"not": ORIGINAL_MARKERS}]}, original_body]}
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    if route.shaped:
+        op["parameters"] += SHAPE_PARAMETERS
     response = schemas.ref(method.output_type)
+    if route.shaped and route.kind not in (SSE, WEBSOCKET):
+        response = _original(response, *(("GenerateResult", "Job") if route.body else ("Job",)))
     if route.kind == SSE:
         content = {
             "text/event-stream": {
@@ -106,7 +151,8 @@ def _transcoded(route: Route, schemas: Schemas) -> dict[str, Any]:
         op["parameters"].append({"name": "Last-Event-ID", "in": "header", "schema": resume})
         event = method.output_type.fields_by_name["event"].message_type
         assert event is not None  # WatchJobResponse.event is a JobEvent
-        op["x-event-schema"] = schemas.ref(event)  # what each event's data is
+        # what each event's data is (the original OmniRT's event record for a job in its shape)
+        op["x-event-schema"] = _original(schemas.ref(event), "Event")
     elif route.kind == WEBSOCKET:
         op["summary"] += ": upgrade to a WebSocket of {event: JobEvent} frames"
         ok = {"description": "Switching Protocols (WebSocket)"}
@@ -131,6 +177,7 @@ def build(app: web.Application) -> dict[str, Any]:
     """The OpenAPI document of `app`'s routes."""
     schemas = Schemas()
     schemas.extra["Error"] = ERROR
+    schemas.extra.update(route_docs.ORIGINAL_SCHEMAS)
     transcoded = {(r.method, r.path): r for r in ROUTES}
     paths: dict[str, dict[str, Any]] = {}
     for resource_route in app.router.routes():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omnirt._internal import original
+
 UNDOCUMENTED = "undocumented route"
 _STRING: dict[str, Any] = {"type": "string"}
 _INT: dict[str, Any] = {"type": "integer"}
@@ -90,6 +92,157 @@ OPENAI_SPEECH: dict[str, Any] = {
 OPENAI_MODEL: dict[str, Any] = {
     "type": "object",
     "properties": {"id": _STRING, "object": {"const": "model"}, "created": _INT, "owned_by": _STRING},
+}
+
+
+def _original_ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/original.{name}"}
+
+
+def _original_field(name: str) -> dict[str, Any]:
+    """The JSON type of our request field `name`, as the original's `config` or `inputs` gives it."""
+    if name == "seed":
+        return {"oneOf": [_INT, {"const": "random"}]}
+    if name in original.INT32_FIELDS:
+        return _INT
+    return {"type": "number"} if name in original.FLOAT32_FIELDS else _STRING
+
+
+_ORIGINAL_NULLABLE_INT = {"type": ["integer", "null"]}
+_RUNTIME_OPTION = {"description": "a runtime option (extra.runtime)"}
+_PIPELINE_ARGUMENT = {"description": "the pipeline's own argument (extra)"}
+ORIGINAL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "original.GenerateRequest": {
+        "type": "object",
+        "description": "The original OmniRT's request (its Service Schema 1.0.0), recognised by `inputs` "
+        "as an object, `config`, `backend` or `async_run`, and answered in its shape (docs/http.md). A "
+        "config key OmniRT sets elsewhere (model_path, device, dtype, ...) is refused naming `config.<key>`",
+        "properties": {
+            "task": {"type": "string", "enum": sorted(original.TASKS)},
+            "model": _STRING,
+            "backend": {"type": "string", "enum": list(original.BACKENDS)},
+            "inputs": {
+                "type": "object",
+                "properties": {
+                    **{k: _original_field(v) for k, v in original.INPUT_FIELDS.items()},
+                    **{
+                        k: {
+                            "type": "string",
+                            "description": "a data: URL, base64, a URL, or an absolute path "
+                            "on the worker (under its --input-root)",
+                        }
+                        for k in original.INPUT_MEDIA
+                    },
+                },
+                "additionalProperties": False,
+            },
+            "config": {
+                "type": "object",
+                "properties": {
+                    **{k: _original_field(v) for k, v in original.CONFIG_FIELDS.items()},
+                    **{k: _RUNTIME_OPTION for k in original.CONFIG_RUNTIME},
+                    **{k: _PIPELINE_ARGUMENT for k in original.CONFIG_PIPELINE},
+                },
+                "additionalProperties": False,
+            },
+            "adapters": {
+                "type": ["array", "null"],
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"const": "lora"},
+                        "path": {"type": "string", "description": "a catalog adapter's name"},
+                        "scale": {"type": "number"},
+                    },
+                    "required": ["path"],
+                },
+            },
+            "async_run": {"type": "boolean", "description": "true: answer the job record, not the result"},
+        },
+        "required": ["model"],
+        "additionalProperties": False,
+    },
+    "original.Output": {
+        "type": "object",
+        "properties": {
+            "kind": {"type": "string", "enum": ["image", "video", "audio"]},
+            "path": {
+                "type": "string",
+                "description": "the artifact's URL on this gateway (the original's server path)",
+            },
+            "url": _STRING,
+            "mime": _STRING,
+            "width": _ORIGINAL_NULLABLE_INT,
+            "height": _ORIGINAL_NULLABLE_INT,
+            "num_frames": _ORIGINAL_NULLABLE_INT,
+        },
+    },
+    "original.GenerateResult": {
+        "type": "object",
+        "properties": {
+            "outputs": {"type": "array", "items": _original_ref("Output")},
+            "metadata": {
+                "type": "object",
+                "description": "the original's RunReport (timings in seconds)",
+                "properties": {
+                    "run_id": _STRING,
+                    "job_id": _STRING,
+                    "task": _STRING,
+                    "model": _STRING,
+                    "backend": _STRING,
+                    "trace_id": _STRING,
+                    "worker_id": _STRING,
+                    "timings": {"type": "object", "additionalProperties": {"type": "number"}},
+                    "schema_version": {"const": original.SCHEMA_VERSION},
+                },
+            },
+        },
+        "required": ["outputs", "metadata"],
+    },
+    "original.Job": {
+        "type": "object",
+        "properties": {
+            "id": _STRING,
+            "state": {"type": "string", "enum": ["queued", "running", "succeeded", "failed", "cancelled"]},
+            "trace_id": _STRING,
+            "backend": _STRING,
+            "worker_id": {"type": ["string", "null"]},
+            "error": {"type": ["string", "null"]},
+            "enqueued_at_ms": _ORIGINAL_NULLABLE_INT,
+            "started_at_ms": _ORIGINAL_NULLABLE_INT,
+            "finished_at_ms": _ORIGINAL_NULLABLE_INT,
+            "request": {**_original_ref("GenerateRequest"), "description": "in the answer to the submission"},
+            "result": _original_ref("GenerateResult"),
+            "execution_mode": _STRING,
+        },
+        "required": ["id", "state", "trace_id"],
+    },
+    "original.Event": {
+        "type": "object",
+        "properties": {
+            "event": {"type": "string", "examples": ["job_enqueued", "stage_start", "stage_progress"]},
+            "stage": _STRING,
+            "timestamp_ms": _INT,
+            "data": {"type": "object"},
+        },
+        "required": ["event", "stage", "timestamp_ms", "data"],
+    },
+    "original.Trace": {
+        "type": "object",
+        "properties": {
+            "trace_id": _STRING,
+            "job_id": _STRING,
+            "task": _STRING,
+            "model": _STRING,
+            "created_at_ms": _ORIGINAL_NULLABLE_INT,
+            "worker_id": {"type": ["string", "null"]},
+            "state": _STRING,
+            "error": {"type": ["string", "null"]},
+            "events": {"type": "array", "items": _original_ref("Event")},
+            "spans": {"type": "array", "items": {"type": "object"}},
+        },
+        "required": ["trace_id", "job_id", "state", "events", "spans"],
+    },
 }
 
 
@@ -196,6 +349,12 @@ def _docs() -> dict[tuple[str, str], dict[str, Any]]:
                     "content": {"audio/*": {"schema": {}}, "text/event-stream": {"schema": _STRING}},
                 }
             },
+        },
+        ("GET", "/v1/jobs/{job_id}/trace"): {
+            "summary": "The original OmniRT's trace view of a job: its events and stage spans (a live "
+            "job's events so far)",
+            "tags": ["GenerationService"],
+            "responses": {"200": _json(_original_ref("Trace"))},
         },
         ("GET", "/v1/avatar/realtime"): {
             "summary": "Realtime avatar session over a WebSocket (docs/realtime.md): session.create, "

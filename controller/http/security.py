@@ -38,7 +38,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 BODY_TYPES = ("application/json", "multipart/form-data")
 # What a browser page on an allowed origin may send and read (the SDKs send no other header
 # that matters here; traceparent carries a trace across).
-ALLOW_HEADERS = "authorization, content-type, last-event-id, traceparent, tracestate"
+ALLOW_HEADERS = "authorization, content-type, last-event-id, traceparent, tracestate, x-omnirt-shape"
 EXPOSE_HEADERS = "location, retry-after, etag, x-omnirt-sha256, openai-poll-after-ms"
 PREFLIGHT_MAX_AGE_S = "600"
 HSTS = "max-age=31536000"

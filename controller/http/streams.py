@@ -1,7 +1,9 @@
 """Server streams over HTTP: Server-Sent Events, a WebSocket (which also takes commands), a download.
 
 Every stream asks for its first message before sending headers, so an unknown job is a plain
-404 JSON answer, not a stream that breaks.
+404 JSON answer, not a stream that breaks. How an event is shown is the caller's (`Render`,
+`Frame`): OmniRT's JobEvent JSON by default, the original OmniRT's records for its jobs
+(`original_shape.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ log = logging.getLogger("omnirt.controller.http")
 KEEPALIVE_S = 15.0
 # A WebSocket command -> a coroutine that answers it with a JSON object to send back.
 Command = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+# A JobEvent message -> its SSE event name and JSON data (None: not sent).
+Render = Callable[[Any], tuple[str, dict[str, Any]] | None]
+# A JobEvent message -> its WebSocket frame (None: not sent).
+Frame = Callable[[Any], dict[str, Any] | None]
+
+
+def native_event(event: Any) -> tuple[str, dict[str, Any]]:
+    """OmniRT's SSE event: the event's kind, and the JobEvent as JSON."""
+    return event.WhichOneof("kind") or "message", to_json(event)
+
+
+def native_frame(event: Any) -> dict[str, Any]:
+    """OmniRT's WebSocket frame: `{"event": JobEvent}`."""
+    return {"event": to_json(event)}
 
 
 async def first_of(stream: AsyncIterator[Any]) -> Any:
@@ -35,13 +51,17 @@ async def first_of(stream: AsyncIterator[Any]) -> Any:
         return None
 
 
-def _sse(event: Any) -> bytes:
-    data = to_json(event)
-    kind = event.WhichOneof("kind") or "message"
-    return f"id: {data.get('sequence', '')}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+def _sse(event: Any, render: Render) -> bytes:
+    shown = render(event)
+    if shown is None:
+        return b""
+    kind, data = shown
+    return f"id: {event.sequence}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def send_sse(request: web.Request, stream: AsyncGenerator[Any, None]) -> web.StreamResponse:
+async def send_sse(
+    request: web.Request, stream: AsyncGenerator[Any, None], render: Render = native_event
+) -> web.StreamResponse:
     """`WatchJobResponse`s as `text/event-stream`: `id` = sequence, `event` = the event's kind.
 
     Nothing left to send (a finished job resumed past its last event) is 204, which tells an
@@ -57,7 +77,8 @@ async def send_sse(request: web.Request, stream: AsyncGenerator[Any, None]) -> w
     pending: asyncio.Future[Any] | None = None
     try:
         while item is not None:
-            await response.write(_sse(item.event))
+            if chunk := _sse(item.event, render):
+                await response.write(chunk)
             pending = asyncio.ensure_future(first_of(stream))
             while not (await asyncio.wait({pending}, timeout=KEEPALIVE_S))[0]:
                 await response.write(b": keepalive\n\n")
@@ -75,11 +96,17 @@ async def send_sse(request: web.Request, stream: AsyncGenerator[Any, None]) -> w
 
 
 async def send_websocket(
-    request: web.Request, stream: AsyncGenerator[Any, None], commands: dict[str, Command]
+    request: web.Request,
+    stream: AsyncGenerator[Any, None],
+    commands: dict[str, Command],
+    *,
+    frame: Frame = native_frame,
+    key: str = "type",
 ) -> web.WebSocketResponse:
-    """Events as `{"event": JobEvent}` text frames; `{"type": NAME, ...}` frames run `commands[NAME]`.
+    """Events as `frame` makes them (`{"event": JobEvent}` text frames); `{KEY: NAME, ...}` frames
+    (`key` "type") run `commands[NAME]`.
 
-    A frame that is not a JSON object with a known `type` gets `{"error": {...}}` back and the
+    A frame that is not a JSON object with a known `key` gets `{"error": {...}}` back and the
     socket stays open. The server closes (1000) after the job's final event.
     """
     first = await first_of(stream)
@@ -90,7 +117,8 @@ async def send_websocket(
         item = first
         try:
             while item is not None:
-                await ws.send_json({"event": to_json(item.event)})
+                if (shown := frame(item.event)) is not None:
+                    await ws.send_json(shown)
                 item = await first_of(stream)
         except OmniRTError as exc:
             await ws.send_json(native_body(exc))
@@ -98,10 +126,10 @@ async def send_websocket(
 
     pump_task = asyncio.create_task(pump())
     try:
-        async for frame in ws:
-            if frame.type is WSMsgType.TEXT:
-                await ws.send_json(await _command(frame.data, commands))
-            elif frame.type is WSMsgType.BINARY:
+        async for message in ws:
+            if message.type is WSMsgType.TEXT:
+                await ws.send_json(await _command(message.data, commands, key))
+            elif message.type is WSMsgType.BINARY:
                 await ws.send_json(_ws_error("binary frames are not understood; send JSON text"))
     except ConnectionResetError:
         pass
@@ -121,19 +149,19 @@ def _ws_error(message: str, field: str = "") -> dict[str, Any]:
     return {"error": body}
 
 
-async def _command(text: str, commands: dict[str, Command]) -> dict[str, Any]:
+async def _command(text: str, commands: dict[str, Command], key: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except RecursionError:
         return _ws_error("not JSON this gateway reads: nested too deeply")
     except ValueError as exc:  # JSONDecodeError, and integers of more than 4300 digits
         return _ws_error(f"not JSON: {exc}")
-    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-        return _ws_error('expected a JSON object with a "type" (one of: ' + ", ".join(commands) + ")", "type")
-    command = commands.get(data["type"])
+    if not isinstance(data, dict) or not isinstance(data.get(key), str):
+        return _ws_error(f'expected a JSON object with a "{key}" (one of: ' + ", ".join(commands) + ")", key)
+    command = commands.get(data[key])
     if command is None:
         known = ", ".join(commands)
-        return _ws_error(f"unknown message type {echo(data['type'])} (known: {known})", "type")
+        return _ws_error(f"unknown message {key} {echo(data[key])} (known: {known})", key)
     try:
         return await command(data)
     except OmniRTError as exc:

@@ -48,6 +48,8 @@ class Route:
     # `"async": true` in the body (or `?async=true`) calls this RPC instead, with this body binding.
     async_rpc: str = ""
     async_body: str = ""
+    # Answers a job of the original OmniRT's shape in that shape (`?shape=`: original_shape.py).
+    shaped: bool = False
 
 
 ROUTES: tuple[Route, ...] = (
@@ -58,13 +60,14 @@ ROUTES: tuple[Route, ...] = (
         body="*",
         async_rpc="GenerationService.Submit",
         async_body="request",
+        shaped=True,
     ),
     Route("POST", "/v1/jobs", "GenerationService.Submit", body="request", status=202),
     Route("GET", "/v1/jobs", "GenerationService.ListJobs"),
-    Route("GET", "/v1/jobs/{job_id}", "GenerationService.GetJob"),
-    Route("DELETE", "/v1/jobs/{job_id}", "GenerationService.CancelJob"),
-    Route("GET", "/v1/jobs/{job_id}/events", "GenerationService.WatchJob", kind=SSE),
-    Route("GET", "/v1/jobs/{job_id}/stream", "GenerationService.WatchJob", kind=WEBSOCKET),
+    Route("GET", "/v1/jobs/{job_id}", "GenerationService.GetJob", shaped=True),
+    Route("DELETE", "/v1/jobs/{job_id}", "GenerationService.CancelJob", shaped=True),
+    Route("GET", "/v1/jobs/{job_id}/events", "GenerationService.WatchJob", kind=SSE, shaped=True),
+    Route("GET", "/v1/jobs/{job_id}/stream", "GenerationService.WatchJob", kind=WEBSOCKET, shaped=True),
     Route("GET", "/v1/jobs/{job_id}/artifacts/{index}", "GenerationService.DownloadArtifact", kind=DOWNLOAD),
     Route("POST", "/v1/validate", "GenerationService.Validate", body="request"),
     Route("GET", "/v1/webhooks/secret", "GenerationService.GetWebhookSecret"),
@@ -75,6 +78,8 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/workers/{worker_id}/drain", "ClusterService.DrainWorker"),
 )
 PACKAGE = "omnirt.v1"
+# `?shape=omnirt|original` on a shaped route: which shape to answer in (not a request field).
+SHAPE_KEY = "shape"
 ARTIFACT_URI = "omnirt://jobs/"
 # Deeper JSON is refused before it reaches protobuf (which stops at 100) or a pipeline's extras.
 MAX_JSON_DEPTH = 64
@@ -231,10 +236,12 @@ def build_request(
     path_params: Mapping[str, str],
     query: Mapping[str, str],
     body: dict[str, Any] | None,
+    skip: tuple[str, ...] = (),
 ) -> Message:
-    """Bind path, query and body into the RPC's request message (a 400 on any fault)."""
+    """Bind path, query and body into the RPC's request message (a 400 on any fault); the query
+    parameters in `skip` are the gateway's, not the message's."""
     # Normalized apart, so that a fault in the body is named by its path in the body.
-    data = normalize(_from_query(query, descriptor, {ASYNC_KEY}), descriptor)
+    data = normalize(_from_query(query, descriptor, {ASYNC_KEY, *skip}), descriptor)
     if route_body == "*":
         data.update(normalize(body or {}, descriptor))
     elif route_body:

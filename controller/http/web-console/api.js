@@ -25,8 +25,10 @@ export function setKey(key) {
 }
 
 function headers(extra = {}) {
+  // Jobs submitted in the original OmniRT's shape read back in ours here (docs/http.md).
+  const base = { ...extra, "X-Omnirt-Shape": "omnirt" };
   const key = getKey();
-  return key ? { ...extra, Authorization: `Bearer ${key}` } : extra;
+  return key ? { ...base, Authorization: `Bearer ${key}` } : base;
 }
 
 async function failure(response) {

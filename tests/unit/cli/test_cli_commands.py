@@ -163,7 +163,7 @@ def test_jobs(fake: FakeController, capsys: pytest.CaptureFixture[str], tmp_path
 def test_workers(fake: FakeController, capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run(fake, capsys, "workers", "list")
     _, row = out.splitlines()
-    assert row.split()[:5] == ["w-1", "ready", "legacy_call", "cpu", "1/2"]
+    assert row.split()[:7] == ["w-1", "ready", "legacy_call", "cpu", "cuda:0,1", "1/2", "5/1"]
     assert "tiny-sd*, tiny-wan" in row
     _, out, _ = run(fake, capsys, "workers", "list", "--json")
     assert json.loads(out)[0]["connected_at"] == "2025-01-02T03:04:05+00:00"

@@ -34,8 +34,11 @@ def test_all_is_pinned() -> None:
         "WebhookEvent",
         "WorkerInfo",
         "__version__",
+        "describe_model",
         "errors",
         "generate",
+        "list_available_models",
+        "requests",
         "validate",
     ]
     for name in omnirt.__all__:
