@@ -290,6 +290,9 @@ class ControllerServer:
             self.tls.reload()
 
     async def start(self) -> None:
+        # grpc's health servicer says SERVING for "" until told otherwise: not before the HTTP
+        # gateway listens too (a probe, or a test, would find that port closed).
+        await self._set_health(False)
         await self.engine.start()
         await self.webhooks.start()
         if self.artifacts is not None:

@@ -263,7 +263,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         try:
             async for message in request_iterator:
                 await self._handle(handle, message, reports_running)
-        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+        except (grpc.aio.AioRpcError, grpc.aio.AbortError, asyncio.CancelledError):  # AbortError: we ended it
             pass
         except Exception:
             log.exception("bad message from worker", extra={"worker_id": handle.id})

@@ -554,7 +554,8 @@ def test_errors_belong_to_their_tab_and_can_be_dismissed(page: Page) -> None:
     page.wait_for_function("() => document.getElementById('q-count').textContent !== ''")
     assert page.locator("[data-alert]:visible").count() == 0  # not the Queue tab's
     page.click("#tabs [data-tab=generate]")
-    assert page.is_visible("[data-alert=generate]")  # still the Generate tab's
+    # Still the Generate tab's (the tab shows on the hashchange, a moment after the click).
+    page.wait_for_selector("[data-alert=generate]", state="visible", timeout=5000)
     assert page.is_disabled("#g-previews")  # the null pipeline takes no runtime options
     page.fill("#g-prompt", "a dot")
     page.click("#g-submit")  # a later success clears it

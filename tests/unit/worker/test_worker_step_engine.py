@@ -397,11 +397,22 @@ def loras(models: Path) -> tuple[list[Any], list[Any]]:
     )
 
 
+# LoRA is not batch-invariant on the pinned torch with today's diffusers and peft (CPU): one
+# tiny-sd UNet call with adapter `a` differs by up to 8e-4 (of outputs near 1) between a batch of
+# 4 rows and two of 2 (without LoRA: 1e-6). diffusers' own batching shows it: two prompts in one
+# call against one alone differ by 37/255 after 16 steps and 104/255 after 100 (without LoRA:
+# 1 and 0). So the 3/255 bound holds for no LoRA batching; the joined case runs 16 steps, sharing
+# 4, and must stay within LORA_MAX_DIFF of its run alone, far below diffusers' own 37, while an
+# adapter not applied moves the image 95/255 (it must stay far from the run without LoRA).
+LORA_MAX_DIFF = 8
+LORA_LONG = 16
+
+
 def test_requests_of_one_lora_set_join_and_another_set_waits(
     alone: LegacyCallExecutor, steps: LegacyCallExecutor, loras: tuple[list[Any], list[Any]]
 ) -> None:
     same, other = loras
-    first = job(SD, "first", num_inference_steps=LONG, adapters=same)
+    first = job(SD, "first", num_inference_steps=LORA_LONG, adapters=same)
     second = job(SD, "second", prompt="a lighthouse", num_inference_steps=4, seed=11, adapters=same)
     third = job(SD, "third", prompt="a lighthouse", num_inference_steps=4, seed=12, adapters=other)
     [first_alone], _ = run_assignment(alone, first)
@@ -409,12 +420,14 @@ def test_requests_of_one_lora_set_join_and_another_set_waits(
     [third_alone], _ = run_assignment(alone, third)
 
     joined = join(steps, first, second)
-    assert difference(joined.first, first_alone) <= MAX_DIFF
-    assert difference(joined.second, second_alone) <= MAX_DIFF
+    assert difference(joined.first, first_alone) <= LORA_MAX_DIFF
+    assert difference(joined.second, second_alone) <= LORA_MAX_DIFF
+    [plain], _ = run_assignment(alone, job(SD, "plain", num_inference_steps=LORA_LONG))
+    assert difference(joined.first, plain) > 5 * LORA_MAX_DIFF, "the adapter was applied while joined"
     assert shared(joined.second)["joined_at_forward"] >= 2 and shared(joined.second)["peak_rows"] == 4
 
     waited = join(steps, first, third)
-    assert difference(waited.second, third_alone) <= MAX_DIFF
+    assert difference(waited.second, third_alone) <= LORA_MAX_DIFF
     assert shared(waited.second)["peak_rows"] == 2, "another adapter set never shares a forward"
     first_done = max(e.time for e in waited.first_events if e.time)
     third_steps = [e.time for e in waited.second_events if e.progress is not None and e.time]
