@@ -197,7 +197,6 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
             )
         link = StreamLink()
         reason = "stream closed"
-        self._links.add(link)
         handle = await self.engine.worker_connected(worker_info(hello), link)  # AlreadyExists
         handle.loads_models = hello.loads_models  # it answers LoadModel / UnloadModel
         hosting = (
@@ -207,6 +206,7 @@ class WorkerGateway(gateway_pb2_grpc.WorkerGatewayServiceServicer):
         )
         reader = asyncio.create_task(self._read(request_iterator, handle, link, hello.reports_running))
         config = self.engine.config
+        self._links.add(link)  # from here on the finally below discards it
         try:
             yield wire.to_worker(
                 Welcome(
