@@ -131,45 +131,14 @@ def test_a_rolling_restart_of_both_controllers_under_load(
     assert "worker told to reconnect" in controllers[0].log()
 
 
-def test_a_stopping_controller_is_not_ready_refuses_new_calls_and_ends_watches(
-    cluster: tuple[RedisServer, list[Controller], str],
-) -> None:
-    _, controllers, _ = cluster
-    a = controllers[0]
-    with a.client(retries=0) as client:
-        long = client.submit(
-            model="null", prompt="long", num_inference_steps=20, extra={"sleep_ms_per_step": 300}
-        )
-        watch = client.watch(long.id)
-        next(iter(watch))  # the stream is open
-        a.signal(15)  # SIGTERM
-        with grpc.insecure_channel(a.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            wait_for(
-                lambda: (
-                    health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    == health_pb2.HealthCheckResponse.NOT_SERVING
-                ),
-                10,
-                "NOT_SERVING",
-            )
-        with pytest.raises(omnirt.errors.Unavailable) as refused:
-            client.get_job(long.id)
-        assert "shutting down" in str(refused.value) and refused.value.retry_after_s
-        with pytest.raises(omnirt.errors.Unavailable) as ended:
-            for _ in watch:
-                pass
-        assert "controller shutting down, reconnect" in str(ended.value)
-    assert a.wait(GRACE_S + 20) == 0
-
-
 def test_shutdown_over_http_and_for_the_calls_the_grace_cannot_wait_for(
     log_dir: Path, model_dir: Path
 ) -> None:
-    """One controller (memory) with a 2 s grace: /healthz says 503 at once, a new HTTP call is
-    refused 503 UNAVAILABLE with Retry-After, an SSE stream ends with an error event saying to
-    reconnect, and a Generate still running when the grace ends gets UNAVAILABLE with a
-    RetryInfo; its worker is told to reconnect and says so, and the controller exits 0."""
+    """One controller (memory) with a 2 s grace: gRPC health says NOT_SERVING and /healthz 503
+    at once, a new call is refused UNAVAILABLE with a RetryInfo (HTTP: 503 with Retry-After), a
+    WatchJob and an SSE stream end saying to reconnect, and a Generate still running when the
+    grace ends gets UNAVAILABLE with a RetryInfo; its worker is told to reconnect and says so,
+    and the controller exits 0."""
     controller = Controller(log_dir, "--shutdown-grace-s", "2", http=True).start()
     worker = Worker(
         log_dir, controller.address, "w-grace", model_dir, "--models", "null", "--slots", "2"
@@ -190,14 +159,28 @@ def test_shutdown_over_http_and_for_the_calls_the_grace_cannot_wait_for(
         caller.start()
         with httpx.Client(base_url=controller.http, timeout=30) as http:
             watched = http.post("/v1/jobs", json=slow).json()["job"]["id"]
-            with http.stream("GET", f"/v1/jobs/{watched}/events") as events:
+            with (
+                http.stream("GET", f"/v1/jobs/{watched}/events") as events,
+                controller.client(retries=0) as client,
+            ):
                 lines = events.iter_lines()
                 assert next(line for line in lines if line.startswith("data:"))  # the stream is open
-                wait_for(
-                    lambda: controller.client().get_job(watched).state is omnirt.JobState.RUNNING, 30, "run"
-                )
+                wait_for(lambda: client.get_job(watched).state is omnirt.JobState.RUNNING, 30, "running")
+                watch = client.watch(watched)  # and a gRPC one
+                next(iter(watch))
                 controller.signal(15)  # SIGTERM
                 rest = "\n".join(lines)
+                with grpc.insecure_channel(controller.address) as channel:
+                    check = health_pb2_grpc.HealthStub(channel).Check
+                    serving = check(health_pb2.HealthCheckRequest(), timeout=5).status
+                assert serving == health_pb2.HealthCheckResponse.NOT_SERVING
+                with pytest.raises(omnirt.errors.Unavailable) as refused:
+                    client.get_job(watched)
+                assert "shutting down" in str(refused.value) and refused.value.retry_after_s
+                with pytest.raises(omnirt.errors.Unavailable) as ended:
+                    for _ in watch:
+                        pass
+                assert "controller shutting down, reconnect" in str(ended.value)
             assert "event: error" in rest and "controller shutting down, reconnect" in rest, rest
             health = http.get("/healthz")
             assert health.status_code == 503 and health.json()["reason"] == "shutting down"

@@ -74,7 +74,7 @@ def test_a_model_the_deployment_expects_waits_for_its_worker(controller: Control
         assert client.cancel(job.id).cancelled
 
 
-def test_zero_refuses_at_submit(log_dir: Path, controller: Controller) -> None:
+def test_zero_refuses_at_submit(log_dir: Path) -> None:
     refusing = Controller(log_dir, "--unserved-wait-s", "0", "--expected-models", EXPECTED).start()
     try:
         with omnirt.Client(refusing.address) as client:
