@@ -27,63 +27,7 @@ from tests.daemons import Controller, Worker
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "original" / "requests"
 
-ORIGINAL_IDS = """
-[[models]]
-id = "sdxl-base-1.0"
-tasks = ["text2image", "image2image", "inpaint"]
-source = "builtin:tiny-sd"
-pipeline_class = "StableDiffusionPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_inference_steps = 2
-[models.presets.fast]
-num_inference_steps = 2
-[models.presets.balanced]
-num_inference_steps = 3
-
-[[models]]
-id = "flux2.dev"
-tasks = ["text2image"]
-source = "builtin:tiny-sd"
-pipeline_class = "StableDiffusionPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_inference_steps = 2
-[models.presets.balanced]
-num_inference_steps = 3
-
-[[models]]
-id = "wan2.2-t2v-14b"
-family = "wan"
-tasks = ["text2video"]
-source = "builtin:tiny-wan"
-pipeline_class = "WanPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_frames = 9
-fps = 8.0
-num_inference_steps = 2
-[models.presets.balanced]
-num_inference_steps = 2
-
-[[models]]
-id = "svd-xt"
-family = "svd"
-tasks = ["image2video"]
-source = "builtin:tiny-svd"
-pipeline_class = "StableVideoDiffusionPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_frames = 4
-fps = 7.0
-num_inference_steps = 2
-[models.presets.balanced]
-num_inference_steps = 2
-"""
+ORIGINAL_IDS = (Path(__file__).resolve().parents[1] / "fixtures" / "original" / "stand_ins.toml").read_text()
 
 
 @pytest.fixture(scope="module")

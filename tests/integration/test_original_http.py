@@ -28,53 +28,7 @@ from tests.conftest import USER_CATALOG
 from tests.daemons import Controller, RedisServer, Worker
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "original"
-# The original's ids, served by tiny offline models (the test's own entries: independent of any
-# alias the built-in catalog has for them).
-STAND_INS = """
-[[models]]
-id = "sdxl-base-1.0"
-family = "sd"
-tasks = ["text2image", "image2image", "inpaint"]
-execution_mode = "legacy_call"
-source = "builtin:tiny-sd"
-pipeline_class = "StableDiffusionPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_inference_steps = 2
-[models.presets.fast]
-num_inference_steps = 1
-[models.presets.balanced]
-num_inference_steps = 2
-
-[[models]]
-id = "flux2.dev"
-family = "sd"
-tasks = ["text2image"]
-execution_mode = "legacy_call"
-source = "builtin:tiny-sd"
-pipeline_class = "StableDiffusionPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_inference_steps = 2
-[models.presets.balanced]
-num_inference_steps = 2
-
-[[models]]
-id = "wan2.2-t2v-14b"
-family = "wan"
-tasks = ["text2video"]
-execution_mode = "legacy_call"
-source = "builtin:tiny-wan"
-pipeline_class = "WanPipeline"
-[models.defaults]
-width = 64
-height = 64
-num_frames = 5
-num_inference_steps = 2
-fps = 8
-"""
+STAND_INS = (Path(__file__).resolve().parents[1] / "fixtures" / "original" / "stand_ins.toml").read_text()
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
