@@ -380,8 +380,8 @@ def validate(
         found.issues.append(
             ValidationIssue(
                 "warning",
-                f"backend {found.resolved_backend!r}: OmniRT runs a request on a worker that serves the "
-                "model; a worker's backend is its --backend (docs/worker.md)",
+                f"backend {found.resolved_backend!r}: the job runs only on workers started with that "
+                '--backend (the label omnirt.backend; docs/controller.md, "Routing by backend")',
             )
         )
     return found

@@ -17,9 +17,30 @@ from collections.abc import Hashable
 
 from omnirt._internal import batching
 from omnirt._internal.modes import ExecutionMode
+from omnirt._internal.original import BACKEND_LABEL
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.validation import Plan
 from omnirt.types import ModelSpec, Task
+
+
+def pinned_backend(plan: Plan) -> str:
+    """The backend whose workers alone may run the job ("" = any): its `omnirt.backend` label."""
+    return plan.request.labels.get(BACKEND_LABEL, "")
+
+
+def queue_name(model: str, backend: str = "") -> str:
+    """The queue a job waits in: its model's, or `model@backend` for a job pinned to a backend.
+
+    Pinned jobs wait apart so that a controller takes from a queue only what its free workers can
+    run (the Redis engine claims by queue; its job hash's `model` field holds this name). Model ids
+    hold no `@` (the catalog's and the hub's ids are checked for it)."""
+    return f"{model}@{backend}" if backend else model
+
+
+def split_queue(name: str) -> tuple[str, str]:
+    """(model, backend) of a queue name ("" backend: the model's own queue)."""
+    model, _, backend = name.partition("@")
+    return model, backend
 
 
 def batch_limit(config: ControllerConfig, spec: ModelSpec) -> int:
@@ -40,7 +61,8 @@ def batch_key(plan: Plan, max_batch_size: int) -> Hashable | None:
     call = batching.request_key(r)
     if call is None:
         return None
-    return (spec.id, call, (r.output_format, r.quality, r.inline_limit_bytes))
+    output = (r.output_format, r.quality, r.inline_limit_bytes)
+    return (queue_name(spec.id, pinned_backend(plan)), call, output)
 
 
 def batch_key_id(key: Hashable | None) -> str:
@@ -94,6 +116,8 @@ def step_key(plan: Plan) -> Hashable | None:
     """
     spec, r = plan.spec, plan.request
     if spec.execution_mode not in STEP_MODES or r.task not in STEP_TASKS:
+        return None
+    if pinned_backend(plan):  # it waits for a slot on its backend's workers (docs/controller.md)
         return None
     if r.adapters and spec.execution_mode != ExecutionMode.LEGACY_CALL:
         return None

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omnirt._internal.limits import ECHO_CHARS, MAX_ADAPTER_NAME_CHARS, MAX_ADAPTER_SCALE, MAX_FILE_NAME_BYTES
+from omnirt._internal.original import BACKEND_LABEL, PINNED_BACKENDS
 from omnirt.errors import InvalidRequest
 from omnirt.types import GenerateRequest, ModelLimits
 
@@ -175,6 +176,13 @@ def _check_labels(labels: dict[str, str]) -> None:
             raise bad("labels", f"a key is at most {MAX_LABEL_KEY_CHARS} characters (got {echo(key)})")
         if len(value) > MAX_LABEL_VALUE_CHARS:  # the path is built only for an error
             raise bad(_path("labels", key), f"at most {MAX_LABEL_VALUE_CHARS} characters (got {len(value)})")
+    pinned = labels.get(BACKEND_LABEL)
+    if pinned is not None and pinned not in PINNED_BACKENDS:
+        raise bad(
+            BACKEND_FIELD,
+            f"the backend to run on: one of {', '.join(PINNED_BACKENDS)} (got {echo(pinned)}); "
+            "leave the label out to run on any",
+        )
 
 
 def _check_adapters(req: GenerateRequest) -> None:
@@ -291,6 +299,10 @@ def _path(path: str, key: str | int) -> str:
     if _PLAIN_KEY.fullmatch(key):
         return f"{path}.{key}"
     return f"{path}[{json.dumps(key[:ECHO_CHARS])}]"
+
+
+# The field path of the label that pins a job to a backend, as errors name it.
+BACKEND_FIELD = _path("labels", BACKEND_LABEL)
 
 
 def _is_number(value: Any) -> bool:

@@ -50,6 +50,8 @@ def spec_from_dict(entry: dict[str, Any], where: str) -> ModelSpec:
     if not model_id or not isinstance(model_id, str):
         raise CatalogError(f"{where}: every model needs a string `id`")
     where = f"{where}: model {echo(model_id)}"
+    if "@" in model_id:  # `model@backend` names the queue of its jobs pinned to a backend
+        raise CatalogError(f"{where}: an id may not contain '@'")
     for name in (model_id, *entry.get("aliases", ())):
         if isinstance(name, str) and len(name) > MAX_MODEL_NAME_CHARS:  # no request could name it
             raise CatalogError(f"{where}: id and aliases are at most {MAX_MODEL_NAME_CHARS} characters")

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from omnirt._internal.defaults import planned_steps
+from omnirt.controller.core.bounds import BACKEND_FIELD
 from omnirt.controller.core.router import WorkerHandle, same_process
 from omnirt.controller.core.validation import Plan
 from omnirt.errors import FailedPrecondition, InvalidRequest
@@ -130,12 +131,14 @@ def log_finished(job_id: str, tenant: str, state: JobState, error: JobError | No
     log.info("job finished", extra=extra)
 
 
-def waiting_reason(spec: ModelSpec, serving: int, unserved: Unserved | None = None) -> str:
-    """Why a queued job of `spec` waits, given how many workers serve the model."""
+def waiting_reason(spec: ModelSpec, serving: int, unserved: Unserved | None = None, backend: str = "") -> str:
+    """Why a queued job of `spec` (pinned to `backend`, if any) waits, given how many workers
+    (of that backend) serve the model."""
+    of = f" of backend {backend}" if backend else ""
     if serving == 0:
-        reason = f"no connected worker serves model {spec.id} (execution mode {spec.execution_mode})"
+        reason = f"no connected worker{of} serves model {spec.id} (execution mode {spec.execution_mode})"
         return reason + (unserved.note(spec.id) if unserved else "")
-    return f"waiting for a free slot on {serving} worker(s) serving {spec.id}"
+    return f"waiting for a free slot on {serving} worker(s){of} serving {spec.id}"
 
 
 class Unserved:
@@ -153,13 +156,15 @@ class Unserved:
     def applies(self, model: str) -> bool:
         return self.wait_s >= 0 and "*" not in self.expected and model not in self.expected
 
-    def check_submit(self, spec: ModelSpec, serving: int) -> None:
-        """FailedPrecondition (field `model`) when the controller refuses jobs no worker serves."""
+    def check_submit(self, spec: ModelSpec, serving: int, backend: str = "") -> None:
+        """FailedPrecondition (field `model`, or the backend label for a job pinned to `backend`)
+        when the controller refuses jobs no worker serves."""
         if serving == 0 and self.wait_s == 0 and self.applies(spec.id):
+            field_name, of = _unserved_field(backend)
             raise FailedPrecondition(
-                f"model: no connected worker serves model {spec.id} (execution mode "
-                f"{spec.execution_mode}); {_START_ONE.format(model=spec.id)}",
-                field="model",
+                f"{field_name}: no connected worker{of} serves model {spec.id} (execution mode "
+                f"{spec.execution_mode}); {_start_one(spec.id, backend)}",
+                field=field_name,
             )
 
     def observe(self, model: str, serving: int, now: float) -> float:
@@ -174,16 +179,18 @@ class Unserved:
         for model in [m for m in self._since if m not in models]:
             del self._since[model]
 
-    def error(self, model: str, waited_s: float, unserved_s: float) -> JobError | None:
-        """The error a queued job of `model` ends with, having waited `waited_s` while the model
-        was unserved for `unserved_s`; None while it may wait on."""
+    def error(self, model: str, waited_s: float, unserved_s: float, backend: str = "") -> JobError | None:
+        """The error a queued job of `model` (pinned to `backend`, if any) ends with, having waited
+        `waited_s` while the model was unserved (on that backend) for `unserved_s`; None while it
+        may wait on."""
         if self.wait_s <= 0 or not self.applies(model) or min(waited_s, unserved_s) < self.wait_s:
             return None
+        field_name, of = _unserved_field(backend)
         return JobError(
             "FAILED_PRECONDITION",
-            f"model: no connected worker served model {model} for {self.wait_s:g} s (the controller's "
-            f"--unserved-wait-s); {_START_ONE.format(model=model)}",
-            field="model",
+            f"{field_name}: no connected worker{of} served model {model} for {self.wait_s:g} s (the "
+            f"controller's --unserved-wait-s); {_start_one(model, backend)}",
+            field=field_name,
         )
 
     def note(self, model: str) -> str:
@@ -193,7 +200,16 @@ class Unserved:
         return f"; the job fails after {self.wait_s:g} s without one (--unserved-wait-s)"
 
 
-_START_ONE = "start a worker that serves it (omnirt-worker --models {model})"
+def _unserved_field(backend: str) -> tuple[str, str]:
+    """The field an unserved job's error names, and the words that say which workers it lacks."""
+    if backend:
+        return BACKEND_FIELD, f" of backend {backend}"
+    return "model", ""
+
+
+def _start_one(model: str, backend: str) -> str:
+    on = f" --backend {backend}" if backend else ""
+    return f"start a worker that serves it (omnirt-worker --models {model}{on})"
 
 
 # The reason a worker's stream ends when its controller shuts down and tells it to reconnect.

@@ -232,10 +232,12 @@ class WorkerHandle:
             return 0
         return max(0, self.info.slots - self.busy_slots)
 
-    def serves(self, spec: ModelSpec) -> bool:
-        """True when this worker's mode matches and it lists the model (or lists none)."""
+    def serves(self, spec: ModelSpec, backend: str = "") -> bool:
+        """True when this worker's mode matches and it lists the model (or lists none), and it is of
+        `backend` when one is asked for."""
         mode_ok = self.info.execution_mode == spec.execution_mode
-        return mode_ok and (not self.info.models or spec.id in self.info.models)
+        backend_ok = not backend or self.info.backend == backend
+        return mode_ok and backend_ok and (not self.info.models or spec.id in self.info.models)
 
     def snapshot(self) -> WorkerInfo:
         self.info.busy_slots = self.busy_slots
@@ -297,13 +299,17 @@ class WorkerRegistry:
         """Free slots over every worker (the dispatcher's budget; no sorting, it runs often)."""
         return sum(w.free_slots for w in self._workers.values())
 
-    def candidates(self, spec: ModelSpec) -> list[WorkerHandle]:
-        """Workers that serve the model, whether or not they have a free slot."""
-        return [w for w in self._workers.values() if w.serves(spec) and w.info.state is WorkerState.READY]
+    def candidates(self, spec: ModelSpec, backend: str = "") -> list[WorkerHandle]:
+        """Workers that serve the model (on `backend`, when given), whether or not they have a free
+        slot."""
+        return [
+            w for w in self._workers.values() if w.serves(spec, backend) and w.info.state is WorkerState.READY
+        ]
 
-    def pick(self, spec: ModelSpec) -> WorkerHandle | None:
-        """A worker with a free slot: prefer one holding the model warm, then the least loaded."""
-        free = [w for w in self.candidates(spec) if w.free_slots > 0]
+    def pick(self, spec: ModelSpec, backend: str = "") -> WorkerHandle | None:
+        """A worker with a free slot (of `backend`, when given): prefer one holding the model warm,
+        then the least loaded."""
+        free = [w for w in self.candidates(spec, backend) if w.free_slots > 0]
         if not free:
             return None
         return min(
@@ -326,8 +332,12 @@ class WorkerRegistry:
         """Jobs of `model` running on any worker now."""
         return sum(w.running_of(model) for w in self._workers.values())
 
-    def serving_count(self, spec: ModelSpec) -> int:
-        return len(self.candidates(spec))
+    def serving_count(self, spec: ModelSpec, backend: str = "") -> int:
+        return len(self.candidates(spec, backend))
+
+    def free_backends(self, spec: ModelSpec) -> set[str]:
+        """The backends of the workers with a free slot for `spec`: the pinned queues it may take from."""
+        return {w.info.backend for w in self.candidates(spec) if w.free_slots > 0}
 
 
 def worker_info(hello: Hello) -> WorkerInfo:

@@ -129,8 +129,9 @@ async def _run(
 async def check_backend(gateway: Gateway, model: str, asked: str, backend: str) -> None:
     """FailedPrecondition naming `backend` unless a connected worker of `backend` serves `model`.
 
-    The scheduler does not route by backend (a request has no such field): with workers of
-    several backends serving the model, the job may still run on another's (docs/http.md).
+    The job is then pinned to that backend (the label `omnirt.backend`, which the translation
+    set): the scheduler gives it to that backend's workers only (docs/controller.md). This
+    check refuses at once what the original refused at once, whatever `--unserved-wait-s` is.
     """
     spec = gateway.engine.describe_model(model)  # ModelNotFound first, as the servicer would
     serving = [w for w in await gateway.engine.list_workers() if _serves(w, spec)]

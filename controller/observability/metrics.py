@@ -48,6 +48,9 @@ class Gauges:
     workers: list[WorkerInfo] = field(default_factory=list)  # this controller's own
     # Jobs queued or running, by tenant ("" when auth is off).
     active_by_tenant: dict[str, int] = field(default_factory=dict)
+    # Queued jobs by queue: a model's, and `model@backend` for the jobs pinned to a backend (the
+    # Redis engine's rule for unserved jobs reads it; the gauges show them by model).
+    queued_by_queue: dict[str, int] = field(default_factory=dict)
 
 
 class Observed(Protocol):

@@ -45,6 +45,10 @@ MARKERS = ("config", "backend", "async_run")
 # the HTTP gateway answers for it in that shape wherever it is read.
 SHAPE_LABEL = "omnirt.shape"
 SHAPE_ORIGINAL = "original"
+# The label that pins a job to the workers of one backend (`cpu`, `cuda`, `ascend`): the
+# original's `backend` sets it, and any client may (docs/controller.md, "Routing by backend").
+BACKEND_LABEL = "omnirt.backend"
+PINNED_BACKENDS = ("cpu", "cuda", "ascend")
 
 # Our own request's fields (a body with `inputs` as an object and one of these is refused as ours).
 OUR_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerateRequest))
@@ -204,6 +208,8 @@ def request_from_original(
     _inputs(req, _object(payload.get("inputs"), "inputs"), media)
     _config(req, _object(payload.get("config"), "config"))
     _adapters(req, payload.get("adapters"))
+    if BACKENDS[backend]:
+        req.labels[BACKEND_LABEL] = BACKENDS[backend]
     return req, BACKENDS[backend]
 
 
@@ -316,6 +322,8 @@ def field_to_original(field: str, payload: Mapping[str, Any]) -> str:
     `width` -> `config.width`, `extra.runtime.enable_vae_tiling` -> `config.enable_vae_tiling`,
     `inputs[1].data` -> `inputs.mask`: where the original's request gave it; others as they are.
     """
+    if field == f'labels["{BACKEND_LABEL}"]':  # the label its `backend` set
+        return "backend"
     head, sep, rest = field.partition(".")
     name, bracket, index = head.partition("[")
     config, inputs = (_object_or_empty(payload.get(key)) for key in ("config", "inputs"))

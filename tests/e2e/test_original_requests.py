@@ -150,7 +150,7 @@ def test_validate_ok_resolves_the_request_for_every_builder(address: str, workdi
         assert found.request == request and found.to_dict()["ok"] is True
     video = omnirt.validate(requests[2], address=address)
     assert (video.resolved_config["num_frames"], video.resolved_config["output_format"]) == (9, "mp4")
-    # The original's backend= keyword: checked, and said to be the worker's choice here.
+    # The original's backend= keyword: checked, and said to pin the job to that backend's workers.
     cuda = omnirt.validate(requests[0], address=address, backend="cuda")
     assert cuda.ok and "--backend" in cuda.warnings[0].message
 

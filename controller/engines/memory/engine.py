@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Hashable
 
 from omnirt._internal.protocol.messages import CancelAssignment, ModelLoaded
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_key, batch_limit
+from omnirt.controller.core.batching import batch_key, batch_limit, pinned_backend
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import (
@@ -163,7 +163,8 @@ class MemoryEngine:
                     )
                 return existing, True
         self.queue.check_room()
-        self.unserved.check_submit(plan.spec, self.workers.serving_count(plan.spec))
+        backend = pinned_backend(plan)
+        self.unserved.check_submit(plan.spec, self.workers.serving_count(plan.spec, backend), backend)
         self._check_quota(tenant, policy)
         job = new_job(plan, call_deadline_ms, tenant)
         record = JobRecord(job=job, plan=plan, fingerprint=fingerprint)
@@ -211,7 +212,7 @@ class MemoryEngine:
         job = record.job
         if job.state is JobState.QUEUED:
             job.queue_position = self.queue.position(job_id)
-            job.waiting_reason = self._waiting_reason(record.plan.spec)
+            job.waiting_reason = self._waiting_reason(record.plan)
         return job
 
     async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:
@@ -464,8 +465,10 @@ class MemoryEngine:
             return
         loop.call_soon(self.store.freeze_finished, job_id)
 
-    def _waiting_reason(self, spec: ModelSpec) -> str:
-        return waiting_reason(spec, self.workers.serving_count(spec), self.unserved)
+    def _waiting_reason(self, plan: Plan) -> str:
+        backend = pinned_backend(plan)
+        serving = self.workers.serving_count(plan.spec, backend)
+        return waiting_reason(plan.spec, serving, self.unserved, backend)
 
     def _with_serving(self, spec: ModelSpec) -> ModelSpec:
         return dataclasses.replace(

@@ -23,6 +23,8 @@ from omnirt.controller.core.batching import (
     batch_limit,
     holds_back,
     join_room,
+    pinned_backend,
+    queue_name,
     step_key,
     step_rows,
     window_due,
@@ -110,7 +112,7 @@ class MemoryUpkeep:
         """Send this job (and queued jobs that can share its call) to the best free worker, or
         alone to a worker whose running step batch it may join."""
         spec = record.plan.spec
-        handle = self.workers.pick(spec)
+        handle = self.workers.pick(spec, pinned_backend(record.plan))
         if handle is None:
             if self._join(record, waiting):
                 return True
@@ -151,7 +153,7 @@ class MemoryUpkeep:
             return False
         job = record.job
         for ahead in waiting:
-            if handle.serves(ahead.plan.spec) and holds_back(
+            if handle.serves(ahead.plan.spec, pinned_backend(ahead.plan)) and holds_back(
                 ahead.job.priority, ahead.job.tenant, job.priority, job.tenant
             ):
                 return False
@@ -252,12 +254,13 @@ class MemoryUpkeep:
         rule = self.engine.unserved
         if rule.wait_s <= 0:
             return
-        unserved: dict[str, float] = {}
+        unserved: dict[str, float] = {}  # by queue: a model's, or its jobs' pinned to a backend
         for record in list(self.queue.records()):
-            spec = record.plan.spec
-            if spec.id not in unserved:
-                unserved[spec.id] = rule.observe(spec.id, self.workers.serving_count(spec), now)
-            error = rule.error(spec.id, now - record.first_enqueued_at, unserved[spec.id])
+            spec, backend = record.plan.spec, pinned_backend(record.plan)
+            name = queue_name(spec.id, backend)
+            if name not in unserved:
+                unserved[name] = rule.observe(name, self.workers.serving_count(spec, backend), now)
+            error = rule.error(spec.id, now - record.first_enqueued_at, unserved[name], backend)
             if error is not None:
                 self.engine.expire(record, error)
         rule.keep_only(unserved)  # a model no job waits for any more starts afresh next time

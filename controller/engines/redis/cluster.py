@@ -117,9 +117,10 @@ class Cluster:
                 return info
         return self.workers.get(worker_id).snapshot()  # raises WorkerNotFound
 
-    def serving(self, spec: ModelSpec) -> int:
-        """Workers serving `spec` on any controller (this one's now, the others' as last seen)."""
-        local = {w.id for w in self.workers.candidates(spec)}
+    def serving(self, spec: ModelSpec, backend: str = "") -> int:
+        """Workers serving `spec` (on `backend`, when given) on any controller (this one's now,
+        the others' as last seen)."""
+        local = {w.id for w in self.workers.candidates(spec, backend)}
         here = {w.id for w in self.workers.all()}
         remote = {
             w.id
@@ -127,6 +128,7 @@ class Cluster:
             if w.id not in here
             and w.execution_mode == spec.execution_mode
             and (not w.models or spec.id in w.models)
+            and (not backend or w.backend == backend)
             and w.state is WorkerState.READY
         }
         return len(local | remote)

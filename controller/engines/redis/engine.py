@@ -24,7 +24,15 @@ import redis.exceptions
 
 from omnirt._internal.protocol.messages import CancelAssignment, ModelLoaded
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_key, batch_key_id, batch_limit, step_key, step_rows
+from omnirt.controller.core.batching import (
+    batch_key,
+    batch_key_id,
+    batch_limit,
+    pinned_backend,
+    queue_name,
+    step_key,
+    step_rows,
+)
 from omnirt.controller.core.bounds import check_id, echo
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import (
@@ -187,7 +195,8 @@ class RedisEngine:
         validated_ns = time.time_ns()
         # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs).
         fingerprint = request_fingerprint(request)
-        self.unserved.check_submit(plan.spec, self.cluster.serving(plan.spec))
+        backend = pinned_backend(plan)
+        self.unserved.check_submit(plan.spec, self.cluster.serving(plan.spec, backend), backend)
         job = new_job(plan, call_deadline_ms, tenant)
         aging = self.config.priority_aging_s
         rank = (time.time() / aging if aging > 0 else 0.0) - job.priority
@@ -199,6 +208,8 @@ class RedisEngine:
         traceparent = self.tracing.traceparent(job.id)
         try:
             with self._guard():
+                if backend:
+                    await self.store.note_pinned(queue_name(plan.spec.id, backend))
                 existing = await self.store.submit(
                     job,
                     plan.request,
@@ -213,6 +224,7 @@ class RedisEngine:
                     aging_s=aging,
                     step_key=batch_key_id(step_key(plan)),
                     step_rows=step_rows(plan),
+                    queue=queue_name(plan.spec.id, backend),
                 )
                 if existing is not None:
                     stored = await self.store.load(existing)
@@ -270,7 +282,9 @@ class RedisEngine:
                 job.queue_position = await self.store.position(job_id)
             with contextlib.suppress(Exception):
                 spec = self.catalog.resolve(job.model)
-                job.waiting_reason = waiting_reason(spec, self.cluster.serving(spec), self.unserved)
+                backend = pinned_backend(Plan(spec, stored.request))
+                serving = self.cluster.serving(spec, backend)
+                job.waiting_reason = waiting_reason(spec, serving, self.unserved, backend)
         return job
 
     async def request_of(self, job_id: str, *, tenant: str | None = None) -> GenerateRequest:

@@ -19,6 +19,7 @@ from redis.backoff import ExponentialBackoff
 
 from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
+from omnirt.controller.core.batching import split_queue
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
 from omnirt.controller.engines.redis import scripts
 from omnirt.controller.engines.redis.artifacts import ArtifactFiles
@@ -61,6 +62,15 @@ class QuotaRefusal(Exception):
     def __init__(self, reason: str, active: int = 0, wait_s: float = 0.0) -> None:
         super().__init__(reason)
         self.reason, self.active, self.wait_s = reason, active, wait_s
+
+
+def _by_model(counts: dict[str, int]) -> dict[str, int]:
+    """Counts by queue summed by model (a model's pinned queues into it)."""
+    summed: dict[str, int] = {}
+    for queue, n in counts.items():
+        model = split_queue(queue)[0]
+        summed[model] = summed.get(model, 0) + n
+    return summed
 
 
 @dataclass
@@ -196,9 +206,13 @@ class RedisJobStore:
         aging_s: float = 0.0,
         step_key: str = "",
         step_rows: int = 0,
+        queue: str = "",
     ) -> str | None:
         """Store and queue a new job of `job.tenant`; returns the id of an existing job of that
         tenant with the same idempotency key, else None.
+
+        `queue` is the queue it waits in (`core.batching.queue_name`; default its model's), which
+        the job hash's `model` field holds for the scripts.
 
         `rank` is the job's for the tenant ""; a named tenant's is computed in Redis from its
         fair-share clock, `cost_s` (the model's expected run time per job) and `policy.weight`.
@@ -215,7 +229,7 @@ class RedisJobStore:
             _bytes(c.job_to_proto(job)),
             _bytes(c.request_to_proto(request)),
             fingerprint,
-            job.model,
+            queue or job.model,
             batch_key,
             repr(rank),
             now_ms,
@@ -327,7 +341,7 @@ class RedisJobStore:
                 if (
                     state is None
                     or (wanted and state not in wanted)
-                    or (model and job_model.decode() != model)
+                    or (model and split_queue(job_model.decode())[0] != model)
                     or (tenant is not None and (job_tenant or b"").decode() != tenant)
                 ):
                     continue
@@ -514,21 +528,32 @@ class RedisJobStore:
         """Queued jobs by model (of `models`) and by priority, running jobs by model, active jobs
         by tenant: the cluster's."""
         tenants = await self.tenants()
+        pinned = sorted(m.decode() for m in await self.redis.smembers(self.prefix + "pinned"))
+        queues = [*models, *pinned]
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.prefix + "qdepth")
             pipe.hgetall(self.prefix + "runmodels")
-            for model in models:
-                pipe.zcard(self.prefix + "queue:m:" + model)
+            for queue in queues:
+                pipe.zcard(self.prefix + "queue:m:" + queue)
             for tenant in tenants:
                 pipe.scard(self.prefix + "active:" + tenant)
             queued, running, *counts = await pipe.execute()
-        per_model, per_tenant = counts[: len(models)], counts[len(models) :]
+        per_queue, per_tenant = counts[: len(queues)], counts[len(queues) :]
+        by_queue = {queue: int(n) for queue, n in zip(queues, per_queue, strict=True)}
         return Gauges(
-            queued_by_model={model: int(n) for model, n in zip(models, per_model, strict=True)},
+            queued_by_model=_by_model(by_queue),
             queued_by_priority={int(k): int(v) for k, v in queued.items() if int(v) > 0},
-            running_by_model={k.decode(): int(v) for k, v in running.items() if int(v) > 0},
+            running_by_model={
+                m: n for m, n in _by_model({k.decode(): int(v) for k, v in running.items()}).items() if n > 0
+            },
             active_by_tenant={t: int(n) for t, n in zip(tenants, per_tenant, strict=True)},
+            queued_by_queue=by_queue,
         )
+
+    async def note_pinned(self, queue: str) -> None:
+        """Remember a queue of pinned jobs (`model@backend`), which the gauges and the unserved
+        rule read besides the catalog's models' queues (a few names: one per model and backend)."""
+        await self.redis.sadd(self.prefix + "pinned", queue)
 
     async def active(self, tenant: str) -> int:
         """The tenant's jobs queued or running (what max_queued counts), on every controller."""

@@ -16,7 +16,7 @@ import redis.exceptions
 
 from omnirt._internal.protocol.messages import Assignment, AssignmentItem
 from omnirt.controller.config import ControllerConfig
-from omnirt.controller.core.batching import batch_key_id, batch_limit
+from omnirt.controller.core.batching import batch_key_id, batch_limit, queue_name, split_queue
 from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import JobRecord, Unserved, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
@@ -137,11 +137,7 @@ class RedisUpkeep:
         placed = 0
         waiting: set[str] = set()
         while True:
-            models = {
-                spec.id: batch_limit(self.config, spec)
-                for spec in self.catalog
-                if spec.id not in waiting and self.workers.pick(spec) is not None
-            }
+            models = self._queues(waiting)
             if not models:
                 return placed + await self._join()
             assignment_id = "asg-" + uuid.uuid4().hex[:16]
@@ -162,8 +158,23 @@ class RedisUpkeep:
                 due = time.monotonic() + max(0, claimed - _now_ms()) / 1000
                 self._window_due = min(self._window_due or due, due)
                 continue
-            await self._send(self.catalog.resolve(model), assignment_id, claimed)
+            name, backend = split_queue(model)
+            await self._send(self.catalog.resolve(name), assignment_id, claimed, backend=backend)
             placed += 1
+
+    def _queues(self, waiting: set[str]) -> dict[str, int]:
+        """The queues this controller's free workers can take from, with their batch limits: each
+        model's with a free worker, and its queues of jobs pinned to the backends of those workers."""
+        queues: dict[str, int] = {}
+        for spec in self.catalog:
+            backends = self.workers.free_backends(spec)
+            if not backends:
+                continue
+            limit = batch_limit(self.config, spec)
+            for name in (spec.id, *(queue_name(spec.id, b) for b in backends)):
+                if name not in waiting:
+                    queues[name] = limit
+        return queues
 
     async def _join(self) -> int:
         """Give queued jobs to step batches running on this controller's workers, beside their
@@ -203,12 +214,17 @@ class RedisUpkeep:
                 room = handle.info.step_rows - rows
                 if not model or room < 2 or self.workers.pick(self.catalog.resolve(model)) is not None:
                     continue
-                served = served or "|" + "|".join(s.id for s in self.catalog if handle.serves(s)) + "|"
+                # The queues it serves: its models' and their jobs' pinned to its backend.
+                served = served or "|" + "|".join(self._served(handle)) + "|"
                 entry = (model, batch_key_id(key))
                 known = joins.get(entry)
                 if known is None or known[2] > room:
                     joins[entry] = (handle, key, room, served)
         return joins
+
+    def _served(self, handle: WorkerHandle) -> list[str]:
+        specs = [s.id for s in self.catalog if handle.serves(s)]
+        return specs + [queue_name(m, handle.info.backend) for m in specs if handle.info.backend]
 
     async def _send(
         self,
@@ -216,8 +232,9 @@ class RedisUpkeep:
         assignment_id: str,
         claimed: list[Claimed],
         joined: tuple[WorkerHandle, Hashable] | None = None,
+        backend: str = "",
     ) -> None:
-        handle = joined[0] if joined is not None else self.workers.pick(spec)
+        handle = joined[0] if joined is not None else self.workers.pick(spec, backend)
         if handle is None:  # the worker went away while we claimed
             for c in claimed:
                 await self.engine.requeue(c.job_id, assignment_id, "no worker left to take the job")
@@ -421,21 +438,23 @@ class RedisUpkeep:
         if rule.wait_s <= 0:
             return
         now, now_ms = time.monotonic(), _now_ms()
-        queued = [m for m, n in self.engine.depth.queued_by_model.items() if n]
+        queued = [q for q, n in self.engine.depth.queued_by_queue.items() if n]
         rule.keep_only(queued)
-        for model in queued:
+        for queue in queued:  # a model's, or its jobs' pinned to a backend
+            model, backend = split_queue(queue)
             try:
-                unserved_s = rule.observe(model, self.cluster.serving(self.catalog.resolve(model)), now)
+                serving = self.cluster.serving(self.catalog.resolve(model), backend)
             except OmniRTError:  # a model the catalog no longer has: its jobs are not ours to judge
                 continue
-            if rule.error(model, unserved_s, unserved_s) is None:
+            unserved_s = rule.observe(queue, serving, now)
+            if rule.error(model, unserved_s, unserved_s, backend) is None:
                 continue
-            for job_id in await self.store.queued_of(model):
+            for job_id in await self.store.queued_of(queue):
                 with contextlib.suppress(OmniRTError):  # gone meanwhile
                     stored = await self.store.load(job_id)
                     created = stored.job.created_at
                     waited_s = now_ms / 1000 - created.timestamp() if created else unserved_s
-                    error = rule.error(model, waited_s, unserved_s)
+                    error = rule.error(model, waited_s, unserved_s, backend)
                     if error is not None:
                         await self.engine.end(job_id, JobState.FAILED, error, expected=(JobState.QUEUED,))
 

@@ -136,6 +136,7 @@ def test_user_catalog_adds_and_replaces(tmp_path) -> None:  # type: ignore[no-un
         # A name no request could ask for (a request's model is at most 256 characters).
         (f'[[models]]\nid = "{"m" * 300}"\ntasks = ["text2image"]\n', "at most 256 characters"),
         ('[[models]]\nid = "x"\ntasks = ["text2image"]\naliases = ["' + "a" * 300 + '"]\n', "aliases"),
+        ('[[models]]\nid = "sd@cuda"\ntasks = ["text2image"]\n', "may not contain '@'"),
     ],
 )
 def test_bad_catalog_files_name_the_problem(tmp_path, text: str, words: str) -> None:  # type: ignore[no-untyped-def]
