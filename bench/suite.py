@@ -7,8 +7,8 @@
     python -m bench.suite --only overhead,batching --json out.json
 
 Scenarios: overhead, control_plane, batching, continuous, peers, cold_warm, dispatch, fair_share, export,
-step_cache, realtime. Each starts its own daemons on loopback and stops them (export and step_cache need
-none: they run in-process). A scenario that cannot run here (Ray
+step_cache, realtime, redis. Each starts its own daemons on loopback and stops them (export and
+step_cache need none: they run in-process). A scenario that cannot run here (Ray
 Serve not installed for `peers`) is reported as skipped; one that fails is reported as failed
 with its daemons' log tails, the others still run. Exit status: 0 when no scenario failed, 1
 otherwise, 2 for bad arguments. Missed targets are results, not failures: the table says met /
@@ -42,6 +42,7 @@ from . import (
     overhead,
     peers,
     realtime,
+    redis_engine,
     report,
     step_cache,
 )
@@ -61,6 +62,7 @@ SCENARIOS: dict[str, sc.Scenario] = {
         export.SCENARIO,
         step_cache.SCENARIO,
         realtime.SCENARIO,
+        redis_engine.SCENARIO,
     )
 }
 RESULTS = _machine.ROOT / "bench" / "results"

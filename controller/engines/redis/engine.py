@@ -138,6 +138,9 @@ class RedisEngine:
         # Worker results that could not be stored yet (Redis away): retried every tick.
         self.pending: list[Callable[[], Awaitable[None]]] = []
         self.depth = Gauges()  # the cluster's queue and running jobs, read on each upkeep tick
+        # The queues of jobs pinned to a backend that exist (`model@backend`): submitted here, or
+        # seen in Redis's `pinned` set on an upkeep tick. Dispatch claims from these too.
+        self.pinned_queues: set[str] = set()
         self.cluster = Cluster(self.store, self.id, self.workers, config.lease_timeout_ms, SLOW_TICK_S)
         self.upkeep = RedisUpkeep(self)
 
@@ -210,6 +213,7 @@ class RedisEngine:
             with self._guard():
                 if backend:
                     await self.store.note_pinned(queue_name(plan.spec.id, backend))
+                    self.pinned_queues.add(queue_name(plan.spec.id, backend))
                 existing = await self.store.submit(
                     job,
                     plan.request,

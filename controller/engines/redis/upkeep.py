@@ -78,6 +78,8 @@ class UpkeepEngine(Protocol):
 
     @property
     def unserved(self) -> Unserved: ...
+    @property
+    def pinned_queues(self) -> set[str]: ...
 
     # What the upkeep finds out for the engine: readiness and the cluster's gauges.
     store_ok: bool
@@ -164,14 +166,20 @@ class RedisUpkeep:
 
     def _queues(self, waiting: set[str]) -> dict[str, int]:
         """The queues this controller's free workers can take from, with their batch limits: each
-        model's with a free worker, and its queues of jobs pinned to the backends of those workers."""
+        model's with a free worker, and those of its queues of pinned jobs that exist (Redis's
+        `pinned` set, read each slow tick, and the ones submitted here) for the backends of those
+        workers. A claim looks at each queue it is given: no pinned jobs, no extra look."""
         queues: dict[str, int] = {}
+        pinned = self.engine.pinned_queues
         for spec in self.catalog:
             backends = self.workers.free_backends(spec)
             if not backends:
                 continue
             limit = batch_limit(self.config, spec)
-            for name in (spec.id, *(queue_name(spec.id, b) for b in backends)):
+            names = [spec.id]
+            if pinned:
+                names += [q for q in (queue_name(spec.id, b) for b in backends) if q in pinned]
+            for name in names:
                 if name not in waiting:
                     queues[name] = limit
         return queues
@@ -417,6 +425,7 @@ class RedisUpkeep:
                 # This controller's workers into the cluster's view, and their ids' claims renewed.
                 await self.cluster.publish()
                 self.engine.depth = await self.store.depth([spec.id for spec in self.catalog])
+                self.engine.pinned_queues.update(q for q in self.engine.depth.queued_by_queue if "@" in q)
                 await self._sweep_records()
                 await self._fail_unserved()
                 if time.monotonic() - last_sweep > ARTIFACT_SWEEP_S:
