@@ -136,6 +136,8 @@ class Shutdown:
                 step.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await step
+            elif step is not None and not step.cancelled():
+                step.exception()  # the stream ended as the client went: read, not logged as lost
             close = getattr(iterator, "aclose", None)
             if close is not None:
                 with contextlib.suppress(Exception):

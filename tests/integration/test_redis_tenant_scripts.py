@@ -19,7 +19,8 @@ from omnirt.controller.core.jobs import JobRecord
 from omnirt.controller.core.tenants import UNLIMITED, FairClock, TenantPolicy, TokenBucket, bucket_size
 from omnirt.controller.core.validation import Plan
 from omnirt.controller.engines.memory.queue import JobQueue
-from omnirt.controller.engines.redis.store import QuotaRefusal, RedisJobStore, job_not_found
+from omnirt.controller.engines.redis.records import QuotaRefusal
+from omnirt.controller.engines.redis.store import RedisJobStore, job_not_found
 from omnirt.errors import JobNotFound
 from omnirt.types import EventKind, GenerateRequest, Job, JobError, JobEvent, JobState, ModelSpec
 from tests.daemons import RedisServer

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -38,8 +39,6 @@ from omnirt.controller.core.catalog import Catalog
 from omnirt.controller.core.jobs import (
     JobRecord,
     Unserved,
-    accept_result,
-    end_state,
     log_finished,
     log_worker_gone,
     new_job,
@@ -67,15 +66,12 @@ from omnirt.controller.core.tenants import (
 )
 from omnirt.controller.core.validation import Plan, validate
 from omnirt.controller.engines.redis.cluster import Cluster
-from omnirt.controller.engines.redis.store import (
-    QuotaRefusal,
-    RedisJobStore,
-    StoredJob,
-    raise_lost_cancel,
-)
+from omnirt.controller.engines.redis.records import QuotaRefusal, StoredJob
+from omnirt.controller.engines.redis.results import store_result
+from omnirt.controller.engines.redis.run_events import RunEventBuffer
+from omnirt.controller.engines.redis.store import RedisJobStore, raise_lost_cancel
 from omnirt.controller.engines.redis.upkeep import SLOW_TICK_S, RedisUpkeep
 from omnirt.controller.engines.redis.waiters import Waiters
-from omnirt.controller.observability import tracing
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
 from omnirt.errors import (
@@ -100,6 +96,8 @@ from omnirt.types import (
 )
 
 log = logging.getLogger("omnirt.controller")
+# How long a stopping controller waits for the worker results it is storing.
+STOP_STORING_S = 5.0
 EVENT_PAGE = 512
 
 
@@ -133,6 +131,10 @@ class RedisEngine:
         self.records: dict[str, JobRecord] = {}
         self.running: dict[str, JobRecord] = {}
         self.waiters = Waiters()  # Generate's and WatchJob's on this controller
+        # Worker results being stored (each beside the worker's stream, see worker_result).
+        self._storing: set[asyncio.Task[None]] = set()
+        # Events of running jobs on their way to Redis, written together (run_events.py).
+        self.run_events = RunEventBuffer(self.store, self._events_written, self._store_lost)
         self.wake = asyncio.Event()
         self.store_ok = True
         # Worker results that could not be stored yet (Redis away): retried every tick.
@@ -153,6 +155,8 @@ class RedisEngine:
         log.info("job store: %s (controller %s)", self.config.store, self.id)
 
     async def stop(self) -> None:
+        if self._storing:  # results on their way to Redis: a moment for them before the close
+            await asyncio.wait(set(self._storing), timeout=STOP_STORING_S)
         await self.upkeep.stop()
         for handle in self.workers.all():
             handle.link.close()
@@ -249,7 +253,7 @@ class RedisEngine:
         self.records[job.id] = record
         self.metrics.request_accepted(record)
         log.debug("job queued", extra={"job_id": job.id, "model": job.model, "tenant": tenant})
-        self.wake.set()
+        self.upkeep.queued()
         return job, False
 
     def _quota_error(self, tenant: str, policy: TenantPolicy, refusal: QuotaRefusal) -> QuotaExceeded:
@@ -267,12 +271,14 @@ class RedisEngine:
             return await self.store.load(job_id, tenant)
 
     async def wait(self, job_id: str) -> Job:
-        with self.waiters.waiting(job_id) as changed:
-            await self._load(job_id)  # NOT_FOUND for an unknown job
+        with self.waiters.waiting(job_id, run_events=False) as changed:
+            if job_id not in self.records:  # submitted here: it exists
+                await self._load(job_id)  # NOT_FOUND for an unknown job
             while True:
-                # Only the state on each wake-up (progress events wake us too), the job once final.
+                # Only the state on each wake-up (a change of state, not the run's events), read
+                # once for every waiter of the job here; the job once final.
                 with self._guard():
-                    state = await self.store.state(job_id)
+                    state = await self.waiters.shared(("state", job_id), lambda: self.store.state(job_id))
                 raise_lost_cancel()  # the client went away during that call
                 if state is None or state.terminal:
                     return (await self._load(job_id)).job
@@ -313,10 +319,10 @@ class RedisEngine:
             seq = after_sequence
             while True:
                 with self._guard():
-                    # The state first: a final state's events are logged in the same script, so
-                    # once it is final every event is in the stream.
-                    state = await self.store.state(job_id)
-                    events = await self.store.events(job_id, seq, EVENT_PAGE)
+                    # One read for every watcher here at this point of the job's events.
+                    state, events = await self.waiters.shared(
+                        ("events", job_id, seq), functools.partial(self._state_and_events, job_id, seq)
+                    )
                 raise_lost_cancel()  # the watcher went away during those calls
                 for event in events:
                     seq = event.sequence
@@ -325,6 +331,19 @@ class RedisEngine:
                     return
                 if not events:
                     await changed()
+
+    async def _state_and_events(self, job_id: str, after: int) -> tuple[JobState | None, list[JobEvent]]:
+        # The state first: a final state's events are logged in the same script, so once it is
+        # final every event is in the stream.
+        state = await self.store.state(job_id)
+        return state, await self.store.events(job_id, after, EVENT_PAGE)
+
+    def _events_written(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self.waiters.notify(job_id, state=False)
+
+    def _store_lost(self) -> None:
+        self.store_ok = False
 
     async def cancel(self, job_id: str, *, tenant: str | None = None) -> tuple[Job, bool]:
         error = JobError("CANCELLED", "cancelled by the client")
@@ -346,6 +365,8 @@ class RedisEngine:
         event = JobEvent(
             job_id=job_id, kind=EventKind.STATE, state=state, error=error, worker_id=stored.job.worker_id
         )
+        run_events = self.run_events.take(job_id)  # what its run did before it ends
+        await self.run_events.settled()
         with self._guard():
             changed, before, owner, assignment = await self.store.finish(
                 job_id,
@@ -354,6 +375,7 @@ class RedisEngine:
                 error=error,
                 state_event=event,
                 now_ms=_now_ms(),
+                run_events=run_events,
             )
         if changed and before is JobState.RUNNING:
             await self._stop(job_id, assignment, owner, error.code)
@@ -476,16 +498,13 @@ class RedisEngine:
         if event.kind is EventKind.STATE or event.kind is EventKind.RESULT:
             return  # the controller owns state changes; results come as AssignmentResult
         progress = event.progress if event.kind is EventKind.PROGRESS else None
-        try:
-            appended = await self.store.append(event.job_id, assignment_id, event, progress)
-        except redis.exceptions.RedisError:
-            self.store_ok = False
-            return  # progress is live information: dropped while Redis is away
         record = self.running.get(event.job_id)
-        if appended and record is not None and record.assignment_id == assignment_id:
+        if record is not None and record.assignment_id == assignment_id:
             self.metrics.worker_event(record, event)
             self.tracing.worker_event(record)
-        self.waiters.notify(event.job_id)
+        # Written with others in a moment, or with the job's result (dropped while Redis is away:
+        # progress is live information).
+        self.run_events.add(event.job_id, assignment_id, event, progress)
 
     async def worker_result(
         self,
@@ -505,69 +524,32 @@ class RedisEngine:
             if record.dispatched_at:
                 elapsed = time.monotonic() - record.dispatched_at
                 self.run_times.observe(record.job.model, elapsed, record.batch_size)
+        else:
+            record = None
+        run_events = self.run_events.take(job_id, assignment_id)
+        arrived_ms = _now_ms()  # the job's finished_at: when its result came, not when it was stored
 
         async def store() -> None:
-            await self._store_result(handle.id, assignment_id, job_id, result, error)
+            await store_result(
+                self, handle.id, assignment_id, job_id, result, error, record, run_events, arrived_ms
+            )
 
+        # Stored beside the worker's stream, not in its way: a Redis that hangs (SIGSTOP, a
+        # network partition) must not stop this controller from reading the worker's heartbeats,
+        # or it would take a healthy worker for lost (tests/integration/test_redis_sigstop.py).
+        task = asyncio.create_task(self._store_or_keep(store, job_id))
+        self._storing.add(task)
+        task.add_done_callback(self._storing.discard)
+
+    async def _store_or_keep(self, store: Callable[[], Awaitable[None]], job_id: str) -> None:
         try:
             await store()
         except redis.exceptions.RedisError:
             self.store_ok = False
             log.warning("job store unavailable: result of %s kept for a retry", job_id)
             self.pending.append(store)
-
-    async def _store_result(
-        self,
-        worker_id: str,
-        assignment_id: str,
-        job_id: str,
-        result: GenerateResult | None,
-        error: JobError | None,
-    ) -> None:
-        now = _now_ms()
-        if error is not None and error.code == "UNAVAILABLE":  # the worker gave the job up: retry it
-            await self.requeue(job_id, assignment_id, f"worker {worker_id} gave the job up: {error.message}")
-            return
-        state_event = JobEvent(job_id=job_id, kind=EventKind.STATE, worker_id=worker_id, error=error)
-        artifacts: dict[int, bytes] = {}
-        view = None
-        if error is not None:
-            state_event.state = end_state(error)
-        else:
-            assert result is not None
-            state_event.state = JobState.SUCCEEDED
-            try:
-                stored = await self.store.load(job_id)
-            except OmniRTError:
-                log.info("result of an unknown or expired job ignored", extra={"job_id": job_id})
-                return
-            limit = stored.request.inline_limit_bytes or self.config.inline_limit_bytes
-            view = accept_result(result, job_id, tracing.trace_id_of(job_id), stored.job.tenant, limit)
-            # Objects in the artifact store (`object_uri`) have no bytes here to keep.
-            artifacts = {
-                a.index: a.data
-                for a, v in zip(result.artifacts, view.artifacts, strict=True)
-                if not v.data and not a.object_uri
-            }
-        try:
-            changed, _, _, _ = await self.store.finish(
-                job_id,
-                state_event.state,
-                expected=(JobState.RUNNING,),
-                assignment_id=assignment_id,
-                error=error,
-                result=view,
-                state_event=state_event,
-                result_event=JobEvent(job_id=job_id, kind=EventKind.RESULT, result=view) if view else None,
-                artifacts=artifacts,
-                now_ms=now,
-            )
-        except OmniRTError:  # the job expired meanwhile
-            changed = False
-        if changed:
-            self.closed(job_id, state_event.state, error)
-        else:
-            log.info("late result ignored", extra={"job_id": job_id, "worker_id": worker_id})
+        except Exception:
+            log.exception("storing the result of %s failed", job_id)
 
     async def requeue(self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0) -> None:
         """Queue a running job again (or fail it when its attempts are spent)."""
@@ -587,7 +569,7 @@ class RedisEngine:
                 self.metrics.requeued(record)
                 self.tracing.requeued(record, message)
                 self.records.setdefault(job_id, record)
-            self.wake.set()
+            self.upkeep.queued()
         elif outcome == "failed":
             if record is not None:
                 self.records.setdefault(job_id, record)

@@ -29,7 +29,9 @@ Cluster hash tag, so every key lives in one slot):
     P workers         hash worker id -> WorkerInfo proto (+ P workers:seen zset id -> expiry)
     P worker-claim:ID hash instance, owner, host, pid: the process that holds worker id ID and
                       the controller it is connected to; expires a lease after its last renewal
-    P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID has a new event),
+    P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID changed state, or
+                      has a new event: every waiter looks), "p ID" (job ID has new events of its
+                      run: watchers look, `wait` sleeps on),
                       "c ID ASSIGNMENT OWNER REASON" (stop a running job), "d WORKER" (drain)
 
 Rank = enqueued_seconds / aging_s - priority: lower runs first, as in the in-memory queue. A job
@@ -70,12 +72,9 @@ local function evicted(p, id, m, bkey)
   return true
 end
 
--- The head of a model's queue {id, rank} (evicted ids dropped on the way), or {}.
+-- The head of a model's queue {id, rank}, or {} (not checked for eviction: see CLAIM).
 local function model_head(p, model)
-  local key = p .. 'queue:m:' .. model
-  local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  while head[1] and evicted(p, head[1], model, '') do head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') end
-  return head
+  return redis.call('ZRANGE', p .. 'queue:m:' .. model, 0, 0, 'WITHSCORES')
 end
 
 -- Mark the queued jobs `ids` RUNNING under assignment `asg` of `owner`, appending to `out` each
@@ -88,7 +87,7 @@ local function take(p, ids, asg, owner, now, lease, out)
     dequeue(p, id, f[1], f[2], f[3])
     local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
     redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
-    redis.call('HDEL', jk, 'progress')
+    if attempts > 1 then redis.call('HDEL', jk, 'progress') end  -- an earlier attempt's
     redis.call('ZADD', p .. 'running', now + lease, id)
     redis.call('HINCRBY', p .. 'runmodels', f[1], 1)
     table.insert(out, id)
@@ -104,12 +103,18 @@ local function add_event(p, id, event)
   if event ~= '' then redis.call('XADD', p .. 'events:' .. id, '0-*', 'e', event) end
 end
 
+-- The fields of a job that `finish` reads (FINISH reads them once for both).
+local function finish_fields(jk)
+  return redis.call('HMGET', jk, 'state', 'owner', 'assignment', 'model', 'bkey', 'priority', 'worker',
+    'tenant')
+end
+
 -- Move a job to a final state; returns the state, owner and assignment it had. The job leaves
 -- its tenant's active set here, the one way every final state goes: counted out exactly once.
-local function finish(p, id, state, now, ttl, error, result, result_event, state_event)
+-- `f` is `finish_fields` of the job, when the caller read them.
+local function finish(p, id, state, now, ttl, error, result, result_event, state_event, f)
   local jk = p .. 'job:' .. id
-  local f = redis.call('HMGET', jk, 'state', 'owner', 'assignment', 'model', 'bkey', 'priority', 'worker',
-    'tenant')
+  f = f or finish_fields(jk)
   if f[1] == 'QUEUED' or f[1] == 'RUNNING' then redis.call('SREM', p .. 'active:' .. (f[8] or ''), id) end
   if f[1] == 'QUEUED' then dequeue(p, id, f[4], f[5], f[6]) end
   if f[1] == 'RUNNING' then
@@ -117,9 +122,10 @@ local function finish(p, id, state, now, ttl, error, result, result_event, state
     redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
   end
   redis.call('ZREM', p .. 'deadlines', id)
-  redis.call('HSET', jk, 'state', state, 'finished_ms', now)
-  if error ~= '' then redis.call('HSET', jk, 'error', error) end
-  if result ~= '' then redis.call('HSET', jk, 'result', result) end
+  local set = {'state', state, 'finished_ms', now}
+  if error ~= '' then table.insert(set, 'error'); table.insert(set, error) end
+  if result ~= '' then table.insert(set, 'result'); table.insert(set, result) end
+  redis.call('HSET', jk, unpack(set))
   add_event(p, id, result_event)
   add_event(p, id, state_event)
   redis.call('EXPIRE', jk, ttl)
@@ -190,16 +196,20 @@ if tenant ~= '' then
   rank = fair_rank(p, tenant, ARGV[14], tonumber(ARGV[12]) / 1000, tonumber(ARGV[21]),
     tonumber(ARGV[22]), tonumber(ARGV[23]))
 end
-redis.call('HSET', p .. 'job:' .. id, 'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
+local fields = {'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
   'model', ARGV[9], 'bkey', ARGV[10], 'rank', rank, 'priority', ARGV[14], 'state', 'QUEUED',
-  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16], 'tenant', tenant)
-if (ARGV[24] or '') ~= '' then redis.call('HSET', p .. 'job:' .. id, 'skey', ARGV[24], 'srows', ARGV[25]) end
+  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16], 'tenant', tenant}
+if (ARGV[24] or '') ~= '' then
+  table.insert(fields, 'skey'); table.insert(fields, ARGV[24])
+  table.insert(fields, 'srows'); table.insert(fields, ARGV[25])
+end
+redis.call('HSET', p .. 'job:' .. id, unpack(fields))
 enqueue(p, id, ARGV[9], ARGV[10], rank, ARGV[14])
 if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
 redis.call('ZADD', p .. 'jobs', ARGV[12], id)
 if tenant ~= '' then redis.call('ZADD', p .. 'jobs:t:' .. tenant, ARGV[12], id) end
 redis.call('SADD', active, id)
-redis.call('SADD', p .. 'tenants', tenant)
+if tenant ~= '' then redis.call('SADD', p .. 'tenants', tenant) end  -- "" is always one
 if idem ~= '' then redis.call('SET', ik, id, 'EX', ARGV[4]) end
 add_event(p, id, ARGV[15])
 redis.call('PUBLISH', p .. 'notify', 'q')
@@ -217,16 +227,21 @@ return {'ok'}
 CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local best, score, model, limit = nil, nil, nil, 1
-for i = 8, #ARGV, 2 do
-  local head = model_head(p, ARGV[i])
-  if head[1] and (best == nil or tonumber(head[2]) < score) then
-    best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
+local best, score, model, limit, bkey = nil, nil, nil, 1, nil
+repeat
+  best = nil
+  for i = 8, #ARGV, 2 do
+    local head = model_head(p, ARGV[i])
+    if head[1] and (best == nil or tonumber(head[2]) < score) then
+      best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
+    end
   end
-end
-if best == nil then return {} end
+  if best == nil then return {} end
+  -- Every job hash has a bkey ('' when it never batches): none means it was evicted.
+  bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey')
+  if not bkey then evicted(p, best, model, '') end
+until bkey
 local ids = {best}
-local bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey') or ''
 if bkey ~= '' and limit > 1 then
   local peers = redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)
   if busy > window and #peers < limit then
@@ -306,31 +321,48 @@ take(p, ids, asg, owner, now, lease, out)
 return out
 """
 
-# An event of a running job (from its worker); dropped unless the assignment still holds it.
-# ARGV: p, id, assignment, event, progress ('' = unchanged), worker ('' = unchanged)
-APPEND = r"""
-local p, id = ARGV[1], ARGV[2]
-local jk = p .. 'job:' .. id
-local f = redis.call('HMGET', jk, 'state', 'assignment')
-if f[1] ~= 'RUNNING' or f[2] ~= ARGV[3] then return 0 end
-if ARGV[5] ~= '' then redis.call('HSET', jk, 'progress', ARGV[5]) end
-if ARGV[6] ~= '' then redis.call('HSET', jk, 'worker', ARGV[6]) end
-add_event(p, id, ARGV[4])
-redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
-return 1
+# The events of running jobs that came from their workers since the last write, for several jobs
+# at once (the controller gathers them for a moment: one script instead of one per event). A
+# job's events are dropped unless its assignment still holds it. Watchers hear "p ID" (new
+# events, not a final state: `wait` sleeps on).
+# ARGV: p, then per job: id, assignment, progress ('' = unchanged), worker ('' = unchanged),
+#       n, then its n events. Returns how many jobs' events were logged.
+APPEND_MANY = r"""
+local p, logged, i = ARGV[1], 0, 2
+while i <= #ARGV do
+  local id, n = ARGV[i], tonumber(ARGV[i + 4])
+  local jk = p .. 'job:' .. id
+  local f = redis.call('HMGET', jk, 'state', 'assignment')
+  if f[1] == 'RUNNING' and f[2] == ARGV[i + 1] then
+    if ARGV[i + 2] ~= '' and ARGV[i + 3] ~= '' then
+      redis.call('HSET', jk, 'progress', ARGV[i + 2], 'worker', ARGV[i + 3])
+    elseif ARGV[i + 2] ~= '' then redis.call('HSET', jk, 'progress', ARGV[i + 2])
+    elseif ARGV[i + 3] ~= '' then redis.call('HSET', jk, 'worker', ARGV[i + 3]) end
+    for j = i + 5, i + 4 + n do add_event(p, id, ARGV[j]) end
+    redis.call('PUBLISH', p .. 'notify', 'p ' .. id)
+    logged = logged + 1
+  end
+  i = i + 5 + n
+end
+return logged
 """
 
 # ARGV: p, id, assignment ('' = any), expected states (comma separated), state, now_ms, ttl_s,
-#       error, result, result_event, state_event, then artifact field/value pairs
+#       error, result, result_event, state_event, worker ('' = unchanged), n, then n events of
+#       the job's run that were not logged yet (before the result), then artifact field/value
+#       pairs
 FINISH = r"""
 local p, id = ARGV[1], ARGV[2]
 local jk = p .. 'job:' .. id
-local f = redis.call('HMGET', jk, 'state', 'assignment')
+local f = finish_fields(jk)
 if not f[1] then return {'missing'} end
 if not string.find(',' .. ARGV[4] .. ',', ',' .. f[1] .. ',', 1, true) then return {'no', f[1]} end
-if ARGV[3] ~= '' and f[2] ~= ARGV[3] then return {'no', f[1]} end
-for i = 12, #ARGV, 2 do redis.call('HSET', jk, ARGV[i], ARGV[i + 1]) end
-local before = finish(p, id, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
+if ARGV[3] ~= '' and f[3] ~= ARGV[3] then return {'no', f[1]} end
+if ARGV[12] ~= '' then redis.call('HSET', jk, 'worker', ARGV[12]) end
+local n = tonumber(ARGV[13])
+for i = 14, 13 + n do add_event(p, id, ARGV[i]) end
+for i = 14 + n, #ARGV, 2 do redis.call('HSET', jk, ARGV[i], ARGV[i + 1]) end
+local before = finish(p, id, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], f)
 return {'ok', before[1], before[2], before[3], before[4]}
 """
 

@@ -23,6 +23,7 @@ from omnirt.controller.core.batching import split_queue
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
 from omnirt.controller.engines.redis import scripts
 from omnirt.controller.engines.redis.artifacts import ArtifactFiles
+from omnirt.controller.engines.redis.records import QuotaRefusal, RunEvents, StoredJob, by_model
 from omnirt.controller.observability.metrics import Gauges
 from omnirt.errors import JobNotFound, QueueFull
 from omnirt.types import (
@@ -33,7 +34,6 @@ from omnirt.types import (
     JobError,
     JobEvent,
     JobState,
-    Progress,
     WorkerInfo,
 )
 from omnirt.v1 import cluster_pb2, types_pb2
@@ -53,37 +53,6 @@ def _bytes(msg: Any) -> bytes:
 def job_not_found(job_id: str) -> JobNotFound:
     """What an unknown id gets, and as well a known one of another tenant (no existence oracle)."""
     return JobNotFound(f"job {job_id!r} not found (unknown or expired)", field="job_id")
-
-
-class QuotaRefusal(Exception):
-    """SUBMIT refused a job by its tenant's quota: `reason` is `tenants.REASON_*`; `active` the
-    tenant's jobs queued or running (max_queued), `wait_s` the time until a token (rate)."""
-
-    def __init__(self, reason: str, active: int = 0, wait_s: float = 0.0) -> None:
-        super().__init__(reason)
-        self.reason, self.active, self.wait_s = reason, active, wait_s
-
-
-def _by_model(counts: dict[str, int]) -> dict[str, int]:
-    """Counts by queue summed by model (a model's pinned queues into it)."""
-    summed: dict[str, int] = {}
-    for queue, n in counts.items():
-        model = split_queue(queue)[0]
-        summed[model] = summed.get(model, 0) + n
-    return summed
-
-
-@dataclass
-class StoredJob:
-    """A job as Redis holds it."""
-
-    job: Job
-    request: GenerateRequest
-    fingerprint: bytes
-    assignment: str
-    owner: str
-    enqueued_ms: int
-    fields: dict[bytes, bytes]
 
 
 @dataclass
@@ -161,7 +130,7 @@ class RedisJobStore:
         self.artifacts = ArtifactFiles(artifact_dir, artifact_limit_bytes, self.ttl_s)
         self._scripts = {
             name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
-            for name in ("CLAIM", "CLAIM_JOIN", "APPEND", "FINISH", "REQUEUE", "RENEW")
+            for name in ("CLAIM", "CLAIM_JOIN", "APPEND_MANY", "FINISH", "REQUEUE", "RENEW")
         }
         self._scripts["SUBMIT"] = self.redis.register_script(
             scripts.PRELUDE + scripts.QUOTAS + scripts.SUBMIT
@@ -414,24 +383,15 @@ class RedisJobStore:
             return None
         return answer[1].decode(), answer[2].decode(), _claimed(answer[3:])
 
-    async def append(
-        self,
-        job_id: str,
-        assignment_id: str,
-        event: JobEvent,
-        progress: Progress | None = None,
-        worker: str = "",
-    ) -> bool:
-        """Log an event of a running job (dropped unless `assignment_id` still holds it)."""
-        answer = await self._run(
-            "APPEND",
-            job_id,
-            assignment_id,
-            _bytes(c.event_to_proto(event)),
-            _bytes(c.progress_to_proto(progress)) if progress else b"",
-            worker,
-        )
-        return bool(answer)
+    async def append_many(self, runs: Sequence[RunEvents]) -> int:
+        """Log the events of several running jobs in one script (each job's dropped unless its
+        assignment still holds it); returns how many jobs' events were logged."""
+        args: list[Any] = []
+        for run in runs:
+            progress = _bytes(c.progress_to_proto(run.progress)) if run.progress else b""
+            args += [run.job_id, run.assignment_id, progress, run.worker, len(run.events)]
+            args += [_bytes(c.event_to_proto(e)) for e in run.events]
+        return int(await self._run("APPEND_MANY", *args)) if args else 0
 
     async def finish(
         self,
@@ -446,12 +406,17 @@ class RedisJobStore:
         result_event: JobEvent | None = None,
         artifacts: dict[int, bytes] | None = None,
         now_ms: int,
+        run_events: Sequence[JobEvent] = (),
+        worker: str = "",
     ) -> tuple[bool, JobState | None, str, str]:
-        """Move a job to a final state if it is in `expected` (and, if given, under `assignment_id`).
+        """Move a job to a final state if it is in `expected` (and, if given, under `assignment_id`),
+        logging first `run_events`, the events of its run not logged yet, and setting `worker`
+        (the one that ran it: its RUNNING event may be among those) unless "".
 
         Returns (changed, the state it had, its owner, its assignment).
         """
         extra = self.artifacts.fields(job_id, artifacts or {})
+        logged = [_bytes(c.event_to_proto(e)) for e in run_events]
         answer = await self._run(
             "FINISH",
             job_id,
@@ -464,6 +429,9 @@ class RedisJobStore:
             _bytes(c.result_to_proto(result)) if result else b"",
             _bytes(c.event_to_proto(result_event)) if result_event else b"",
             _bytes(c.event_to_proto(state_event)),
+            worker,
+            len(logged),
+            *logged,
             *extra,
         )
         kind = answer[0].decode()
@@ -541,12 +509,14 @@ class RedisJobStore:
         per_queue, per_tenant = counts[: len(queues)], counts[len(queues) :]
         by_queue = {queue: int(n) for queue, n in zip(queues, per_queue, strict=True)}
         return Gauges(
-            queued_by_model=_by_model(by_queue),
+            queued_by_model=by_model(by_queue),
             queued_by_priority={int(k): int(v) for k, v in queued.items() if int(v) > 0},
             running_by_model={
-                m: n for m, n in _by_model({k.decode(): int(v) for k, v in running.items()}).items() if n > 0
+                m: n for m, n in by_model({k.decode(): int(v) for k, v in running.items()}).items() if n > 0
             },
-            active_by_tenant={t: int(n) for t, n in zip(tenants, per_tenant, strict=True)},
+            # "" (no tenant) is scanned always but shown once it had jobs (the metrics keep a
+            # tenant they saw, at 0).
+            active_by_tenant={t: int(n) for t, n in zip(tenants, per_tenant, strict=True) if t or int(n)},
             queued_by_queue=by_queue,
         )
 
@@ -562,7 +532,10 @@ class RedisJobStore:
     # ---- tidying (the upkeep's) ---------------------------------------------------------
 
     async def tenants(self) -> list[str]:
-        return sorted(t.decode() for t in await self.redis.smembers(self.prefix + "tenants"))
+        """The tenants that submitted jobs; "" (no tenant, auth off) always, which SUBMIT does not
+        add to the set (one command less per job)."""
+        named = {t.decode() for t in await self.redis.smembers(self.prefix + "tenants")}
+        return sorted(named | {""})
 
     async def sweep_listing(
         self, tenant: str | None, max_score_ms: int, offset: int, count: int

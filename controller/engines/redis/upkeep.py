@@ -22,6 +22,7 @@ from omnirt.controller.core.jobs import JobRecord, Unserved, utcnow
 from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.core.validation import Plan
 from omnirt.controller.engines.redis.cluster import Cluster
+from omnirt.controller.engines.redis.run_events import RunEventBuffer
 from omnirt.controller.engines.redis.store import Claimed, RedisJobStore, raise_lost_cancel
 from omnirt.controller.engines.redis.waiters import Waiters
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
@@ -80,6 +81,8 @@ class UpkeepEngine(Protocol):
     def unserved(self) -> Unserved: ...
     @property
     def pinned_queues(self) -> set[str]: ...
+    @property
+    def run_events(self) -> RunEventBuffer: ...
 
     # What the upkeep finds out for the engine: readiness and the cluster's gauges.
     store_ok: bool
@@ -109,6 +112,10 @@ class RedisUpkeep:
         self.records, self.running, self.pending = engine.records, engine.running, engine.pending
         # When a job held back for batch companions must go anyway (monotonic; 0 = none).
         self._window_due = 0.0
+        # The queues a claim found empty since a job was last queued anywhere ("q", or a submit
+        # or requeue here; every POLL_S without a wake-up forgets them too, in case a
+        # notification was lost): a slot that frees does not claim from them again.
+        self._empty: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         # Where the tidying of each tenant's active set and listing goes on (SSCAN cursor,
@@ -139,7 +146,7 @@ class RedisUpkeep:
         placed = 0
         waiting: set[str] = set()
         while True:
-            models = self._queues(waiting)
+            models = self._queues(waiting | self._empty)
             if not models:
                 return placed + await self._join()
             assignment_id = "asg-" + uuid.uuid4().hex[:16]
@@ -153,6 +160,7 @@ class RedisUpkeep:
                 busy_window_ms=self.config.batch_busy_window_ms,
             )
             if claim is None:
+                self._empty.update(models)
                 return placed + await self._join()
             model, claimed = claim
             if isinstance(claimed, int):  # the head waits for batch companions
@@ -163,6 +171,11 @@ class RedisUpkeep:
             name, backend = split_queue(model)
             await self._send(self.catalog.resolve(name), assignment_id, claimed, backend=backend)
             placed += 1
+
+    def queued(self) -> None:
+        """A job was queued (or queued again): every queue may hold one now."""
+        self._empty.clear()
+        self.wake.set()
 
     def _queues(self, waiting: set[str]) -> dict[str, int]:
         """The queues this controller's free workers can take from, with their batch limits: each
@@ -282,23 +295,15 @@ class RedisUpkeep:
                     encoded_request=c.request_encoded,
                 )
             )
-        await asyncio.gather(
-            *(
-                self.store.append(
-                    r.job.id,
-                    assignment_id,
-                    JobEvent(
-                        job_id=r.job.id,
-                        kind=EventKind.STATE,
-                        state=JobState.RUNNING,
-                        worker_id=handle.id,
-                        attempt=r.job.attempts,
-                    ),
-                    worker=handle.id,
-                )
-                for r in batch
+        for r in batch:  # written with the run's first events, or with its result
+            running = JobEvent(
+                job_id=r.job.id,
+                kind=EventKind.STATE,
+                state=JobState.RUNNING,
+                worker_id=handle.id,
+                attempt=r.job.attempts,
             )
-        )
+            self.engine.run_events.add(r.job.id, assignment_id, running, worker=handle.id)
         self.metrics.dispatched(batch)
         self.tracing.dispatched(batch, handle.id, assignment_id)
         handle.link.send(
@@ -317,9 +322,11 @@ class RedisUpkeep:
         while True:
             raise_lost_cancel()  # stopping: a cancel a Redis call swallowed (see redis_store)
             timeout = max(0.0, self._window_due - time.monotonic()) if self._window_due else POLL_S
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(timeout):  # not wait_for: see jobs.py
                     await self.wake.wait()
+            except TimeoutError:
+                self._empty.clear()
             self.wake.clear()
             self._window_due = 0.0
             try:
@@ -505,7 +512,7 @@ class RedisUpkeep:
             try:
                 await pubsub.subscribe(self.store.channel)
                 # Catch up on whatever was missed while not subscribed.
-                self.wake.set()
+                self.queued()
                 self.waiters.notify_all()
                 async for message in pubsub.listen():
                     raise_lost_cancel()
@@ -521,9 +528,11 @@ class RedisUpkeep:
     def _on_message(self, text: str) -> None:
         kind, _, rest = text.partition(" ")
         if kind == "q":
-            self.wake.set()
+            self.queued()
         elif kind == "e":
             self.waiters.notify(rest)
+        elif kind == "p":  # only new events of its run: watchers look, `wait` sleeps on
+            self.waiters.notify(rest, state=False)
         elif kind == "c":
             job_id, assignment_id, owner, reason = [*rest.split(" "), "", "", ""][:4]
             if owner == self.controller_id:

@@ -9,28 +9,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
 
 # How long a waiter sleeps between checks when no notification comes.
 WAIT_S = 1.0
 
 
 class Waiters:
-    """Wake-up events of the tasks waiting on each job."""
+    """Wake-up events of the tasks waiting on each job, and the reads they share."""
 
     def __init__(self) -> None:
-        self._events: dict[str, set[asyncio.Event]] = {}
+        # job id -> each waiter's event, and whether new events of the run wake it (watchers) or
+        # only a change of state (`wait`)
+        self._events: dict[str, dict[asyncio.Event, bool]] = {}
+        self._reads: dict[Hashable, asyncio.Future[Any]] = {}
 
     def __len__(self) -> int:
         """How many jobs someone waits on."""
         return len(self._events)
 
     @contextlib.contextmanager
-    def waiting(self, job_id: str) -> Iterator[Callable[[], Awaitable[None]]]:
+    def waiting(self, job_id: str, run_events: bool = True) -> Iterator[Callable[[], Awaitable[None]]]:
         """Wait on `job_id` for the block: yields `changed()`, which returns at the job's next
-        notification since the last call, or after `WAIT_S`."""
+        notification since the last call (with `run_events` False, not at those that say only
+        that its run has new events), or after `WAIT_S`."""
         event = asyncio.Event()
-        self._events.setdefault(job_id, set()).add(event)
+        self._events.setdefault(job_id, {})[event] = run_events
 
         async def changed() -> None:
             with contextlib.suppress(TimeoutError):
@@ -43,14 +50,32 @@ class Waiters:
         finally:
             waiting = self._events.get(job_id)
             if waiting is not None:
-                waiting.discard(event)
+                waiting.pop(event, None)
                 if not waiting:
                     del self._events[job_id]
 
-    def notify(self, job_id: str) -> None:
-        """Wake the tasks waiting on `job_id`."""
-        for event in self._events.get(job_id, ()):
-            event.set()
+    def notify(self, job_id: str, state: bool = True) -> None:
+        """Wake the tasks waiting on `job_id`: all of them, or with `state` False (only new
+        events of its run) the watchers alone."""
+        for event, run_events in self._events.get(job_id, {}).items():
+            if state or run_events:
+                event.set()
+
+    async def shared(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
+        """`read()`'s answer, shared with every caller that asks for the same `key` while it runs:
+        a thousand watchers of one job woken together make one read, not a thousand."""
+        future = self._reads.get(key)
+        if future is None:
+            future = self._reads[key] = asyncio.ensure_future(read())
+
+            def done(f: asyncio.Future[Any]) -> None:
+                if self._reads.get(key) is f:
+                    del self._reads[key]
+                if not f.cancelled():
+                    f.exception()  # retrieved: every caller may have gone
+
+            future.add_done_callback(done)
+        return cast(T, await asyncio.shield(future))
 
     def notify_all(self) -> None:
         """Wake every waiter to look again (what it waits for may have come meanwhile)."""

@@ -1,0 +1,106 @@
+"""A worker's result into Redis: checked and shaped once (`core.jobs.accept_result`), then stored
+with the events of the job's run not logged yet, in one FINISH script that holds only while the
+result's assignment still holds the job (a late or duplicate result changes nothing)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.jobs import JobRecord, accept_result, end_state
+from omnirt.controller.engines.redis.run_events import RunEventBuffer
+from omnirt.controller.engines.redis.store import RedisJobStore
+from omnirt.controller.observability import tracing
+from omnirt.errors import OmniRTError
+from omnirt.types import EventKind, GenerateResult, JobError, JobEvent, JobState
+
+log = logging.getLogger("omnirt.controller")
+
+
+class ResultEngine(Protocol):
+    """What storing a result needs of the engine."""
+
+    @property
+    def store(self) -> RedisJobStore: ...
+    @property
+    def config(self) -> ControllerConfig: ...
+    @property
+    def run_events(self) -> RunEventBuffer: ...
+
+    async def requeue(
+        self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0
+    ) -> None: ...
+    def closed(self, job_id: str, state: JobState, error: JobError | None) -> None: ...
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def store_result(
+    engine: ResultEngine,
+    worker_id: str,
+    assignment_id: str,
+    job_id: str,
+    result: GenerateResult | None,
+    error: JobError | None,
+    record: JobRecord | None = None,
+    run_events: list[JobEvent] | None = None,
+    now_ms: int = 0,
+) -> None:
+    """Store a worker's result; `record` is the job's as this controller dispatched it (its
+    request and tenant, read from Redis without it), `run_events` the events of its run not
+    logged yet (logged first, in the same script), `now_ms` when the result came (default now)."""
+    now = now_ms or _now_ms()
+    await engine.run_events.settled()  # the job's events written before are in Redis first
+    if error is not None and error.code == "UNAVAILABLE":  # the worker gave the job up: retry it
+        await engine.requeue(job_id, assignment_id, f"worker {worker_id} gave the job up: {error.message}")
+        return
+    state_event = JobEvent(job_id=job_id, kind=EventKind.STATE, worker_id=worker_id, error=error)
+    artifacts: dict[int, bytes] = {}
+    view = None
+    if error is not None:
+        state_event.state = end_state(error)
+    else:
+        assert result is not None
+        state_event.state = JobState.SUCCEEDED
+        if record is not None:
+            request, tenant = record.plan.request, record.job.tenant
+        else:
+            try:
+                stored = await engine.store.load(job_id)
+            except OmniRTError:
+                log.info("result of an unknown or expired job ignored", extra={"job_id": job_id})
+                return
+            request, tenant = stored.request, stored.job.tenant
+        limit = request.inline_limit_bytes or engine.config.inline_limit_bytes
+        view = accept_result(result, job_id, tracing.trace_id_of(job_id), tenant, limit)
+        # Objects in the artifact store (`object_uri`) have no bytes here to keep.
+        artifacts = {
+            a.index: a.data
+            for a, v in zip(result.artifacts, view.artifacts, strict=True)
+            if not v.data and not a.object_uri
+        }
+    try:
+        changed, _, _, _ = await engine.store.finish(
+            job_id,
+            state_event.state,
+            expected=(JobState.RUNNING,),
+            assignment_id=assignment_id,
+            error=error,
+            result=view,
+            state_event=state_event,
+            result_event=JobEvent(job_id=job_id, kind=EventKind.RESULT, result=view) if view else None,
+            artifacts=artifacts,
+            now_ms=now,
+            run_events=run_events or (),
+            worker=worker_id if run_events else "",
+        )
+    except OmniRTError:  # the job expired meanwhile
+        changed = False
+    if changed:
+        engine.closed(job_id, state_event.state, error)
+    else:
+        log.info("late result ignored", extra={"job_id": job_id, "worker_id": worker_id})
