@@ -274,15 +274,21 @@ class RedisEngine:
         with self.waiters.waiting(job_id, run_events=False) as changed:
             if job_id not in self.records:  # submitted here: it exists
                 await self._load(job_id)  # NOT_FOUND for an unknown job
+            notified = False
             while True:
-                # Only the state on each wake-up (a change of state, not the run's events), read
-                # once for every waiter of the job here; the job once final.
+                # Woken by a change of state (not the run's events), most likely the final one:
+                # the job at once (one read). Otherwise (the first look, a look every WAIT_S) only
+                # its state, then the job once final. Each read is shared by the job's waiters here.
                 with self._guard():
+                    if notified:
+                        stored = await self.waiters.shared(("job", job_id), lambda: self._load(job_id))
+                        if stored.job.state.terminal:
+                            return stored.job
                     state = await self.waiters.shared(("state", job_id), lambda: self.store.state(job_id))
                 raise_lost_cancel()  # the client went away during that call
                 if state is None or state.terminal:
                     return (await self._load(job_id)).job
-                await changed()
+                notified = await changed()
 
     async def get(self, job_id: str, *, tenant: str | None = None) -> Job:
         stored = await self._load(job_id, tenant)

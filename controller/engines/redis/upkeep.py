@@ -184,7 +184,7 @@ class RedisUpkeep:
         workers. A claim looks at each queue it is given: no pinned jobs, no extra look."""
         queues: dict[str, int] = {}
         pinned = self.engine.pinned_queues
-        for spec in self.catalog:
+        for spec in self._free_specs():
             backends = self.workers.free_backends(spec)
             if not backends:
                 continue
@@ -196,6 +196,22 @@ class RedisUpkeep:
                 if name not in waiting:
                     queues[name] = limit
         return queues
+
+    def _free_specs(self) -> list[ModelSpec]:
+        """The models a worker with a free slot may serve: those its Hello listed, or the whole
+        catalog when one lists none (it takes any of its mode). The catalog is walked only then:
+        a dispatch runs on every freed slot."""
+        listed: set[str] = set()
+        for handle in self.workers.all():
+            if handle.free_slots > 0:
+                if not handle.info.models:
+                    return list(self.catalog)
+                listed.update(handle.info.models)
+        specs = []
+        for model in sorted(listed):
+            with contextlib.suppress(OmniRTError):  # a model the catalog does not have: no queue
+                specs.append(self.catalog.resolve(model))
+        return specs
 
     async def _join(self) -> int:
         """Give queued jobs to step batches running on this controller's workers, beside their

@@ -32,18 +32,20 @@ class Waiters:
         return len(self._events)
 
     @contextlib.contextmanager
-    def waiting(self, job_id: str, run_events: bool = True) -> Iterator[Callable[[], Awaitable[None]]]:
+    def waiting(self, job_id: str, run_events: bool = True) -> Iterator[Callable[[], Awaitable[bool]]]:
         """Wait on `job_id` for the block: yields `changed()`, which returns at the job's next
         notification since the last call (with `run_events` False, not at those that say only
-        that its run has new events), or after `WAIT_S`."""
+        that its run has new events), True, or after `WAIT_S`, False."""
         event = asyncio.Event()
         self._events.setdefault(job_id, {})[event] = run_events
 
-        async def changed() -> None:
+        async def changed() -> bool:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(WAIT_S):  # not wait_for: see core/jobs.py
                     await event.wait()
+            notified = event.is_set()
             event.clear()
+            return notified
 
         try:
             yield changed
