@@ -1,8 +1,9 @@
 """Ray Serve as a peer: its own virtualenv (bench/ray/setup.sh), run as a separate process tree.
 
-`bench/ray/serve_app.py` runs under `.venv-bench-ray/bin/python` (or `$OMNIRT_BENCH_RAY_PYTHON`)
-in a session of its own, so that stopping it can reach every process Ray started (GCS, raylet,
-actors), by the session id, which is the pid this module started.
+`bench/ray/serve_app.py` runs under `.venv-bench-ray/bin/python` (or `$OMNIRT_BENCH_RAY_PYTHON`,
+or the `bin/python` of `$OMNIRT_BENCH_RAY_VENV`, the folder setup.sh installs into) in a session
+of its own, so that stopping it can reach every process Ray started (GCS, raylet, actors), by
+the session id, which is the pid this module started.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ._daemons import free_port
+from ._http import post_json, session
 from ._machine import ROOT
 
 APP = ROOT / "bench" / "ray" / "serve_app.py"
@@ -27,7 +31,10 @@ SETUP = "bash bench/ray/setup.sh"
 def ray_python() -> Path | None:
     """The Ray virtualenv's interpreter, or None when it is not installed."""
     configured = os.environ.get("OMNIRT_BENCH_RAY_PYTHON")
-    path = Path(configured) if configured else ROOT / ".venv-bench-ray" / "bin" / "python"
+    # The same variable as setup.sh's, so that a virtualenv made elsewhere is found (and one
+    # pointed at a missing folder reads as Ray not installed); relative to the repository, as there.
+    venv = ROOT / (os.environ.get("OMNIRT_BENCH_RAY_VENV") or ".venv-bench-ray")
+    path = Path(configured) if configured else venv / "bin" / "python"
     return path if path.exists() else None
 
 
@@ -82,17 +89,28 @@ class RayServe:
             self.temp_dir,
         ]
         self.proc: subprocess.Popen[bytes] | None = None
+        self.launched = 0.0
         self.ready_s = 0.0
         self.version = ""
 
     def start(self, timeout: float = 300) -> RayServe:
         """Start it and wait until every application answers (its READY line)."""
-        started = time.perf_counter()
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> RayServe:
+        """Start its process and return at once (other daemons may start meanwhile)."""
+        self.launched = time.perf_counter()
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+        return self
+
+    def wait_ready(self, timeout: float = 300) -> RayServe:
+        """Wait, up to `timeout` s after the launch, until its READY line; stop it on a timeout."""
+        assert self.proc is not None, "launch() first"
+        started = self.launched
         while time.perf_counter() - started < timeout:
             ready = re.search(r"^READY ray (\S+)", self.log(), re.MULTILINE)
             if ready:
@@ -130,3 +148,49 @@ class RayServe:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+# For a scenario that runs Ray beside OmniRT and goes on without it (`continuous`): Ray's part
+# of its result is a dict with its status (ok, off, skipped, failed) and why.
+
+
+def launch(
+    log_dir: Path, model_dir: Path, torch_threads: int, max_batch_size: int, asked: bool | str
+) -> tuple[RayServe | None, dict[str, Any]]:
+    """Ray Serve started, not yet ready, where installed and `asked` is True; else None and why
+    not. A string `asked` says why it is not asked (the state also says whether it is installed)."""
+    python = ray_python()
+    install = f"`{SETUP}` installs it into .venv-bench-ray"
+    if asked is not True:
+        missing = "" if python else f"; Ray Serve is not installed either: {install}"
+        return None, {"status": "off", "reason": f"not asked ({asked}){missing}"}
+    if python is None:
+        return None, {"status": "skipped", "reason": f"Ray Serve is not installed: {install}, then rerun"}
+    ray = RayServe(python, log_dir, model_dir, torch_threads, max_batch_size)
+    return ray.launch(), {"status": "ok", "max_batch_size": max_batch_size}
+
+
+def ready(ray: RayServe, state: dict[str, Any]) -> RayServe | None:
+    """`ray` once it answers, its version and start time in `state`; None if it did not start."""
+    try:
+        ray.wait_ready()
+    except Exception as exc:  # its log's tail is in the message
+        drop(ray, state, exc, "did not start")
+        return None
+    state.update(version=ray.version, ready_s=ray.ready_s)
+    print(f"   ray: Ray Serve {ray.version} ready in {ray.ready_s} s", flush=True)
+    return ray
+
+
+def drop(ray: RayServe, state: dict[str, Any], exc: Exception, what: str) -> None:
+    """Ray failed: stop it and say so; the scenario goes on without it (its failure is not OmniRT's)."""
+    ray.stop()
+    state.update(status="failed", reason=f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    print(f"   ray: {state['reason']}; the scenario goes on without it\n{exc}", file=sys.stderr, flush=True)
+
+
+async def post_each(url: str, bodies: list[dict[str, Any]]) -> None:
+    """POST each body in turn (untimed warm-up calls)."""
+    async with session() as http:
+        for body in bodies:
+            await post_json(http, url, body)

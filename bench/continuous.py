@@ -24,22 +24,38 @@ the first PROGRESS event, by the event's own time), throughput (jobs done over t
 first arrival to the last result), the mean jobs per pipeline call (each RunReport's batch size),
 the step engine's mean rows per forward (`config_resolved.step_engine.mean_rows`) and the urgent
 jobs' time to first step. A step's time is measured alone in the warm-up (denoise over steps of
-a 20-step request). Ray Serve's `@serve.batch` (issue 30) runs only where Ray Serve is installed
-(`peers`); it is not here.
+a 20-step request).
+
+* `ray`: Ray Serve's `@serve.batch` at the same offered load (issue 30), where Ray Serve is
+  installed (`bash bench/ray/setup.sh`, as for `peers`): the `/sd-batch` app of
+  bench/ray/serve_app.py (tiny-sd, `max_batch_size` 8 like OmniRT's, no batch wait, one call per
+  batch, one batch at a time, the workers' torch threads), started once per scenario (size and
+  steps come with each request). The same schedule goes to it over HTTP (aiohttp, one POST per
+  arrival). It serves tiny-sd only (tiny-flux: n/a) and has no priorities (the urgent requests
+  go like the others; their latency is reported); first step (no progress events) and jobs per
+  call (not in its answer) are n/a. `@serve.batch` has no grouping key: a batch takes the queued
+  requests whatever their steps, and the app runs it at its first request's. Without Ray the
+  other modes run and the result says Ray was skipped; `--quick` leaves Ray out (its start
+  takes longer than the quick points) unless `python -m bench.continuous --quick --ray`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
 import omnirt
 
+from . import _ray
 from . import _scenario as sc
+from ._http import post_json, session
 from ._load import drive, failure_name
+from ._ray import RayServe
 from ._stacks import Stack, start_stack
 from ._stats import percentile
 
@@ -54,6 +70,12 @@ MODES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "whole": ((), ("--slots", "1", "--no-step-engine")),
     "step": ((), ("--slots", "1")),
 }
+# Ray Serve's `@serve.batch` (bench/ray/serve_app.py's /sd-batch): a mode of its own, not a
+# deployment of OmniRT, for the models that app serves.
+RAY = "ray"
+RAY_MODELS = ("tiny-sd",)
+RAY_MAX_BATCH = 8  # OmniRT's default --max-batch-size
+GUIDANCE = 7.5  # what OmniRT's tiny-sd uses when a request leaves it out, as these do
 
 
 @dataclass(frozen=True)
@@ -82,11 +104,18 @@ class Settings:
     capacity_concurrency: int = 16
     seed: int = 30
     max_point_s: float = 300.0  # no new arrival after this, per (case, load, mode)
+    ray: bool = True  # Ray Serve's @serve.batch too, on the tiny-sd cases, where it is installed
 
     @classmethod
     def quick(cls) -> Settings:
         return replace(
-            cls(), cases=(("tiny-sd", 64),), loads=(0.5, 1.3), jobs=24, large_jobs=8, capacity_jobs=16
+            cls(),
+            cases=(("tiny-sd", 64),),
+            loads=(0.5, 1.3),
+            jobs=24,
+            large_jobs=8,
+            capacity_jobs=16,
+            ray=False,  # Ray takes ~40 s to start on 2 cores, most of a quick run: `--ray` asks
         )
 
 
@@ -180,18 +209,60 @@ async def open_loop(
                 shared = result.report.config_resolved.get("step_engine") or {}
                 outcome.rows_per_step = float(shared.get("mean_rows") or 0.0)
 
-        started = time.perf_counter()
-        tasks = []
-        for arrival in arrivals:
-            if arrival.at_s > max_s:
-                break
-            delay = started + arrival.at_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(arrival)))
-        await asyncio.gather(*tasks)
-        wall_s = time.perf_counter() - started
+        wall_s = await paced(arrivals, max_s, one)
     return summarize(outcomes, wall_s, len(arrivals))
+
+
+async def paced(
+    arrivals: list[Arrival], max_s: float, one: Callable[[Arrival], Coroutine[Any, Any, None]]
+) -> float:
+    """Start `one(arrival)` at each arrival's time, whatever the others do; the seconds from the
+    start to the last one's end."""
+    started = time.perf_counter()
+    tasks: list[asyncio.Task[None]] = []
+    for arrival in arrivals:
+        if arrival.at_s > max_s:
+            break
+        delay = started + arrival.at_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(arrival)))
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - started
+
+
+def ray_body(size: int, arrival: Arrival) -> dict[str, Any]:
+    """The /sd-batch request of an arrival (no priority: Ray has none)."""
+    body = {"prompt": PROMPT, "seed": arrival.seed, "steps": arrival.steps, "guidance": GUIDANCE}
+    return {**body, "width": size, "height": size}
+
+
+# What Ray does not tell: no progress events (first step), no batch size in its answer.
+RAY_UNSEEN = {f"{u}first_step_{p}_ms" for u in ("", "urgent_") for p in ("p50", "p99")} | {
+    "mean_jobs_per_call",
+    "mean_rows_per_step",
+}
+
+
+async def ray_open_loop(url: str, size: int, arrivals: list[Arrival], max_s: float) -> dict[str, Any]:
+    """The open loop of `open_loop`, to Ray's /sd-batch over HTTP: one POST per arrival."""
+    outcomes: list[Outcome] = []
+    async with session() as http:
+
+        async def one(arrival: Arrival) -> None:
+            outcome = Outcome(arrival)
+            outcomes.append(outcome)
+            submitted = time.perf_counter()
+            try:
+                await post_json(http, url, ray_body(size, arrival))
+            except Exception as exc:
+                outcome.failure = failure_name(exc)
+                return
+            outcome.latency_s = time.perf_counter() - submitted
+
+        wall_s = await paced(arrivals, max_s, one)
+    summary = summarize(outcomes, wall_s, len(arrivals))
+    return {k: v for k, v in summary.items() if k not in RAY_UNSEEN}
 
 
 def summarize(outcomes: list[Outcome], wall_s: float, offered: int) -> dict[str, Any]:
@@ -215,6 +286,8 @@ def summarize(outcomes: list[Outcome], wall_s: float, offered: int) -> dict[str,
         "first_step_p50_ms": sc.ms(percentile(firsts, 50)),
         "first_step_p99_ms": sc.ms(percentile(firsts, 99)),
         "urgent": len(urgent),
+        "urgent_p50_ms": sc.ms(percentile([o.latency_s for o in urgent], 50)),
+        "urgent_p99_ms": sc.ms(percentile([o.latency_s for o in urgent], 99)),
         "urgent_first_step_p50_ms": sc.ms(percentile(urgent_firsts, 50)),
         "urgent_first_step_p99_ms": sc.ms(percentile(urgent_firsts, 99)),
         "mean_jobs_per_call": round(sum(o.jobs_in_call for o in done) / len(done), 2) if done else 0.0,
@@ -229,10 +302,10 @@ def start_modes(
     controller_args: tuple[str, ...] = (),
     worker_args: tuple[str, ...] = (),
 ) -> dict[str, Stack]:
-    """One deployment per mode, side by side: a controller and one one-slot worker each."""
+    """One deployment per OmniRT mode, side by side: a controller and one one-slot worker each."""
     stacks: dict[str, Stack] = {}
     try:
-        for mode in modes:
+        for mode in (m for m in modes if m in MODES):  # `ray` is not OmniRT's
             flags, worker_flags = MODES[mode]
             worker = ["--models", ",".join(models), *worker_flags, *worker_args]
             stacks[mode] = start_stack(ctx, f"continuous-{mode}", [worker], (*flags, *controller_args))
@@ -243,24 +316,53 @@ def start_modes(
     return stacks
 
 
+def launch_ray(
+    settings: Settings, ctx: sc.Context, modes: tuple[str, ...]
+) -> tuple[RayServe | None, dict[str, Any]]:
+    """Ray Serve started (not yet ready) where asked for and installed, else None; and Ray's part
+    of the result: its status (ok, off, skipped, later failed) and why."""
+    if RAY not in modes:
+        return None, {"status": "off", "reason": "not among this run's modes"}
+    if not any(model in RAY_MODELS for model, _ in settings.cases):
+        return None, {"status": "off", "reason": "no tiny-sd case (Ray's app serves only tiny-sd)"}
+    quick = "`--quick` leaves it out; `python -m bench.continuous --quick --ray` adds it"
+    return _ray.launch(
+        ctx.log_dir, ctx.model_dir / "tiny-sd", ctx.torch_threads, RAY_MAX_BATCH, settings.ray or quick
+    )
+
+
 def run(
     settings: Settings,
     ctx: sc.Context,
-    modes: tuple[str, ...] = tuple(MODES),
+    modes: tuple[str, ...] = (*MODES, RAY),
     controller_args: tuple[str, ...] = (),
     worker_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Every case at every load, in each of `modes` (`whole` among them: the loads are fractions
-    of its capacity); `controller_args` and `worker_args` go to every deployment (bench.gpu's)."""
+    of its capacity); `controller_args` and `worker_args` go to every OmniRT deployment
+    (bench.gpu's). `ray` runs on the tiny-sd cases where `settings.ray` and Ray is installed."""
     models = sorted({model for model, _ in settings.cases})
-    stacks = start_modes(ctx, models, modes, controller_args, worker_args)
+    ray, ray_state = launch_ray(settings, ctx, modes)  # it boots while OmniRT's daemons start
+    if ray is None and RAY in modes:
+        print(f"   ray: {ray_state['status']}: {ray_state['reason']}", flush=True)
+    stacks: dict[str, Stack] = {}
     cases = []
     try:
+        stacks = start_modes(ctx, models, modes, controller_args, worker_args)
+        ray = _ray.ready(ray, ray_state) if ray is not None else None
         for index, (model, size) in enumerate(settings.cases):
             step_ms = 0.0
             for mode, stack in stacks.items():  # the model warm in every mode before anything is timed
                 alone_ms = asyncio.run(warm(stack.address, model, size, settings))
                 step_ms = alone_ms if mode == "whole" else step_ms
+            ray_url = f"{ray.url}/sd-batch" if ray is not None and model in RAY_MODELS else ""
+            if ray is not None and ray_url:
+                try:
+                    warm_up = [ray_body(size, Arrival(0.0, steps, 0, steps)) for steps in settings.steps]
+                    asyncio.run(_ray.post_each(ray_url, warm_up))  # as `warm` does for OmniRT
+                except Exception as exc:
+                    _ray.drop(ray, ray_state, exc, f"warm-up at {size}x{size} failed")
+                    ray, ray_url = None, ""
             whole = asyncio.run(capacity(stacks["whole"].address, model, size, settings))
             jobs = settings.large_jobs if size > 64 else settings.jobs
             points = []
@@ -273,6 +375,8 @@ def run(
                     point[mode] = asyncio.run(
                         open_loop(stack.address, model, size, arrivals, settings.max_point_s)
                     )
+                if ray_url:  # the same schedule, after OmniRT's modes
+                    point[RAY] = asyncio.run(ray_open_loop(ray_url, size, arrivals, settings.max_point_s))
                 points.append(point)
             cases.append(
                 {
@@ -286,7 +390,14 @@ def run(
     finally:
         for stack in stacks.values():
             stack.stop()
-    return {"settings": sc.settings_dict(settings), "cases": cases, "rows": rows(cases)}
+        if ray is not None:
+            ray.stop()
+    return {
+        "settings": sc.settings_dict(settings),
+        "ray": ray_state,
+        "cases": cases,
+        "rows": rows(cases, ray_state),
+    }
 
 
 # Issue 30's targets, step-level against whole-request batching in one run: (load, what, the
@@ -296,9 +407,18 @@ TARGETS = (
     (1.0, "p50_ms", 0.7),
     (1.3, "per_s", 1.0),
 )
+LABELS = {"p99_ms": "p99", "p50_ms": "p50", "per_s": "throughput"}
+HEADER: tuple[str, ...] = ("load", "mode", "done", "throughput", "p50", "p99", "urgent p50", "first step p50")
+HEADER += ("first step p99", "urgent first step p50", "jobs per call", "rows per step")
 
 
-def rows(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _shown(what: str, value: float) -> str:
+    return sc.fmt_rate(value) if what == "per_s" else sc.fmt_ms(value)
+
+
+def rows(cases: list[dict[str, Any]], ray: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The suite's rows: step against whole at the targets' loads (and against Ray's
+    `@serve.batch` there, without a target), the urgent first step, Ray's skip or failure."""
     out = []
     for case in cases:
         name = f"{case['model']} {case['size']}px"
@@ -309,27 +429,30 @@ def rows(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for load, what, bound in TARGETS:
                 if abs(point["load"] - load) > 1e-6:
                     continue
+                label = LABELS[what]
                 ratio = sc.ratio(step[what], whole[what])
-                if what == "per_s":
-                    met = ratio is not None and ratio >= bound
-                    target = f">= {bound}"
-                    shown = (sc.fmt_rate(step[what]), sc.fmt_rate(whole[what]))
-                else:
-                    met = ratio is not None and ratio <= bound
-                    target = f"<= {bound}"
-                    shown = (sc.fmt_ms(step[what]), sc.fmt_ms(whole[what]))
-                label = {"p99_ms": "p99", "p50_ms": "p50", "per_s": "throughput"}[what]
+                op = ">=" if what == "per_s" else "<="
                 out.append(
                     sc.Row(
                         NAME,
                         f"{name}, {load:.0%} load: {label}, step vs whole",
-                        f"step {label} {shown[0]}",
-                        f"whole {label} {shown[1]}",
+                        f"step {label} {_shown(what, step[what])}",
+                        f"whole {label} {_shown(what, whole[what])}",
                         ratio,
-                        target,
-                        "met" if met else "missed",
+                        f"{op} {bound}",
+                        "met" if sc.verdict(ratio, op, bound) == "met" else "missed",
                     ).as_dict()
                 )
+                if RAY in point:
+                    out.append(
+                        sc.Row(
+                            NAME,
+                            f"{name}, {load:.0%} load: {label}, step vs Ray @serve.batch",
+                            f"step {label} {_shown(what, step[what])}",
+                            f"Ray @serve.batch {label} {_shown(what, point[RAY][what])}",
+                            sc.ratio(step[what], point[RAY][what]),
+                        ).as_dict()
+                    )
             if abs(point["load"] - max(p["load"] for p in case["points"])) < 1e-6 and case.get("step_ms"):
                 urgent = step["urgent_first_step_p50_ms"]
                 ratio = sc.ratio(urgent, case["step_ms"])
@@ -344,24 +467,59 @@ def rows(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "met" if ratio is not None and ratio <= 2 else "missed",
                     ).as_dict()
                 )
+    if ray is not None and ray["status"] in ("skipped", "failed"):
+        out.append(sc.Row(NAME, "Ray Serve @serve.batch", f"{ray['status']}: {ray['reason']}").as_dict())
     return out
+
+
+def _cells(mode: str, m: dict[str, Any] | None) -> list[str]:
+    """A mode's cells after load and mode; n/a where it has no number (Ray's unseen ones, or no
+    run at all: Ray on a model its app does not serve)."""
+    if m is None:
+        return ["n/a"] * 10
+
+    def ms(key: str) -> str:
+        return sc.fmt_ms(m[key]) if key in m else "n/a"
+
+    failed = f" ({sum(m['failures'].values())} failed)" if m["failures"] else ""
+    return [
+        f"{m['done']}/{m['offered']}{failed}",
+        sc.fmt_rate(m["per_s"]),
+        ms("p50_ms"),
+        ms("p99_ms"),
+        ms("urgent_p50_ms") if m.get("urgent") else "",
+        ms("first_step_p50_ms"),
+        ms("first_step_p99_ms"),
+        ms("urgent_first_step_p50_ms"),
+        f"{m['mean_jobs_per_call']:.2f}" if "mean_jobs_per_call" in m else "n/a",
+        f"{m.get('mean_rows_per_step', 0.0):.2f}" if mode == "step" else "",
+    ]
+
+
+def _ray_note(ray: dict[str, Any] | None) -> str:
+    if ray is None:  # results from before the `ray` mode
+        return "Ray Serve's `@serve.batch` at the same load did not run here."
+    if ray["status"] != "ok":
+        return f"Ray Serve's `@serve.batch` (mode **ray**) did not run: {ray['status']}, {ray['reason']}."
+    return (
+        f"**ray**: Ray Serve {ray['version']}'s `@serve.batch` (the `/sd-batch` application of "
+        f"`bench/ray/serve_app.py`: tiny-sd, `max_batch_size` {ray.get('max_batch_size', RAY_MAX_BATCH)}, no "
+        "batch wait, one batch at a time, the workers' torch threads; "
+        f"started once for the scenario, ready {ray['ready_s']} s after its start) gets the same schedule "
+        "after OmniRT's modes, over HTTP (aiohttp, one POST per arrival). Its app serves only tiny-sd "
+        "(n/a for other models). Ray has no priorities: its urgent requests go like the others. It sends "
+        "no progress and its answer does not say how many requests shared the call: first step and "
+        "jobs per call are n/a. `@serve.batch` has no grouping key: a batch takes the queued "
+        "requests whatever their step counts, so the app makes one pipeline call per step count of "
+        "the batch, in turn (as OmniRT's whole-request batching makes one call per step count), and "
+        "answers every request of the batch when the whole batch is done, as Ray does."
+    )
 
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["settings"]
-    header = [
-        "load",
-        "mode",
-        "done",
-        "throughput",
-        "p50",
-        "p99",
-        "first step p50",
-        "first step p99",
-        "urgent first step p50",
-        "jobs per call",
-        "rows per step",
-    ]
+    ray = result.get("ray")
+    ray_ran = ray is not None and ray["status"] == "ok"
     parts = [
         "One deployment per mode side by side, each one controller and one `omnirt-worker --slots 1`: "
         "**none** `--max-batch-size 1 --no-step-engine`, **whole** the default whole-request batching "
@@ -372,45 +530,46 @@ def markdown(result: dict[str, Any]) -> str:
         f"{s['capacity_concurrency']} callers, {s['capacity_jobs']} requests); the same schedule of "
         f"{s['jobs']} requests ({s['large_jobs']} at 256x256) goes to each mode, `num_inference_steps` "
         f"drawn from {s['steps']}, {s['urgent_share']:.0%} at priority {s['urgent_priority']}. Latency "
-        "is submit to result; the first step is submit to the first PROGRESS event (its own time).",
+        "is submit to result (urgent p50: the urgent requests'); the first step is submit to the first "
+        "PROGRESS event (its own time).",
+        _ray_note(ray),
     ]
     if result.get("separate_run"):  # merged into the page's results from a run of its own
         parts.append(f"Recorded apart from the rest of this page, with `{result['separate_run']}`.")
     for case in result["cases"]:
         rows_md = []
         for point in case["points"]:
-            for mode in MODES:
-                if mode not in point:
-                    continue
-                m = point[mode]
-                failed = f" ({sum(m['failures'].values())} failed)" if m["failures"] else ""
-                rows_md.append(
-                    [
-                        f"{point['load']:.0%} ({point['rate_per_s']:.2f}/s)",
-                        mode,
-                        f"{m['done']}/{m['offered']}{failed}",
-                        sc.fmt_rate(m["per_s"]),
-                        sc.fmt_ms(m["p50_ms"]),
-                        sc.fmt_ms(m["p99_ms"]),
-                        sc.fmt_ms(m["first_step_p50_ms"]),
-                        sc.fmt_ms(m["first_step_p99_ms"]),
-                        sc.fmt_ms(m["urgent_first_step_p50_ms"]),
-                        f"{m['mean_jobs_per_call']:.2f}",
-                        f"{m.get('mean_rows_per_step', 0.0):.2f}" if mode == "step" else "",
-                    ]
-                )
+            for mode in (*MODES, RAY):
+                if mode in point or (mode == RAY and ray_ran):
+                    load = f"{point['load']:.0%} ({point['rate_per_s']:.2f}/s)"
+                    rows_md.append([load, mode, *_cells(mode, point.get(mode))])
         step_ms = f"; one step alone {case['step_ms']:.1f} ms" if case.get("step_ms") else ""
         parts.append(
             f"**{case['model']} {case['size']}x{case['size']}**: capacity of **whole** "
             f"{case['capacity_per_s']:.2f} requests/s{step_ms}."
         )
-        parts.append(sc.md_table(header, rows_md, right=2))
+        parts.append(sc.md_table(HEADER, rows_md, right=2))
     parts.append(
         "Rows per step: the step engine's mean rows per denoiser forward over each job's forwards (a "
-        "row is an output, doubled by guidance). Ray Serve's `@serve.batch` at the same load needs Ray "
-        "Serve installed (see `peers`); it did not run here."
+        "row is an output, doubled by guidance)."
     )
     return "\n\n".join(parts)
 
 
 SCENARIO = sc.Scenario(NAME, TITLE, Settings(), Settings.quick(), run, markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.continuous [--ray] [bench.suite's options]`: the suite with this scenario
+    alone; `--ray` puts Ray Serve's `@serve.batch` in `--quick` too (the full run has it)."""
+    from . import suite
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--ray" in args:
+        args.remove("--ray")
+        suite.SCENARIOS[NAME] = replace(SCENARIO, quick=replace(SCENARIO.quick, ray=True))
+    return suite.main(["--only", NAME, *args])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

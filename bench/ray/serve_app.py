@@ -6,7 +6,8 @@ applications, one replica each:
     /noop        a no-op deployment: answers at once
     /noop-batch  the same behind `@serve.batch`
     /sd          the tiny-sd pipeline from `--model-dir` (plain diffusers `from_pretrained`)
-    /sd-batch    the same behind `@serve.batch` (one pipeline call per batch)
+    /sd-batch    the same behind `@serve.batch` (one pipeline call per group of a batch's
+                 requests that share size, steps and guidance)
 
 Requests are JSON `{"prompt": str, "seed": int, "width": int, "height": int, "steps": int,
 "guidance": float}`; the no-op answers `{"ok": true}`, tiny-sd answers the PNG bytes. Like an
@@ -68,6 +69,20 @@ def _run_pipeline(pipeline: Any, bodies: list[dict[str, Any]]) -> list[bytes]:
     return encoded
 
 
+def _run_groups(pipeline: Any, bodies: list[dict[str, Any]]) -> list[bytes]:
+    """One pipeline call per group of `bodies` that share size, steps and guidance (Ray's
+    `@serve.batch` has no grouping key: a batch takes whatever is queued), the PNGs in `bodies`'
+    order. Every request of the batch is answered when the whole batch is done, as Ray does."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, b in enumerate(bodies):
+        groups.setdefault((b["width"], b["height"], b["steps"], b["guidance"]), []).append(i)
+    out: list[bytes] = [b""] * len(bodies)
+    for indices in groups.values():
+        for i, png in zip(indices, _run_pipeline(pipeline, [bodies[i] for i in indices]), strict=True):
+            out[i] = png
+    return out
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=MAX_ONGOING)
 class Noop:
     """Answers at once."""
@@ -120,7 +135,7 @@ class TinySDBatch:
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
     async def generate(self, bodies: list[dict[str, Any]]) -> list[bytes]:
         # One batch runs at a time (max_concurrent_batches=1), like one OmniRT slot.
-        return await asyncio.to_thread(_run_pipeline, self.pipeline, bodies)
+        return await asyncio.to_thread(_run_groups, self.pipeline, bodies)
 
     async def __call__(self, request: Request) -> Response:
         return Response(await self.generate(await request.json()), media_type="image/png")

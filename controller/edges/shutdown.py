@@ -128,6 +128,14 @@ class Shutdown:
                     item = step.result()
                 except StopAsyncIteration:
                     return
+                except asyncio.CancelledError:
+                    # Cancelled by something other than our caller (which would be cancelled
+                    # itself): a handler that raised CancelledError would leave the client's
+                    # call hanging until the server stops, so end it as one to resume.
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise
+                    raise Unavailable(STREAM_ENDED, retry_after_s=RETRY_AFTER_S) from None
                 yield item
         finally:
             if step is not None and not step.done():

@@ -67,7 +67,7 @@ from omnirt.controller.core.tenants import (
 from omnirt.controller.core.validation import Plan, validate
 from omnirt.controller.engines.redis.cluster import Cluster
 from omnirt.controller.engines.redis.records import QuotaRefusal, StoredJob
-from omnirt.controller.engines.redis.results import store_result
+from omnirt.controller.engines.redis.results import store_or_keep, store_result
 from omnirt.controller.engines.redis.run_events import RunEventBuffer
 from omnirt.controller.engines.redis.store import RedisJobStore, raise_lost_cancel
 from omnirt.controller.engines.redis.upkeep import SLOW_TICK_S, RedisUpkeep
@@ -134,7 +134,7 @@ class RedisEngine:
         # Worker results being stored (each beside the worker's stream, see worker_result).
         self._storing: set[asyncio.Task[None]] = set()
         # Events of running jobs on their way to Redis, written together (run_events.py).
-        self.run_events = RunEventBuffer(self.store, self._events_written, self._store_lost)
+        self.run_events = RunEventBuffer(self.store, self.waiters.notify_run_events, self._store_lost)
         self.wake = asyncio.Event()
         self.store_ok = True
         # Worker results that could not be stored yet (Redis away): retried every tick.
@@ -344,10 +344,6 @@ class RedisEngine:
         state = await self.store.state(job_id)
         return state, await self.store.events(job_id, after, EVENT_PAGE)
 
-    def _events_written(self, job_ids: list[str]) -> None:
-        for job_id in job_ids:
-            self.waiters.notify(job_id, state=False)
-
     def _store_lost(self) -> None:
         self.store_ok = False
 
@@ -543,19 +539,9 @@ class RedisEngine:
         # Stored beside the worker's stream, not in its way: a Redis that hangs (SIGSTOP, a
         # network partition) must not stop this controller from reading the worker's heartbeats,
         # or it would take a healthy worker for lost (tests/integration/test_redis_sigstop.py).
-        task = asyncio.create_task(self._store_or_keep(store, job_id))
+        task = asyncio.create_task(store_or_keep(self, store, job_id))
         self._storing.add(task)
         task.add_done_callback(self._storing.discard)
-
-    async def _store_or_keep(self, store: Callable[[], Awaitable[None]], job_id: str) -> None:
-        try:
-            await store()
-        except redis.exceptions.RedisError:
-            self.store_ok = False
-            log.warning("job store unavailable: result of %s kept for a retry", job_id)
-            self.pending.append(store)
-        except Exception:
-            log.exception("storing the result of %s failed", job_id)
 
     async def requeue(self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0) -> None:
         """Queue a running job again (or fail it when its attempts are spent)."""

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
+
+import redis.exceptions
 
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.jobs import JobRecord, accept_result, end_state
@@ -29,10 +32,25 @@ class ResultEngine(Protocol):
     @property
     def run_events(self) -> RunEventBuffer: ...
 
+    store_ok: bool
+    pending: list[Callable[[], Awaitable[None]]]  # results kept while Redis is away
+
     async def requeue(
         self, job_id: str, assignment_id: str, message: str, lease_before_ms: int = 0
     ) -> None: ...
     def closed(self, job_id: str, state: JobState, error: JobError | None) -> None: ...
+
+
+async def store_or_keep(engine: ResultEngine, store: Callable[[], Awaitable[None]], job_id: str) -> None:
+    """Run `store` (a result's storing); kept for a retry while Redis is away."""
+    try:
+        await store()
+    except redis.exceptions.RedisError:
+        engine.store_ok = False
+        log.warning("job store unavailable: result of %s kept for a retry", job_id)
+        engine.pending.append(store)
+    except Exception:
+        log.exception("storing the result of %s failed", job_id)
 
 
 def _now_ms() -> int:

@@ -63,6 +63,11 @@ class Waiters:
             if state or run_events:
                 event.set()
 
+    def notify_run_events(self, job_ids: list[str]) -> None:
+        """New events of these jobs' runs were written: wake their watchers."""
+        for job_id in job_ids:
+            self.notify(job_id, state=False)
+
     async def shared(self, key: Hashable, read: Callable[[], Awaitable[T]]) -> T:
         """`read()`'s answer, shared with every caller that asks for the same `key` while it runs:
         a thousand watchers of one job woken together make one read, not a thousand."""
@@ -77,7 +82,13 @@ class Waiters:
                     f.exception()  # retrieved: every caller may have gone
 
             future.add_done_callback(done)
-        return cast(T, await asyncio.shield(future))
+        try:
+            return cast(T, await asyncio.shield(future))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not future.cancelled():
+                raise  # this caller was cancelled
+            return await read()  # the shared read was cancelled, not this caller: read alone
 
     def notify_all(self) -> None:
         """Wake every waiter to look again (what it waits for may have come meanwhile)."""
