@@ -8,7 +8,9 @@ docs/BENCHMARKS.md, written from the JSON alone).
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -134,3 +136,21 @@ class Scenario:
     run: Callable[[Any, Context], dict[str, Any]]
     markdown: Callable[[dict[str, Any]], str]
     needs_models: bool = True  # tiny-sd must be built before it runs
+
+
+def run_alone(
+    run: Callable[[Any, Context], dict[str, Any]], settings: Any, ctx: Context, out: Path | None
+) -> int:
+    """A scenario run by its own module (`python -m bench.X`): its table printed and its JSON
+    written to `out`; on a failure, the tails of the daemons' logs in `ctx.log_dir`, and 1."""
+    try:
+        result = run(settings, ctx)
+    except Exception as exc:
+        print(f"benchmark failed: {exc!r}", file=sys.stderr)
+        for log in sorted(ctx.log_dir.glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
+        return 1
+    print(text_table(COLUMNS, [row_cells(r) for r in result["rows"]]))
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0

@@ -550,17 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(args.chunks, args.concurrency, args.paced, args.relay_chunks, args.speech_calls)
     with tempfile.TemporaryDirectory(prefix="omnirt-bench-") as tmp:
         ctx = sc.Context(log_dir=Path(tmp), model_dir=args.model_dir or Path(tmp) / "models", torch_threads=1)
-        try:
-            result = run(settings, ctx)
-        except Exception as exc:
-            print(f"benchmark failed: {exc!r}", file=sys.stderr)
-            for log in sorted(Path(tmp).glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
-            return 1
-    print(sc.text_table(sc.COLUMNS, [sc.row_cells(r) for r in result["rows"]]))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+        return sc.run_alone(run, settings, ctx, args.json)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import sys
 import tempfile
 import time
@@ -556,17 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.model_dir or Path(tmp) / "models"
         tiny_models.ensure_builtin("tiny-sd", model_dir)  # built once here, not by both workers at once
         ctx = sc.Context(log_dir=Path(tmp), model_dir=model_dir, torch_threads=args.torch_threads)
-        try:
-            result = run(settings, ctx)
-        except Exception as exc:
-            print(f"benchmark failed: {exc!r}", file=sys.stderr)
-            for log in sorted(Path(tmp).glob("*.log")):
-                print(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
-            return 1
-    print(sc.text_table(sc.COLUMNS, [sc.row_cells(r) for r in result["rows"]]))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+        return sc.run_alone(run, settings, ctx, args.json)
 
 
 if __name__ == "__main__":

@@ -69,9 +69,6 @@ class RunEventBuffer:
             return []
         return run.events
 
-    def drop(self, job_id: str) -> None:
-        self._pending.pop(job_id, None)
-
     async def settled(self) -> None:
         """Return once the write in flight, if any, is done (one still gathering is not waited
         for: what the caller took out of it will not be in it)."""
