@@ -46,11 +46,12 @@ MODEL_STACK = frozenset(
         "torchsde",
     }
 )
-# The stores encode jobs as protobuf bytes (frozen finished jobs, Redis hashes): the one
-# place under engines/ where `_pb2` is allowed.
+# The stores encode jobs as protobuf bytes (frozen finished jobs, Redis hashes, the Redis
+# event streams): the one place under engines/ where `_pb2` is allowed.
 STORES = (
     "omnirt.controller.engines.memory.store",
     "omnirt.controller.engines.redis.store",
+    "omnirt.controller.engines.redis.event_log",
 )
 
 CONTROLLER, WORKER, CLI = "omnirt.controller", "omnirt.worker", "omnirt.cli"
@@ -230,7 +231,7 @@ RULES = (
     Rule(
         "engines-no-pb2",
         "protobuf stops at the edges: an engine (queue, batching, executor side) imports no _pb2 module; "
-        "only the stores (memory/store.py, redis/store.py) may",
+        "only the stores (memory/store.py, redis/store.py and its event_log.py) may",
         lambda m: within(m, "omnirt.controller.engines") and _not_stores(m),
         is_pb2,
     ),

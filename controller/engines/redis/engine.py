@@ -69,9 +69,9 @@ from omnirt.controller.engines.redis.cluster import Cluster
 from omnirt.controller.engines.redis.records import QuotaRefusal, StoredJob
 from omnirt.controller.engines.redis.results import store_or_keep, store_result
 from omnirt.controller.engines.redis.run_events import RunEventBuffer
-from omnirt.controller.engines.redis.store import RedisJobStore, raise_lost_cancel
+from omnirt.controller.engines.redis.store import RedisJobStore
 from omnirt.controller.engines.redis.upkeep import SLOW_TICK_S, RedisUpkeep
-from omnirt.controller.engines.redis.waiters import Waiters
+from omnirt.controller.engines.redis.waiters import Waiters, raise_lost_cancel
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
 from omnirt.errors import (
@@ -200,8 +200,9 @@ class RedisEngine:
         started_ns = time.time_ns()
         plan = self.validate(request)
         validated_ns = time.time_ns()
-        # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs).
-        fingerprint = request_fingerprint(request)
+        # After validation, which bounds what it hashes (a 50 MiB prompt, 32 MiB of inputs); only
+        # an idempotency key's duplicates are compared with it (as on the memory engine).
+        fingerprint = request_fingerprint(request) if request.idempotency_key else b""
         backend = pinned_backend(plan)
         self.unserved.check_submit(plan.spec, self.cluster.serving(plan.spec, backend), backend)
         job = new_job(plan, call_deadline_ms, tenant)
@@ -272,13 +273,17 @@ class RedisEngine:
 
     async def wait(self, job_id: str) -> Job:
         with self.waiters.waiting(job_id, run_events=False) as changed:
-            if job_id not in self.records:  # submitted here: it exists
+            # A job submitted here exists, and was QUEUED a moment ago: unless it changed since
+            # (a notification nobody here heard), the first look is at the first wake-up.
+            look = job_id not in self.records or self.waiters.unheard(job_id)
+            if job_id not in self.records:
                 await self._load(job_id)  # NOT_FOUND for an unknown job
-            notified = False
+            notified = False if look else await changed()
             while True:
                 # Woken by a change of state (not the run's events), most likely the final one:
-                # the job at once (one read). Otherwise (the first look, a look every WAIT_S) only
-                # its state, then the job once final. Each read is shared by the job's waiters here.
+                # the job at once (one read; none when this controller stored its result: FINISH
+                # answered it). Otherwise (the first look, a look every WAIT_S) only its state,
+                # then the job once final. Each read is shared by the job's waiters here.
                 with self._guard():
                     if notified:
                         stored = await self.waiters.shared(("job", job_id), lambda: self._load(job_id))
@@ -370,7 +375,7 @@ class RedisEngine:
         run_events = self.run_events.take(job_id)  # what its run did before it ends
         await self.run_events.settled()
         with self._guard():
-            changed, before, owner, assignment = await self.store.finish(
+            finished = await self.store.finish(
                 job_id,
                 state,
                 expected=expected,
@@ -378,12 +383,15 @@ class RedisEngine:
                 state_event=event,
                 now_ms=_now_ms(),
                 run_events=run_events,
+                read_back=True,
             )
-        if changed and before is JobState.RUNNING:
-            await self._stop(job_id, assignment, owner, error.code)
-        if changed:
+        if finished.changed and finished.before is JobState.RUNNING:
+            await self._stop(job_id, finished.assignment, finished.owner, error.code)
+        if finished.job is not None:
+            self.waiters.answer(("job", job_id), job_id, finished.job)
+        if finished.changed:
             self.closed(job_id, state, error)
-        return (await self._load(job_id)).job, changed
+        return (finished.job or await self._load(job_id)).job, finished.changed
 
     async def _stop(self, job_id: str, assignment_id: str, owner: str, reason: str) -> None:
         """Tell the worker running `job_id` to stop: ours directly, another controller's through Redis."""

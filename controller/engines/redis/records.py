@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from omnirt.controller.core.batching import split_queue
-from omnirt.types import GenerateRequest, Job, JobEvent, Progress
+from omnirt.types import GenerateRequest, Job, JobEvent, JobState, Progress
 
 
 class QuotaRefusal(Exception):
@@ -48,3 +49,14 @@ class StoredJob:
     owner: str
     enqueued_ms: int
     fields: dict[bytes, bytes]
+
+
+class Finished(NamedTuple):
+    """What FINISH did: whether it changed the job, the state it had (None: unknown), its owner,
+    assignment, and with `read_back` the job as it is now."""
+
+    changed: bool
+    before: JobState | None
+    owner: str = ""
+    assignment: str = ""
+    job: StoredJob | None = None

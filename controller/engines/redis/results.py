@@ -13,8 +13,10 @@ import redis.exceptions
 
 from omnirt.controller.config import ControllerConfig
 from omnirt.controller.core.jobs import JobRecord, accept_result, end_state
+from omnirt.controller.engines.redis.records import Finished
 from omnirt.controller.engines.redis.run_events import RunEventBuffer
 from omnirt.controller.engines.redis.store import RedisJobStore
+from omnirt.controller.engines.redis.waiters import Waiters
 from omnirt.controller.observability import tracing
 from omnirt.errors import OmniRTError
 from omnirt.types import EventKind, GenerateResult, JobError, JobEvent, JobState
@@ -31,6 +33,8 @@ class ResultEngine(Protocol):
     def config(self) -> ControllerConfig: ...
     @property
     def run_events(self) -> RunEventBuffer: ...
+    @property
+    def waiters(self) -> Waiters: ...
 
     store_ok: bool
     pending: list[Callable[[], Awaitable[None]]]  # results kept while Redis is away
@@ -102,7 +106,7 @@ async def store_result(
             if not v.data and not a.object_uri
         }
     try:
-        changed, _, _, _ = await engine.store.finish(
+        finished = await engine.store.finish(
             job_id,
             state_event.state,
             expected=(JobState.RUNNING,),
@@ -115,10 +119,13 @@ async def store_result(
             now_ms=now,
             run_events=run_events or (),
             worker=worker_id if run_events else "",
+            read_back=engine.waiters.waits_for(job_id),  # a Generate here: no read after this
         )
     except OmniRTError:  # the job expired meanwhile
-        changed = False
-    if changed:
+        finished = Finished(False, None)
+    if finished.job is not None:
+        engine.waiters.answer(("job", job_id), job_id, finished.job)
+    if finished.changed:
         engine.closed(job_id, state_event.state, error)
     else:
         log.info("late result ignored", extra={"job_id": job_id, "worker_id": worker_id})

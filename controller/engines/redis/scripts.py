@@ -9,8 +9,10 @@ Cluster hash tag, so every key lives in one slot):
                       proto), fingerprint, model, bkey (batch key), skey and srows (step key
                       and rows: joining a worker's running step batch), rank, priority, tenant, state,
                       attempts, assignment, owner, worker, enqueued_ms, started_ms, finished_ms,
+                      deadline_ms (0: none; absent in jobs of controllers before it),
                       error / progress / result (protos), artifact:N (bytes) or artifact_path:N
-    P events:ID       stream of JobEvent protos; entry id 0-N is the event's sequence N
+    P events:ID       stream of JobEvent protos, one or several to an entry; entry id 0-N is
+                      the sequence N of its last event (event_log.py)
     P queue           zset of every queued job by rank (bounds the queue, gives positions)
     P queue:m:MODEL   zset of the model's queued jobs by rank (what a controller may dispatch)
     P queue:b:KEY     zset of queued jobs that can share one pipeline call
@@ -77,16 +79,24 @@ local function model_head(p, model)
   return redis.call('ZRANGE', p .. 'queue:m:' .. model, 0, 0, 'WITHSCORES')
 end
 
+-- The fields of a queued job that `take` reads (CLAIM reads its head's once for both).
+local function take_fields(jk)
+  return redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent',
+    'tenant', 'attempts')
+end
+
 -- Mark the queued jobs `ids` RUNNING under assignment `asg` of `owner`, appending to `out` each
--- one's id, attempts, request, enqueued_ms, traceparent and tenant.
-local function take(p, ids, asg, owner, now, lease, out)
-  for _, id in ipairs(ids) do
+-- one's id, attempts, request, enqueued_ms, traceparent and tenant. `first` is take_fields of
+-- ids[1], when the caller read them.
+local function take(p, ids, asg, owner, now, lease, out, first)
+  for i, id in ipairs(ids) do
     local jk = p .. 'job:' .. id
-    local f = redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent',
-      'tenant')
+    local f = first
+    if i > 1 or not f then f = take_fields(jk) end
     dequeue(p, id, f[1], f[2], f[3])
-    local attempts = redis.call('HINCRBY', jk, 'attempts', 1)
-    redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now)
+    local attempts = (tonumber(f[8] or '0') or 0) + 1
+    redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now,
+      'attempts', attempts)
     if attempts > 1 then redis.call('HDEL', jk, 'progress') end  -- an earlier attempt's
     redis.call('ZADD', p .. 'running', now + lease, id)
     redis.call('HINCRBY', p .. 'runmodels', f[1], 1)
@@ -103,16 +113,35 @@ local function add_event(p, id, event)
   if event ~= '' then redis.call('XADD', p .. 'events:' .. id, '0-*', 'e', event) end
 end
 
+-- Log `k` events of job `id` in one stream entry (event_log.py says the layout): `last` in field
+-- e, the k-1 before it packed in m, r the index in m of a RESULT event without its result. The
+-- entry's id is the sequence of its last event: the stream's top + k.
+local function log_events(p, id, k, last, packed, r)
+  k = tonumber(k)
+  if k < 2 then add_event(p, id, last); return end
+  local key = p .. 'events:' .. id
+  local top = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+  local seq = 0
+  if top[1] then seq = tonumber(string.match(top[1][1], '%d+$')) end
+  if r ~= '' then
+    redis.call('XADD', key, '0-' .. (seq + k), 'e', last, 'm', packed, 'r', r)
+  else
+    redis.call('XADD', key, '0-' .. (seq + k), 'e', last, 'm', packed)
+  end
+end
+
 -- The fields of a job that `finish` reads (FINISH reads them once for both).
 local function finish_fields(jk)
   return redis.call('HMGET', jk, 'state', 'owner', 'assignment', 'model', 'bkey', 'priority', 'worker',
-    'tenant')
+    'tenant', 'deadline_ms')
 end
 
--- Move a job to a final state; returns the state, owner and assignment it had. The job leaves
--- its tenant's active set here, the one way every final state goes: counted out exactly once.
--- `f` is `finish_fields` of the job, when the caller read them.
-local function finish(p, id, state, now, ttl, error, result, result_event, state_event, f)
+-- Move a job to a final state, logging the events `ev` ({k, last, packed, r} for log_events:
+-- the run's last events, RESULT, the final state); returns the state, owner, assignment and
+-- worker it had. The job leaves its tenant's active set here, the one way every final state
+-- goes: counted out exactly once. `f` is `finish_fields` of the job, when the caller read them;
+-- `worker` ('' = unchanged) the worker that ran it.
+local function finish(p, id, state, now, ttl, error, result, ev, f, worker)
   local jk = p .. 'job:' .. id
   f = f or finish_fields(jk)
   if f[1] == 'QUEUED' or f[1] == 'RUNNING' then redis.call('SREM', p .. 'active:' .. (f[8] or ''), id) end
@@ -121,13 +150,14 @@ local function finish(p, id, state, now, ttl, error, result, result_event, state
     redis.call('ZREM', p .. 'running', id)
     redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
   end
-  redis.call('ZREM', p .. 'deadlines', id)
+  -- '0': no deadline, nothing in `deadlines` (none: a job from before the field, look).
+  if f[9] ~= '0' then redis.call('ZREM', p .. 'deadlines', id) end
   local set = {'state', state, 'finished_ms', now}
   if error ~= '' then table.insert(set, 'error'); table.insert(set, error) end
   if result ~= '' then table.insert(set, 'result'); table.insert(set, result) end
+  if (worker or '') ~= '' then table.insert(set, 'worker'); table.insert(set, worker) end
   redis.call('HSET', jk, unpack(set))
-  add_event(p, id, result_event)
-  add_event(p, id, state_event)
+  log_events(p, id, ev[1], ev[2], ev[3], ev[4])
   redis.call('EXPIRE', jk, ttl)
   redis.call('EXPIRE', p .. 'events:' .. id, ttl)
   redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
@@ -198,7 +228,7 @@ if tenant ~= '' then
 end
 local fields = {'static', ARGV[6], 'request', ARGV[7], 'fingerprint', ARGV[8],
   'model', ARGV[9], 'bkey', ARGV[10], 'rank', rank, 'priority', ARGV[14], 'state', 'QUEUED',
-  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16], 'tenant', tenant}
+  'attempts', 0, 'enqueued_ms', ARGV[12], 'traceparent', ARGV[16], 'tenant', tenant, 'deadline_ms', ARGV[13]}
 if (ARGV[24] or '') ~= '' then
   table.insert(fields, 'skey'); table.insert(fields, ARGV[24])
   table.insert(fields, 'srows'); table.insert(fields, ARGV[25])
@@ -223,24 +253,29 @@ return {'ok'}
 # ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, busy_window_ms (the window while jobs
 # of the model run, when longer), then model, limit pairs.
 # Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
-# {'ok', model, id1, attempts1, request1, enqueued_ms1, traceparent1, tenant1, id2, ...}.
+# {'ok', model, empty, id1, attempts1, request1, enqueued_ms1, traceparent1, tenant1, id2, ...},
+# `empty` the given models whose queues are empty now (newline separated).
 CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local best, score, model, limit, bkey = nil, nil, nil, 1, nil
+local best, score, model, limit, f = nil, nil, nil, 1, nil
+local empty = {}
 repeat
-  best = nil
+  best, empty = nil, {}
   for i = 8, #ARGV, 2 do
     local head = model_head(p, ARGV[i])
-    if head[1] and (best == nil or tonumber(head[2]) < score) then
+    if not head[1] then
+      table.insert(empty, ARGV[i])
+    elseif best == nil or tonumber(head[2]) < score then
       best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
     end
   end
   if best == nil then return {} end
   -- Every job hash has a bkey ('' when it never batches): none means it was evicted.
-  bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey')
-  if not bkey then evicted(p, best, model, '') end
-until bkey
+  f = take_fields(p .. 'job:' .. best)
+  if not f[2] then evicted(p, best, model, '') end
+until f[2]
+local bkey = f[2]
 local ids = {best}
 if bkey ~= '' and limit > 1 then
   local peers = redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)
@@ -248,15 +283,18 @@ if bkey ~= '' and limit > 1 then
     if tonumber(redis.call('HGET', p .. 'runmodels', model) or '0') > 0 then window = busy end
   end
   if window > 0 and #peers < limit then
-    local due = tonumber(redis.call('HGET', p .. 'job:' .. best, 'enqueued_ms')) + window
+    local due = tonumber(f[5]) + window
     if due > now then return {'wait', model, tostring(due)} end
   end
   for _, other in ipairs(peers) do
     if other ~= best and #ids < limit and not evicted(p, other, model, bkey) then table.insert(ids, other) end
   end
 end
-local out = {'ok', model}
-take(p, ids, asg, owner, now, lease, out)
+local out = {'ok', model, ''}
+take(p, ids, asg, owner, now, lease, out, f)
+-- A call that took fewer jobs than it could hold may have emptied its queue: say so.
+if #ids < limit and redis.call('ZCARD', p .. 'queue:m:' .. model) == 0 then table.insert(empty, model) end
+out[3] = table.concat(empty, '\n')
 return out
 """
 
@@ -326,11 +364,12 @@ return out
 # job's events are dropped unless its assignment still holds it. Watchers hear "p ID" (new
 # events, not a final state: `wait` sleeps on).
 # ARGV: p, then per job: id, assignment, progress ('' = unchanged), worker ('' = unchanged),
-#       n, then its n events. Returns how many jobs' events were logged.
+#       and its events for log_events (k, last, packed, r). Returns how many jobs' events were
+#       logged.
 APPEND_MANY = r"""
-local p, logged, i = ARGV[1], 0, 2
-while i <= #ARGV do
-  local id, n = ARGV[i], tonumber(ARGV[i + 4])
+local p, logged = ARGV[1], 0
+for i = 2, #ARGV, 8 do
+  local id = ARGV[i]
   local jk = p .. 'job:' .. id
   local f = redis.call('HMGET', jk, 'state', 'assignment')
   if f[1] == 'RUNNING' and f[2] == ARGV[i + 1] then
@@ -338,19 +377,19 @@ while i <= #ARGV do
       redis.call('HSET', jk, 'progress', ARGV[i + 2], 'worker', ARGV[i + 3])
     elseif ARGV[i + 2] ~= '' then redis.call('HSET', jk, 'progress', ARGV[i + 2])
     elseif ARGV[i + 3] ~= '' then redis.call('HSET', jk, 'worker', ARGV[i + 3]) end
-    for j = i + 5, i + 4 + n do add_event(p, id, ARGV[j]) end
+    log_events(p, id, ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7])
     redis.call('PUBLISH', p .. 'notify', 'p ' .. id)
     logged = logged + 1
   end
-  i = i + 5 + n
 end
 return logged
 """
 
 # ARGV: p, id, assignment ('' = any), expected states (comma separated), state, now_ms, ttl_s,
-#       error, result, result_event, state_event, worker ('' = unchanged), n, then n events of
-#       the job's run that were not logged yet (before the result), then artifact field/value
-#       pairs
+#       error, result, worker ('' = unchanged), then the events for log_events (k, last, packed,
+#       r: the run's events not logged yet, RESULT, the final state), read_back ('1': answer the
+#       job's hash as it is then, for this controller's waiters), then artifact field/value pairs.
+# Returns {'missing'}, {'no', STATE} or {'ok', state, owner, assignment, worker it had[, HGETALL]}.
 FINISH = r"""
 local p, id = ARGV[1], ARGV[2]
 local jk = p .. 'job:' .. id
@@ -358,12 +397,16 @@ local f = finish_fields(jk)
 if not f[1] then return {'missing'} end
 if not string.find(',' .. ARGV[4] .. ',', ',' .. f[1] .. ',', 1, true) then return {'no', f[1]} end
 if ARGV[3] ~= '' and f[3] ~= ARGV[3] then return {'no', f[1]} end
-if ARGV[12] ~= '' then redis.call('HSET', jk, 'worker', ARGV[12]) end
-local n = tonumber(ARGV[13])
-for i = 14, 13 + n do add_event(p, id, ARGV[i]) end
-for i = 14 + n, #ARGV, 2 do redis.call('HSET', jk, ARGV[i], ARGV[i + 1]) end
-local before = finish(p, id, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], f)
-return {'ok', before[1], before[2], before[3], before[4]}
+if #ARGV > 15 then
+  local set = {}
+  for i = 16, #ARGV do table.insert(set, ARGV[i]) end
+  redis.call('HSET', jk, unpack(set))
+end
+local ev = {ARGV[11], ARGV[12], ARGV[13], ARGV[14]}
+local before = finish(p, id, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ev, f, ARGV[10])
+local out = {'ok', before[1], before[2], before[3], before[4]}
+if ARGV[15] == '1' then table.insert(out, redis.call('HGETALL', jk)) end
+return out
 """
 
 # Put a running job back in the queue (its worker was lost or gave it up), or fail it when its
@@ -384,7 +427,7 @@ if tonumber(ARGV[4]) > 0 then
   if lease and tonumber(lease) > tonumber(ARGV[4]) then return {'no', 'renewed'} end
 end
 if tonumber(f[3]) >= tonumber(ARGV[5]) then
-  finish(p, id, 'FAILED', ARGV[6], ARGV[7], ARGV[9], '', '', ARGV[10])
+  finish(p, id, 'FAILED', ARGV[6], ARGV[7], ARGV[9], '', {1, ARGV[10], '', ''})
   return {'failed', f[3]}
 end
 redis.call('ZREM', p .. 'running', id)
@@ -528,3 +571,25 @@ for i = 1, #all, 2 do
 end
 return gone
 """
+
+
+def many(body: str) -> str:
+    """A script that runs the single-job script `body` once per job: ARGV is p, then per job the
+    count of its arguments and those (its ARGV without p). Returns the answers in order
+    (`coalesced.py`)."""
+    return (
+        "local function one(ARGV)\n"
+        + body
+        + "\nend\n"
+        + r"""
+local out, i = {}, 2
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local a = {ARGV[1]}
+  for j = i + 1, i + n do a[#a + 1] = ARGV[j] end
+  out[#out + 1] = one(a)
+  i = i + n + 1
+end
+return out
+"""
+    )

@@ -6,7 +6,6 @@ What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,9 +20,10 @@ from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
 from omnirt.controller.core.batching import split_queue
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
-from omnirt.controller.engines.redis import scripts
+from omnirt.controller.engines.redis import event_log, scripts
 from omnirt.controller.engines.redis.artifacts import ArtifactFiles
-from omnirt.controller.engines.redis.records import QuotaRefusal, RunEvents, StoredJob, by_model
+from omnirt.controller.engines.redis.coalesced import Coalesced
+from omnirt.controller.engines.redis.records import Finished, QuotaRefusal, RunEvents, StoredJob, by_model
 from omnirt.controller.observability.metrics import Gauges
 from omnirt.errors import JobNotFound, QueueFull
 from omnirt.types import (
@@ -82,20 +82,6 @@ def _claimed(r: Sequence[bytes]) -> list[Claimed]:
     ]
 
 
-def raise_lost_cancel() -> None:
-    """Raise CancelledError in a task that was cancelled but goes on running.
-
-    redis-py sends a command under asyncio.wait_for when a socket timeout is set, and on Python
-    3.11 wait_for returns normally when the cancellation lands just as the send ends: the
-    cancellation is lost, and the task goes on (a Generate whose client left kept waiting for
-    its job, which then ran to the end; a stopping controller's upkeep loop went on). The task
-    still counts the request (`Task.cancelling()`), so loops around Redis calls check it.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
 class RedisJobStore:
     """Typed access to the keys of `scripts.py` over one `redis.asyncio` client."""
 
@@ -130,11 +116,15 @@ class RedisJobStore:
         self.artifacts = ArtifactFiles(artifact_dir, artifact_limit_bytes, self.ttl_s)
         self._scripts = {
             name: self.redis.register_script(scripts.PRELUDE + getattr(scripts, name))
-            for name in ("CLAIM", "CLAIM_JOIN", "APPEND_MANY", "FINISH", "REQUEUE", "RENEW")
+            for name in ("CLAIM", "CLAIM_JOIN", "APPEND_MANY", "REQUEUE", "RENEW")
         }
         self._scripts["SUBMIT"] = self.redis.register_script(
-            scripts.PRELUDE + scripts.QUOTAS + scripts.SUBMIT
+            scripts.PRELUDE + scripts.QUOTAS + scripts.many(scripts.SUBMIT)
         )
+        self._scripts["FINISH"] = self.redis.register_script(scripts.PRELUDE + scripts.many(scripts.FINISH))
+        # Concurrent submits and results go several to a call (a group commit).
+        self._submits = Coalesced(lambda args: self._run("SUBMIT", *args))
+        self._finishes = Coalesced(lambda args: self._run("FINISH", *args))
         # The scripts that need none of the PRELUDE's functions: workers' claims, the tidying.
         self._plain_scripts = {
             name: self.redis.register_script(getattr(scripts, name))
@@ -189,8 +179,7 @@ class RedisJobStore:
         """
         now_ms = int(job.created_at.timestamp() * 1000) if job.created_at else 0
         rate = policy.rate_per_s
-        answer = await self._run(
-            "SUBMIT",
+        answer = await self._submits.call(
             job.id,
             job.idempotency_key,
             self.idempotency_ttl_s,
@@ -326,14 +315,15 @@ class RedisJobStore:
         return "jobs:t:" + tenant if tenant else "jobs"
 
     async def events(self, job_id: str, after: int, count: int = 512) -> list[JobEvent]:
-        """Events with a sequence above `after` (the stream entry id is 0-SEQUENCE)."""
+        """Events with a sequence above `after`, from up to `count` stream entries (the entry id
+        0-N is the sequence N of its last event: `event_log`)."""
         entries = await self.redis.xrange(self.prefix + "events:" + job_id, f"(0-{after}", "+", count=count)
-        out = []
-        for entry_id, fields in entries:
-            event = c.event_from_proto(types_pb2.JobEvent.FromString(fields[b"e"]))
-            event.sequence = int(entry_id.split(b"-")[1])
-            out.append(event)
-        return out
+
+        async def job_result() -> bytes | None:
+            value: bytes | None = await self.redis.hget(self.prefix + "job:" + job_id, "result")
+            return value
+
+        return await event_log.read_entries(entries, after, job_result)
 
     # ---- state changes ------------------------------------------------------------------
 
@@ -346,13 +336,15 @@ class RedisJobStore:
         window_ms: int,
         now_ms: int,
         busy_window_ms: int = 0,
+        empty: set[str] | None = None,
     ) -> tuple[str, list[Claimed]] | tuple[str, int] | None:
         """Claim the best queued job of `models` (model -> batch limit) and its batch peers.
 
         A batchable head with fewer peers than its limit waits for companions `window_ms` after
         it was queued, or `busy_window_ms` when that is longer and jobs of its model run (on any
         controller's workers). Returns (model, claimed jobs), or (model, due_ms) when the head
-        waits, or None when none of the models has a queued job.
+        waits, or None when none of the models has a queued job. A claim adds to `empty` those of
+        `models` whose queues it left empty.
         """
         pairs = [x for model, limit in models.items() for x in (model, limit)]
         answer = await self._run(
@@ -363,7 +355,9 @@ class RedisJobStore:
         model = answer[1].decode()
         if answer[0] == b"wait":
             return model, int(answer[2])
-        return model, _claimed(answer[2:])
+        if empty is not None and answer[2]:
+            empty.update(answer[2].decode().split("\n"))
+        return model, _claimed(answer[3:])
 
     async def claim_join(
         self,
@@ -389,8 +383,7 @@ class RedisJobStore:
         args: list[Any] = []
         for run in runs:
             progress = _bytes(c.progress_to_proto(run.progress)) if run.progress else b""
-            args += [run.job_id, run.assignment_id, progress, run.worker, len(run.events)]
-            args += [_bytes(c.event_to_proto(e)) for e in run.events]
+            args += [run.job_id, run.assignment_id, progress, run.worker, *event_log.pack(run.events).args]
         return int(await self._run("APPEND_MANY", *args)) if args else 0
 
     async def finish(
@@ -408,17 +401,16 @@ class RedisJobStore:
         now_ms: int,
         run_events: Sequence[JobEvent] = (),
         worker: str = "",
-    ) -> tuple[bool, JobState | None, str, str]:
+        read_back: bool = False,
+    ) -> Finished:
         """Move a job to a final state if it is in `expected` (and, if given, under `assignment_id`),
         logging first `run_events`, the events of its run not logged yet, and setting `worker`
-        (the one that ran it: its RUNNING event may be among those) unless "".
-
-        Returns (changed, the state it had, its owner, its assignment).
+        (the one that ran it: its RUNNING event may be among those) unless "". With `read_back`
+        the answer holds the job as it is then (what `load` reads), read in the same script.
         """
         extra = self.artifacts.fields(job_id, artifacts or {})
-        logged = [_bytes(c.event_to_proto(e)) for e in run_events]
-        answer = await self._run(
-            "FINISH",
+        events = [*run_events, *([result_event] if result_event else []), state_event]
+        answer = await self._finishes.call(
             job_id,
             assignment_id,
             ",".join(s.name for s in expected),
@@ -427,11 +419,9 @@ class RedisJobStore:
             self.ttl_s,
             _bytes(c.error_to_proto(error)) if error else b"",
             _bytes(c.result_to_proto(result)) if result else b"",
-            _bytes(c.event_to_proto(result_event)) if result_event else b"",
-            _bytes(c.event_to_proto(state_event)),
             worker,
-            len(logged),
-            *logged,
+            *event_log.pack(events).args,
+            "1" if read_back else "",
             *extra,
         )
         kind = answer[0].decode()
@@ -439,8 +429,12 @@ class RedisJobStore:
             raise job_not_found(job_id)
         before = JobState[answer[1].decode()]
         if kind == "no":
-            return False, before, "", ""
-        return True, before, answer[2].decode(), answer[3].decode()
+            return Finished(False, before)
+        job = None
+        if len(answer) > 5:
+            flat = answer[5]
+            job = self._decode(dict(zip(flat[::2], flat[1::2], strict=True)))
+        return Finished(True, before, answer[2].decode(), answer[3].decode(), job)
 
     async def requeue(
         self,
@@ -486,6 +480,10 @@ class RedisJobStore:
     async def due_deadlines(self, now_ms: int, count: int = 200) -> list[str]:
         ids = await self.redis.zrangebyscore(self.prefix + "deadlines", "-inf", now_ms, start=0, num=count)
         return [i.decode() for i in ids]
+
+    async def drop_deadline(self, job_id: str) -> None:
+        """Forget the deadline of a job that ended or is gone."""
+        await self.redis.zrem(self.prefix + "deadlines", job_id)
 
     async def publish(self, message: str) -> None:
         await self.redis.publish(self.channel, message)

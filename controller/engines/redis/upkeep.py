@@ -23,8 +23,8 @@ from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.core.validation import Plan
 from omnirt.controller.engines.redis.cluster import Cluster
 from omnirt.controller.engines.redis.run_events import RunEventBuffer
-from omnirt.controller.engines.redis.store import Claimed, RedisJobStore, raise_lost_cancel
-from omnirt.controller.engines.redis.waiters import Waiters
+from omnirt.controller.engines.redis.store import Claimed, RedisJobStore
+from omnirt.controller.engines.redis.waiters import Waiters, raise_lost_cancel
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
 from omnirt.errors import OmniRTError
@@ -158,6 +158,7 @@ class RedisUpkeep:
                 self.config.batch_window_ms,
                 _now_ms(),
                 busy_window_ms=self.config.batch_busy_window_ms,
+                empty=self._empty,
             )
             if claim is None:
                 self._empty.update(models)
@@ -426,9 +427,16 @@ class RedisUpkeep:
 
     async def _expire_deadlines(self) -> None:
         for job_id in await self.store.due_deadlines(_now_ms()):
-            with contextlib.suppress(OmniRTError):
+            try:
                 stored = await self.store.load(job_id)
-                where = "while running" if stored.job.state is JobState.RUNNING else "while queued"
+            except OmniRTError:  # expired or evicted: its entry is all that is left
+                await self.store.drop_deadline(job_id)
+                continue
+            if stored.job.state.terminal:  # ended without taking its entry along
+                await self.store.drop_deadline(job_id)
+                continue
+            where = "while running" if stored.job.state is JobState.RUNNING else "while queued"
+            with contextlib.suppress(OmniRTError):
                 await self.engine.end(
                     job_id, JobState.FAILED, JobError("DEADLINE_EXCEEDED", f"deadline passed {where}")
                 )

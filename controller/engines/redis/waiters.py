@@ -8,6 +8,7 @@ lost while Redis was away), so a wake-up is a hint to read the job, never its st
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any, TypeVar, cast
@@ -16,6 +17,8 @@ T = TypeVar("T")
 
 # How long a waiter sleeps between checks when no notification comes.
 WAIT_S = 1.0
+# How many jobs notified with nobody waiting are remembered (`Waiters.unheard`).
+UNHEARD = 4096
 
 
 class Waiters:
@@ -26,6 +29,11 @@ class Waiters:
         # only a change of state (`wait`)
         self._events: dict[str, dict[asyncio.Event, bool]] = {}
         self._reads: dict[Hashable, asyncio.Future[Any]] = {}
+        # Reads answered without reading (`answer`), by job: they go with the job's last waiter.
+        self._answered: dict[str, set[Hashable]] = {}
+        # The latest jobs notified while nobody here waited on them (oldest first, at most
+        # UNHEARD): a wait that starts later must look at such a job at once.
+        self._unheard: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def __len__(self) -> int:
         """How many jobs someone waits on."""
@@ -55,13 +63,41 @@ class Waiters:
                 waiting.pop(event, None)
                 if not waiting:
                     del self._events[job_id]
+                    for key in self._answered.pop(job_id, ()):
+                        self._reads.pop(key, None)
 
     def notify(self, job_id: str, state: bool = True) -> None:
         """Wake the tasks waiting on `job_id`: all of them, or with `state` False (only new
         events of its run) the watchers alone."""
-        for event, run_events in self._events.get(job_id, {}).items():
+        waiting = self._events.get(job_id)
+        if not waiting:
+            self._unheard[job_id] = None
+            if len(self._unheard) > UNHEARD:
+                self._unheard.popitem(last=False)
+            return
+        for event, run_events in waiting.items():
             if state or run_events:
                 event.set()
+
+    def unheard(self, job_id: str) -> bool:
+        """Whether `job_id` was notified lately while nobody here waited on it (or so long ago
+        that it is forgotten: then a wait must look too, which `wait` does for any job it did not
+        see submitted)."""
+        return job_id in self._unheard
+
+    def waits_for(self, job_id: str) -> bool:
+        """Whether a `wait` here waits on `job_id` (not only watchers)."""
+        return any(not run_events for run_events in self._events.get(job_id, {}).values())
+
+    def answer(self, key: Hashable, job_id: str, value: Any) -> None:
+        """The answer of the read `key` of the waiters of `job_id`, known without reading (it came
+        back from a write): their `shared(key)` returns it while they wait on the job."""
+        if job_id not in self._events:
+            return
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(value)
+        self._reads[key] = future
+        self._answered.setdefault(job_id, set()).add(key)
 
     def notify_run_events(self, job_ids: list[str]) -> None:
         """New events of these jobs' runs were written: wake their watchers."""
@@ -94,3 +130,17 @@ class Waiters:
         """Wake every waiter to look again (what it waits for may have come meanwhile)."""
         for job_id in list(self._events):
             self.notify(job_id)
+
+
+def raise_lost_cancel() -> None:
+    """Raise CancelledError in a task that was cancelled but goes on running.
+
+    redis-py sends a command under asyncio.wait_for when a socket timeout is set, and on Python
+    3.11 wait_for returns normally when the cancellation lands just as the send ends: the
+    cancellation is lost, and the task goes on (a Generate whose client left kept waiting for
+    its job, which then ran to the end; a stopping controller's upkeep loop went on). The task
+    still counts the request (`Task.cancelling()`), so loops around Redis calls check it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -1,0 +1,107 @@
+"""What a job costs Redis, against a real `redis-server`: concurrent submits and results share one
+script call (each still gets its own answer, a refusal only its own), and a job without a
+deadline never touches the deadlines index, whose stale entries the upkeep drops."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import redis
+
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.catalog import Catalog
+from omnirt.controller.core.tenants import TenantPolicy
+from omnirt.controller.engines.redis.engine import RedisEngine
+from omnirt.controller.engines.redis.records import QuotaRefusal
+from omnirt.controller.engines.redis.store import RedisJobStore
+from omnirt.types import EventKind, GenerateRequest, JobEvent, JobState
+from tests.daemons import RedisServer, wait_for
+from tests.integration.test_redis_tenant_scripts import claim, now_ms, run, submit
+
+
+def script_calls(server: RedisServer) -> int:
+    with redis.Redis(port=server.port) as r:
+        return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_concurrent_submits_go_in_one_call_and_each_gets_its_own_answer(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async def scenario(store: RedisJobStore) -> None:
+        policy = TenantPolicy(max_queued=5)
+        before = script_calls(redis_server)
+        answers = await asyncio.gather(
+            *(submit(store, "acme", policy=policy) for _ in range(12)), return_exceptions=True
+        )
+        calls = script_calls(redis_server) - before
+        accepted = [a for a in answers if isinstance(a, str)]
+        refused = [a for a in answers if isinstance(a, QuotaRefusal)]
+        assert (len(accepted), len(refused)) == (5, 7), answers
+        assert calls <= 2, f"{calls} script calls for 12 submits"
+        assert {(await store.load(job_id)).job.state for job_id in accepted} == {JobState.QUEUED}
+        assert await store.active("acme") == 5, "the refused ones left nothing behind"
+
+    run(redis_server, tmp_path, scenario)
+
+
+def test_concurrent_results_go_in_one_call(redis_server: RedisServer, tmp_path: Path) -> None:
+    async def scenario(store: RedisJobStore) -> None:
+        ids = [await submit(store, "") for _ in range(8)]
+        for _ in ids:
+            await claim(store)
+        before = script_calls(redis_server)
+        finished = await asyncio.gather(
+            *(
+                store.finish(
+                    job_id,
+                    JobState.SUCCEEDED,
+                    expected=(JobState.RUNNING,),
+                    state_event=JobEvent(job_id=job_id, kind=EventKind.STATE, state=JobState.SUCCEEDED),
+                    now_ms=now_ms(),
+                )
+                for job_id in ids
+            )
+        )
+        assert [f.changed for f in finished] == [True] * 8
+        assert script_calls(redis_server) - before <= 2, "8 results in one call"
+        assert {(await store.load(job_id)).job.state for job_id in ids} == {JobState.SUCCEEDED}
+
+    run(redis_server, tmp_path, scenario)
+
+
+def test_only_jobs_with_a_deadline_enter_the_deadline_index_and_stale_entries_go(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    prefix = "{omnirt}:"
+    r = redis.Redis(port=redis_server.port, db=1)  # a database of its own: the default prefix
+
+    def deadline_of(job_id: str) -> float | None:
+        return r.zscore(prefix + "deadlines", job_id)
+
+    async def scenario() -> None:
+        url = redis_server.url.rsplit("/", 1)[0] + "/1"
+        config = ControllerConfig(store=url, artifact_dir=str(tmp_path))
+        engine = RedisEngine(config, Catalog.load())
+        await engine.start()
+        try:
+            plain, _ = await engine.submit(GenerateRequest(model="tiny-sd", prompt="no deadline"))
+            later = now_ms() + 3_600_000
+            timed, _ = await engine.submit(GenerateRequest(model="tiny-sd", prompt="x", deadline_ms=later))
+            older, _ = await engine.submit(GenerateRequest(model="tiny-sd", prompt="y", deadline_ms=later))
+            assert deadline_of(plain.id) is None and deadline_of(timed.id) == later
+            # A job as a controller from before `deadline_ms` in the hash stored it.
+            r.hdel(prefix + "job:" + older.id, "deadline_ms")
+            for job in (plain, timed, older):
+                await engine.cancel(job.id)
+            assert deadline_of(timed.id) is None and deadline_of(older.id) is None
+            # Entries whose job ended or is gone (evicted, expired) are dropped once due.
+            r.zadd(prefix + "deadlines", {"job-gone": now_ms() - 1000, plain.id: now_ms() - 1000})
+            await asyncio.to_thread(
+                wait_for, lambda: r.zcard(prefix + "deadlines") == 0, 10, "the stale entries to go"
+            )
+        finally:
+            await engine.stop()
+
+    asyncio.run(scenario())
+    r.close()
