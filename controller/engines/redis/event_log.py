@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from omnirt._internal import convert as c
 from omnirt.types import EventKind, JobEvent
@@ -56,10 +56,12 @@ def pack(events: Sequence[JobEvent]) -> Packed:
     *before, last = events
     parts, result_index = [], ""
     for i, event in enumerate(before):
-        proto = c.event_to_proto(event)
         if event.kind is EventKind.RESULT and not result_index:
-            proto.result.Clear()  # still a RESULT event (the `kind` oneof), without the bytes
+            proto = c.event_to_proto(replace(event, result=None))  # not converted to be dropped
+            proto.result.SetInParent()  # still a RESULT event (the `kind` oneof), without the bytes
             result_index = str(i)
+        else:
+            proto = c.event_to_proto(event)
         data = proto.SerializeToString()
         parts.append(_LENGTH.pack(len(data)) + data)
     return Packed(len(events), c.event_to_proto(last).SerializeToString(), b"".join(parts), result_index)
