@@ -248,6 +248,11 @@ def webhook_from_proto(m: types_pb2.Webhook) -> t.Webhook:
     )
 
 
+def request_from_bytes(data: bytes) -> t.GenerateRequest:
+    """A stored `GenerateRequest` proto's bytes -> `GenerateRequest`."""
+    return request_from_proto(types_pb2.GenerateRequest.FromString(data))
+
+
 def request_from_proto(msg: types_pb2.GenerateRequest) -> t.GenerateRequest:
     req = t.GenerateRequest(
         model=msg.model,

@@ -265,7 +265,7 @@ def thaw(entry: FinishedJob) -> JobRecord:
         if entry.full_result
         else job.result
     )
-    request = c.request_from_proto(types_pb2.GenerateRequest.FromString(entry.request))
+    request = c.request_from_bytes(entry.request)
     return JobRecord(
         job=job,
         plan=Plan(spec=entry.spec, request=request),

@@ -3,7 +3,7 @@
 Under load most of a controller's time on Redis went into round trips, each carrying one job:
 redis-py's work per command, and Redis's own per read and reply. Here the calls of one script
 from concurrent tasks wait while a call of it is in flight and then go together, each job's
-arguments one segment of the next call (`scripts.many`); every caller gets its own job's answer.
+arguments one segment of the next call (`many`); every caller gets its own job's answer.
 A call with nothing in flight goes at the loop's next turn, so an idle controller waits for
 nothing, and a busy one sends as many jobs per round trip as arrived during the last one.
 
@@ -65,3 +65,25 @@ class Coalesced:
             for (_, future), answer in zip(batch, answers, strict=True):
                 if not future.done():
                     future.set_result(answer)
+
+
+def many(body: str) -> str:
+    """A script that runs the single-job script `body` once per job: ARGV is p, then per job the
+    count of its arguments and those (its ARGV without p). Returns the answers in order
+    (the script side of `Coalesced`)."""
+    return (
+        "local function one(ARGV)\n"
+        + body
+        + "\nend\n"
+        + r"""
+local out, i = {}, 2
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local a = {ARGV[1]}
+  for j = i + 1, i + n do a[#a + 1] = ARGV[j] end
+  out[#out + 1] = one(a)
+  i = i + n + 1
+end
+return out
+"""
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from omnirt._internal import convert
 from omnirt.controller.core.batching import split_queue
 from omnirt.types import GenerateRequest, Job, JobEvent, JobState, Progress
 
@@ -40,15 +42,20 @@ def by_model(counts: dict[str, int]) -> dict[str, int]:
 
 @dataclass
 class StoredJob:
-    """A job as Redis holds it."""
+    """A job as Redis holds it; its request is read from its bytes when asked for (a `Generate`
+    that waits for the job never does)."""
 
     job: Job
-    request: GenerateRequest
+    request_encoded: bytes
     fingerprint: bytes
     assignment: str
     owner: str
     enqueued_ms: int
     fields: dict[bytes, bytes]
+
+    @functools.cached_property
+    def request(self) -> GenerateRequest:
+        return convert.request_from_bytes(self.request_encoded)
 
 
 class Finished(NamedTuple):

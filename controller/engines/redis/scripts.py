@@ -49,6 +49,13 @@ F and the bucket read back exactly what was computed, so the ranks equal the Pyt
 from __future__ import annotations
 
 PRELUDE = r"""
+-- "q" (a job was queued) once per script call, however many jobs it queues (`many`).
+local queued_told = false
+local function tell_queued(p)
+  if not queued_told then redis.call('PUBLISH', p .. 'notify', 'q') end
+  queued_told = true
+end
+
 local function enqueue(p, id, model, bkey, rank, priority)
   redis.call('ZADD', p .. 'queue', rank, id)
   redis.call('ZADD', p .. 'queue:m:' .. model, rank, id)
@@ -242,7 +249,7 @@ redis.call('SADD', active, id)
 if tenant ~= '' then redis.call('SADD', p .. 'tenants', tenant) end  -- "" is always one
 if idem ~= '' then redis.call('SET', ik, id, 'EX', ARGV[4]) end
 add_event(p, id, ARGV[15])
-redis.call('PUBLISH', p .. 'notify', 'q')
+tell_queued(p)
 return {'ok'}
 """
 
@@ -436,7 +443,7 @@ redis.call('HSET', jk, 'state', 'QUEUED', 'enqueued_ms', ARGV[6])
 redis.call('HDEL', jk, 'assignment', 'owner', 'worker', 'progress')
 enqueue(p, id, f[4], f[5], f[6], f[7])
 add_event(p, id, ARGV[8])
-redis.call('PUBLISH', p .. 'notify', 'q')
+tell_queued(p)
 redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
 return {'queued', f[3]}
 """
@@ -571,25 +578,3 @@ for i = 1, #all, 2 do
 end
 return gone
 """
-
-
-def many(body: str) -> str:
-    """A script that runs the single-job script `body` once per job: ARGV is p, then per job the
-    count of its arguments and those (its ARGV without p). Returns the answers in order
-    (`coalesced.py`)."""
-    return (
-        "local function one(ARGV)\n"
-        + body
-        + "\nend\n"
-        + r"""
-local out, i = {}, 2
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local a = {ARGV[1]}
-  for j = i + 1, i + n do a[#a + 1] = ARGV[j] end
-  out[#out + 1] = one(a)
-  i = i + n + 1
-end
-return out
-"""
-    )

@@ -22,7 +22,7 @@ from omnirt.controller.core.batching import split_queue
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
 from omnirt.controller.engines.redis import event_log, scripts
 from omnirt.controller.engines.redis.artifacts import ArtifactFiles
-from omnirt.controller.engines.redis.coalesced import Coalesced
+from omnirt.controller.engines.redis.coalesced import Coalesced, many
 from omnirt.controller.engines.redis.records import Finished, QuotaRefusal, RunEvents, StoredJob, by_model
 from omnirt.controller.observability.metrics import Gauges
 from omnirt.errors import JobNotFound, QueueFull
@@ -71,7 +71,7 @@ class Claimed:
     @property
     def request(self) -> GenerateRequest:
         """The request, read from its bytes."""
-        return c.request_from_proto(types_pb2.GenerateRequest.FromString(self.request_encoded))
+        return c.request_from_bytes(self.request_encoded)
 
 
 def _claimed(r: Sequence[bytes]) -> list[Claimed]:
@@ -119,9 +119,9 @@ class RedisJobStore:
             for name in ("CLAIM", "CLAIM_JOIN", "APPEND_MANY", "REQUEUE", "RENEW")
         }
         self._scripts["SUBMIT"] = self.redis.register_script(
-            scripts.PRELUDE + scripts.QUOTAS + scripts.many(scripts.SUBMIT)
+            scripts.PRELUDE + scripts.QUOTAS + many(scripts.SUBMIT)
         )
-        self._scripts["FINISH"] = self.redis.register_script(scripts.PRELUDE + scripts.many(scripts.FINISH))
+        self._scripts["FINISH"] = self.redis.register_script(scripts.PRELUDE + many(scripts.FINISH))
         # Concurrent submits and results go several to a call (a group commit).
         self._submits = Coalesced(lambda args: self._run("SUBMIT", *args))
         self._finishes = Coalesced(lambda args: self._run("FINISH", *args))
@@ -240,10 +240,9 @@ class RedisJobStore:
             job.progress = c.progress_from_proto(types_pb2.Progress.FromString(f[b"progress"]))
         if b"result" in f:
             job.result = c.result_from_proto(types_pb2.GenerateResult.FromString(f[b"result"]))
-        request = c.request_from_proto(types_pb2.GenerateRequest.FromString(f[b"request"]))
         return StoredJob(
             job=job,
-            request=request,
+            request_encoded=f[b"request"],
             fingerprint=f.get(b"fingerprint", b""),
             assignment=f.get(b"assignment", b"").decode(),
             owner=f.get(b"owner", b"").decode(),
@@ -409,6 +408,7 @@ class RedisJobStore:
         the answer holds the job as it is then (what `load` reads), read in the same script.
         """
         extra = self.artifacts.fields(job_id, artifacts or {})
+        encoded_result = _bytes(c.result_to_proto(result)) if result else b""
         events = [*run_events, *([result_event] if result_event else []), state_event]
         answer = await self._finishes.call(
             job_id,
@@ -418,7 +418,7 @@ class RedisJobStore:
             now_ms,
             self.ttl_s,
             _bytes(c.error_to_proto(error)) if error else b"",
-            _bytes(c.result_to_proto(result)) if result else b"",
+            encoded_result,
             worker,
             *event_log.pack(events).args,
             "1" if read_back else "",
@@ -432,8 +432,14 @@ class RedisJobStore:
             return Finished(False, before)
         job = None
         if len(answer) > 5:
-            flat = answer[5]
-            job = self._decode(dict(zip(flat[::2], flat[1::2], strict=True)))
+            fields = dict(zip(answer[5][::2], answer[5][1::2], strict=True))
+            if result is not None and fields.get(b"result") == encoded_result:
+                del fields[b"result"]  # the result it was given, not read back from its bytes
+                job = self._decode(fields)
+                job.job.result = result
+                job.fields[b"result"] = encoded_result
+            else:
+                job = self._decode(fields)
         return Finished(True, before, answer[2].decode(), answer[3].decode(), job)
 
     async def requeue(
