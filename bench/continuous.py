@@ -29,12 +29,14 @@ a 20-step request).
 * `ray`: Ray Serve's `@serve.batch` at the same offered load (issue 30), where Ray Serve is
   installed (`bash bench/ray/setup.sh`, as for `peers`): the `/sd-batch` app of
   bench/ray/serve_app.py (tiny-sd, `max_batch_size` 8 like OmniRT's, no batch wait, one call per
-  batch, one batch at a time, the workers' torch threads), started once per scenario (size and
-  steps come with each request). The same schedule goes to it over HTTP (aiohttp, one POST per
-  arrival). It serves tiny-sd only (tiny-flux: n/a) and has no priorities (the urgent requests
-  go like the others; their latency is reported); first step (no progress events) and jobs per
-  call (not in its answer) are n/a. `@serve.batch` has no grouping key: a batch takes the queued
-  requests whatever their steps, and the app runs it at its first request's. Without Ray the
+  batch, one batch at a time, the workers' torch threads), started once per scenario, after every
+  OmniRT point is done and OmniRT's daemons are stopped (its idle processes take about a seventh
+  of a core: no system runs beside another's). The same schedules go to it over HTTP (aiohttp,
+  one POST per arrival; size and steps come with each request). It serves tiny-sd only
+  (tiny-flux: n/a) and has no priorities (the urgent requests go like the others; their latency
+  is reported); first step (no progress events) and jobs per call (not in its answer) are n/a.
+  `@serve.batch` has no grouping key: a batch takes the queued requests whatever their steps,
+  and the app makes one pipeline call per size/steps/guidance group of it. Without Ray the
   other modes run and the result says Ray was skipped; `--quick` leaves Ray out (its start
   takes longer than the quick points) unless `python -m bench.continuous --quick --ray`.
 """
@@ -331,6 +333,41 @@ def launch_ray(
     )
 
 
+def run_ray(
+    settings: Settings,
+    ctx: sc.Context,
+    modes: tuple[str, ...],
+    cases: list[dict[str, Any]],
+    schedules: list[list[list[Arrival]]],
+) -> dict[str, Any]:
+    """Ray Serve's points, added to `cases` (the arrivals of each case's loads in `schedules`);
+    returns Ray's part of the result: its status (ok, off, skipped, later failed) and why."""
+    ray, ray_state = launch_ray(settings, ctx, modes)
+    if ray is None:
+        if RAY in modes:
+            print(f"   ray: {ray_state['status']}: {ray_state['reason']}", flush=True)
+        return ray_state
+    try:
+        ray = _ray.ready(ray, ray_state)
+        for case, sent in zip(cases, schedules, strict=True):
+            if ray is None or case["model"] not in RAY_MODELS:
+                continue
+            url, size = f"{ray.url}/sd-batch", case["size"]
+            try:
+                warm_up = [ray_body(size, Arrival(0.0, steps, 0, steps)) for steps in settings.steps]
+                asyncio.run(_ray.post_each(url, warm_up))  # as `warm` does for OmniRT
+            except Exception as exc:
+                _ray.drop(ray, ray_state, exc, f"warm-up at {size}x{size} failed")
+                ray = None
+                continue
+            for point, arrivals in zip(case["points"], sent, strict=True):
+                point[RAY] = asyncio.run(ray_open_loop(url, size, arrivals, settings.max_point_s))
+    finally:
+        if ray is not None:
+            ray.stop()
+    return ray_state
+
+
 def run(
     settings: Settings,
     ctx: sc.Context,
@@ -342,42 +379,31 @@ def run(
     of its capacity); `controller_args` and `worker_args` go to every OmniRT deployment
     (bench.gpu's). `ray` runs on the tiny-sd cases where `settings.ray` and Ray is installed."""
     models = sorted({model for model, _ in settings.cases})
-    ray, ray_state = launch_ray(settings, ctx, modes)  # it boots while OmniRT's daemons start
-    if ray is None and RAY in modes:
-        print(f"   ray: {ray_state['status']}: {ray_state['reason']}", flush=True)
     stacks: dict[str, Stack] = {}
     cases = []
+    schedules: list[list[list[Arrival]]] = []  # per case, per load: the arrivals sent
     try:
         stacks = start_modes(ctx, models, modes, controller_args, worker_args)
-        ray = _ray.ready(ray, ray_state) if ray is not None else None
         for index, (model, size) in enumerate(settings.cases):
             step_ms = 0.0
             for mode, stack in stacks.items():  # the model warm in every mode before anything is timed
                 alone_ms = asyncio.run(warm(stack.address, model, size, settings))
                 step_ms = alone_ms if mode == "whole" else step_ms
-            ray_url = f"{ray.url}/sd-batch" if ray is not None and model in RAY_MODELS else ""
-            if ray is not None and ray_url:
-                try:
-                    warm_up = [ray_body(size, Arrival(0.0, steps, 0, steps)) for steps in settings.steps]
-                    asyncio.run(_ray.post_each(ray_url, warm_up))  # as `warm` does for OmniRT
-                except Exception as exc:
-                    _ray.drop(ray, ray_state, exc, f"warm-up at {size}x{size} failed")
-                    ray, ray_url = None, ""
             whole = asyncio.run(capacity(stacks["whole"].address, model, size, settings))
             jobs = settings.large_jobs if size > 64 else settings.jobs
-            points = []
+            points, sent = [], []
             for load in settings.loads:
                 arrivals = schedule(
                     load * whole, jobs, settings, settings.seed + 1000 * index + int(load * 100)
                 )
+                sent.append(arrivals)
                 point: dict[str, Any] = {"load": load, "rate_per_s": round(load * whole, 3)}
                 for mode, stack in stacks.items():
                     point[mode] = asyncio.run(
                         open_loop(stack.address, model, size, arrivals, settings.max_point_s)
                     )
-                if ray_url:  # the same schedule, after OmniRT's modes
-                    point[RAY] = asyncio.run(ray_open_loop(ray_url, size, arrivals, settings.max_point_s))
                 points.append(point)
+            schedules.append(sent)
             cases.append(
                 {
                     "model": model,
@@ -390,8 +416,9 @@ def run(
     finally:
         for stack in stacks.values():
             stack.stop()
-        if ray is not None:
-            ray.stop()
+    # Ray Serve last, alone on the machine as each OmniRT mode was (its idle processes take about
+    # a seventh of a core): the same schedules, on the tiny-sd cases.
+    ray_state = run_ray(settings, ctx, modes, cases, schedules)
     return {
         "settings": sc.settings_dict(settings),
         "ray": ray_state,
@@ -505,8 +532,10 @@ def _ray_note(ray: dict[str, Any] | None) -> str:
         f"**ray**: Ray Serve {ray['version']}'s `@serve.batch` (the `/sd-batch` application of "
         f"`bench/ray/serve_app.py`: tiny-sd, `max_batch_size` {ray.get('max_batch_size', RAY_MAX_BATCH)}, no "
         "batch wait, one batch at a time, the workers' torch threads; "
-        f"started once for the scenario, ready {ray['ready_s']} s after its start) gets the same schedule "
-        "after OmniRT's modes, over HTTP (aiohttp, one POST per arrival). Its app serves only tiny-sd "
+        "started once every OmniRT point is done and its daemons stopped, so that no system runs "
+        f"beside another's idle processes; ready {ray['ready_s']} s after its start) gets the same "
+        "schedules, "
+        "over HTTP (aiohttp, one POST per arrival). Its app serves only tiny-sd "
         "(n/a for other models). Ray has no priorities: its urgent requests go like the others. It sends "
         "no progress and its answer does not say how many requests shared the call: first step and "
         "jobs per call are n/a. `@serve.batch` has no grouping key: a batch takes the queued "
