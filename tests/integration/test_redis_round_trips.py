@@ -105,3 +105,20 @@ def test_only_jobs_with_a_deadline_enter_the_deadline_index_and_stale_entries_go
 
     asyncio.run(scenario())
     r.close()
+
+
+def test_a_submit_whose_caller_left_before_it_was_sent_makes_no_job(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async def scenario(store: RedisJobStore) -> None:
+        before = script_calls(redis_server)
+        leaving = asyncio.ensure_future(submit(store, "gone"))
+        await asyncio.sleep(0)  # it waits for the next call, with the calls of this turn
+        leaving.cancel()
+        staying = await submit(store, "here")
+        assert leaving.cancelled()
+        assert await store.active("gone") == 0 and await store.active("here") == 1
+        assert (await store.load(staying)).job.state is JobState.QUEUED
+        assert script_calls(redis_server) - before == 1
+
+    run(redis_server, tmp_path, scenario)

@@ -49,7 +49,11 @@ class Coalesced:
 
     async def _send_all(self) -> None:
         while self._pending:
+            # A caller that went away before its call was sent (a client that left) sends nothing.
+            self._pending = [(a, f) for a, f in self._pending if not f.cancelled()]
             batch, self._pending = self._pending[: self._limit], self._pending[self._limit :]
+            if not batch:
+                return
             args: list[Any] = []
             for job_args, _ in batch:
                 args += [len(job_args), *job_args]
