@@ -38,6 +38,17 @@ class Coalesced:
             self._task = asyncio.create_task(self._flush())
         return await future
 
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """Let the call in flight end (up to `timeout_s`, then cancel it), so that no script
+        call is left running when the connections close."""
+        task = self._task
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=timeout_s)
+
     async def _flush(self) -> None:
         try:
             await asyncio.sleep(0)  # the calls made in this turn of the loop go together

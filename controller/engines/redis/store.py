@@ -6,6 +6,7 @@ What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -139,6 +140,7 @@ class RedisJobStore:
         }
 
     async def close(self) -> None:
+        await asyncio.gather(self._submits.close(), self._finishes.close())  # none left in flight
         await self.redis.aclose()
 
     async def _run(self, name: str, *args: Any) -> Any:
@@ -487,8 +489,7 @@ class RedisJobStore:
         ids = await self.redis.zrangebyscore(self.prefix + "deadlines", "-inf", now_ms, start=0, num=count)
         return [i.decode() for i in ids]
 
-    async def drop_deadline(self, job_id: str) -> None:
-        """Forget the deadline of a job that ended or is gone."""
+    async def drop_deadline(self, job_id: str) -> None:  # of a job that ended or is gone
         await self.redis.zrem(self.prefix + "deadlines", job_id)
 
     async def publish(self, message: str) -> None:
@@ -525,8 +526,7 @@ class RedisJobStore:
         )
 
     async def note_pinned(self, queue: str) -> None:
-        """Remember a queue of pinned jobs (`model@backend`), which the gauges and the unserved
-        rule read besides the catalog's models' queues (a few names: one per model and backend)."""
+        """Remember a queue of pinned jobs (`model@backend`: one per model and backend)."""
         await self.redis.sadd(self.prefix + "pinned", queue)
 
     async def active(self, tenant: str) -> int:
