@@ -71,6 +71,8 @@ class Waiters:
         events of its run) the watchers alone."""
         waiting = self._events.get(job_id)
         if not waiting:
+            if not state:
+                return  # new events of its run: not a change a later wait must look for
             self._unheard[job_id] = None
             if len(self._unheard) > UNHEARD:
                 self._unheard.popitem(last=False)
