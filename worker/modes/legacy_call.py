@@ -19,7 +19,6 @@ this executor: the registry puts `omnirt.worker.modes.null`'s executor in front 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import threading
 from typing import Any
@@ -34,7 +33,7 @@ from omnirt.worker.modes import step_engine
 from omnirt.worker.modes.assignment import AssignmentRun
 from omnirt.worker.modes.events import StepMonitor, ThreadEvents, attach_step_hook, first_outputs
 from omnirt.worker.modes.executor import CancelFlags, EventSink, Executor
-from omnirt.worker.modes.schedulers import fresh_scheduler, own_tokenizers, seed_noise_sampler
+from omnirt.worker.modes.schedulers import call_view, fresh_scheduler, own_tokenizers, seed_noise_sampler
 from omnirt.worker.modes.step_engine import Member, StepEngine
 from omnirt.worker.pipelines import clip_skip, media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
@@ -288,7 +287,7 @@ class LegacyCallRun(AssignmentRun):
         job_ids = [p.job_id for p in group]
         # A shallow copy with its own scheduler: schedulers keep per-call state, and several
         # slots may run the same cached pipeline at once. The weights stay shared.
-        view = copy.copy(pipeline)
+        view = call_view(pipeline)
         scheduler, warnings = fresh_scheduler(pipeline.scheduler, first.scheduler)
         if type(scheduler) is type(pipeline.scheduler):
             # The config already names this class: skip diffusers' __setattr__ rewriting it.

@@ -269,22 +269,45 @@ def test_unsupported_output_format_is_invalid_argument(executor: LegacyCallExecu
     assert (outcomes[0].error.code, outcomes[0].error.field) == ("INVALID_ARGUMENT", "output.format")
 
 
-def test_two_slots_share_one_cached_pipeline_safely(executor: LegacyCallExecutor) -> None:
+def _pixels(outcome: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(Image.open(io.BytesIO(outcome.result.artifacts[0].data))).astype(int)
+
+
+@pytest.mark.parametrize("step_engine", [False, True], ids=["calls-alone", "step-engine"])
+def test_two_slots_share_one_cached_pipeline_safely(executor: LegacyCallExecutor, step_engine: bool) -> None:
+    """Two calls at once on one cached pipeline leak no state into each other: with
+    `--no-step-engine` each gives its bytes alone; with the step engine (the default) their rows
+    share each forward, which holds them to the batch-of-N bound (3/255), not to the bytes: a
+    row's float sums depend on its place in the batch (1/255 seen, by which call came first)."""
+    config = WorkerConfig(
+        model_dir=executor.config.model_dir, worker_id="w-2", torch_threads=1, step_engine=step_engine
+    )
+    slots = LegacyCallExecutor(config, cache=executor.cache)
+    jobs = (("job-s1", 11), ("job-s2", 12))
     alone = {}
-    for job_id, seed in (("job-s1", 11), ("job-s2", 12)):
-        outcomes, _ = run_assignment(executor, make_assignment(job_ids=(job_id,), seed=seed, steps=8))
-        alone[job_id] = outcomes[0].result.artifacts[0].sha256
+    for job_id, seed in jobs:
+        outcomes, _ = run_assignment(slots, make_assignment(job_ids=(job_id,), seed=seed, steps=8))
+        alone[job_id] = outcomes[0]
 
     async def together() -> list:
         flags = CancelFlags()
         runs = [
-            executor.run(make_assignment(job_ids=(job_id,), seed=seed, steps=8), lambda e: None, flags)
-            for job_id, seed in (("job-s1", 11), ("job-s2", 12))
+            slots.run(make_assignment(job_ids=(j,), seed=seed, steps=8), lambda e: None, flags)
+            for j, seed in jobs
         ]
         return await asyncio.gather(*runs)
 
-    both = asyncio.run(together())
-    assert {o[0].job_id: o[0].result.artifacts[0].sha256 for o in both} == alone
+    both = {o[0].job_id: o[0] for o in asyncio.run(together())}
+    for job_id, outcome in both.items():
+        shared = outcome.result.report.config_resolved.get("step_engine")
+        if step_engine:
+            assert shared["used"] and shared["peak_rows"] == 4  # the two calls shared forwards
+            assert abs(_pixels(outcome) - _pixels(alone[job_id])).max() <= 3
+        else:
+            assert shared is None
+            assert outcome.result.artifacts[0].sha256 == alone[job_id].result.artifacts[0].sha256
 
 
 def test_two_calls_at_once_on_one_pipeline_never_share_a_tokenizer(

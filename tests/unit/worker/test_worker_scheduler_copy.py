@@ -1,18 +1,23 @@
-"""Each call's scheduler is a copy of a pristine one: it must behave as a deep copy, and share nothing."""
+"""Each call's scheduler is a copy of a pristine one: it must behave as a deep copy, and share nothing.
+A call's view of the pipeline asks diffusers for the execution device once per pipeline, and runs
+as the pipeline does."""
 
 from __future__ import annotations
 
 import copy
 import inspect
 import warnings
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import diffusers
 import numpy as np
 import pytest
 import torch
 
-from omnirt.worker.modes.schedulers import scheduler_copy, seed_noise_sampler
+from omnirt.worker.modes.schedulers import call_view, scheduler_copy, seed_noise_sampler
+from omnirt.worker.tiny.registry import ensure_builtin
 
 
 def _scheduler_classes() -> list[type]:
@@ -97,3 +102,30 @@ def test_a_copy_owns_its_mutable_state(name: str) -> None:
         if isinstance(value, torch.Tensor | np.ndarray | list) or type(value) is dict:
             assert vars(one)[attr] is not value and vars(one)[attr] is not vars(two)[attr], attr
     assert vars(one)["_internal_dict"] is vars(template)["_internal_dict"]  # the frozen config is shared
+
+
+def test_call_views_ask_for_the_execution_device_once_and_run_as_the_pipeline(model_dir: Path) -> None:
+    pipeline = diffusers.StableDiffusionPipeline.from_pretrained(ensure_builtin("tiny-sd", model_dir))
+    pipeline.set_progress_bar_config(disable=True)
+    walks = []
+    walk = diffusers.DiffusionPipeline._execution_device.fget
+
+    def counted(self: Any) -> Any:
+        walks.append(self)
+        return walk(self)
+
+    with mock.patch.object(diffusers.DiffusionPipeline, "_execution_device", property(counted)):
+        views = [call_view(pipeline) for _ in range(3)]
+        assert [view._execution_device for view in views] == [torch.device("cpu")] * 3
+    assert walks == [pipeline]  # diffusers walks the modules once, not once a call
+    view = views[0]
+    assert type(view).__name__ == "StableDiffusionPipeline"
+    assert isinstance(view, diffusers.StableDiffusionPipeline)
+    assert view.unet is pipeline.unet and "_omnirt_execution_device" not in pipeline.config
+
+    def image(pipe: Any) -> Any:
+        generator = torch.Generator().manual_seed(3)
+        size = {"width": 64, "height": 64}
+        return pipe("a fox", **size, num_inference_steps=2, generator=generator, output_type="np")
+
+    np.testing.assert_array_equal(image(view).images, image(pipeline).images)

@@ -28,7 +28,6 @@ the split's step ends) and gathers the shares on rank 0.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from contextlib import nullcontext
 from typing import Any
@@ -38,7 +37,7 @@ from omnirt.worker.failures import JobFailure
 from omnirt.worker.modes.events import StepHook, attach_step_hook
 from omnirt.worker.modes.legacy_call import prompt_kwargs
 from omnirt.worker.modes.persistent.guidance_split import GuidanceSplit
-from omnirt.worker.modes.schedulers import fresh_scheduler, seed_noise_sampler
+from omnirt.worker.modes.schedulers import call_view, fresh_scheduler, seed_noise_sampler
 from omnirt.worker.pipelines import clip_skip, media_inputs
 from omnirt.worker.pipelines import tasks as task_pipelines
 from omnirt.worker.pipelines.args import (
@@ -124,7 +123,7 @@ def run_share(
     first = group[0]
     pipe = task_pipelines.pipeline_for_task(pipe, first.task, spec)  # image2image, inpaint: from_pipe
     # As legacy_call: a shallow copy with its own scheduler (schedulers keep per-call state).
-    view = copy.copy(pipe)
+    view = call_view(pipe)
     scheduler, warnings = fresh_scheduler(pipe.scheduler, first.scheduler)
     if type(scheduler) is type(pipe.scheduler):
         object.__setattr__(view, "scheduler", scheduler)
