@@ -17,7 +17,7 @@ from omnirt.controller.engines.redis.records import QuotaRefusal
 from omnirt.controller.engines.redis.store import RedisJobStore
 from omnirt.types import EventKind, GenerateRequest, JobEvent, JobState
 from tests.daemons import RedisServer, wait_for
-from tests.integration.test_redis_tenant_scripts import claim, now_ms, run, submit
+from tests.integration.test_redis_tenant_scripts import MODEL, claim, end, now_ms, run, submit
 
 
 def script_calls(server: RedisServer) -> int:
@@ -120,5 +120,46 @@ def test_a_submit_whose_caller_left_before_it_was_sent_makes_no_job(
         assert await store.active("gone") == 0 and await store.active("here") == 1
         assert (await store.load(staying)).job.state is JobState.QUEUED
         assert script_calls(redis_server) - before == 1
+
+    run(redis_server, tmp_path, scenario)
+
+
+def command_calls(server: RedisServer, *names: str) -> dict[str, int]:
+    with redis.Redis(port=server.port) as r:
+        stats = r.info("commandstats")
+    return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names}
+
+
+def test_the_gauges_are_one_call_that_counts_only_queues_holding_jobs(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Every controller reads the cluster's gauges each second: one script call, whose answer
+    names the queues that hold jobs (and the pinned ones), not a ZCARD per catalog model."""
+    models = [MODEL, "other", *(f"idle-{i}" for i in range(50))]
+
+    async def scenario(store: RedisJobStore) -> None:
+        urgent = await submit(store, "alice", priority=5)
+        other = await submit(store, "", model="other")
+        queued = await submit(store, "bob")
+        assert await claim(store) == [urgent]
+        await store.note_pinned("other@cuda")
+        await store.gauges.read(models)  # Redis learns the script (a first call loads it)
+        before = command_calls(redis_server, "evalsha", "zcard", "hgetall")
+        gauges = await store.gauges.read(models)
+        after = command_calls(redis_server, "evalsha", "zcard", "hgetall")
+        assert gauges.queued_by_queue == {MODEL: 1, "other": 1, "other@cuda": 0}
+        assert gauges.queued_by_model == {MODEL: 1, "other": 1}
+        assert gauges.queued_by_priority == {0: 2} and gauges.running_by_model == {MODEL: 1}
+        assert gauges.active_by_tenant == {"": 1, "alice": 1, "bob": 1}
+        assert after["evalsha"] - before["evalsha"] == 1, "one round trip"
+
+        for job_id in (other, queued):
+            assert await end(store, job_id, JobState.CANCELLED)
+        assert await end(store, urgent, JobState.SUCCEEDED, JobState.RUNNING)
+        before = command_calls(redis_server, "zcard")
+        gauges = await store.gauges.read(models)
+        assert command_calls(redis_server, "zcard")["zcard"] - before["zcard"] == 1, "the pinned queue only"
+        assert gauges.queued_by_model == {"other": 0} and gauges.queued_by_priority == {}
+        assert gauges.running_by_model == {} and gauges.active_by_tenant == {"alice": 0, "bob": 0}
 
     run(redis_server, tmp_path, scenario)

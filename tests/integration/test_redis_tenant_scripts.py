@@ -250,7 +250,7 @@ def test_max_queued_counts_a_job_out_exactly_once_whichever_way_it_ends(
         # The evicted job's id is still queued: a claim drops it and takes the next one.
         assert await claim(store) == [queued]
         assert await store.redis.zscore(store.prefix + "queue", evicted) is None
-        assert (await store.depth([MODEL])).active_by_tenant == {"alice": 1, "bob": 1}, "the gauge"
+        assert (await store.gauges.read([MODEL])).active_by_tenant == {"alice": 1, "bob": 1}, "the gauge"
         assert await end(store, queued, JobState.CANCELLED, JobState.RUNNING)
         assert await active() == 0
 

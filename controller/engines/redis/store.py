@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -24,8 +23,9 @@ from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
 from omnirt.controller.engines.redis import event_log, scripts
 from omnirt.controller.engines.redis.artifacts import ArtifactFiles
 from omnirt.controller.engines.redis.coalesced import Coalesced, many
-from omnirt.controller.engines.redis.records import Finished, QuotaRefusal, RunEvents, StoredJob, by_model
-from omnirt.controller.observability.metrics import Gauges
+from omnirt.controller.engines.redis.connection import connect
+from omnirt.controller.engines.redis.gauges import GaugeReader
+from omnirt.controller.engines.redis.records import Finished, QuotaRefusal, RunEvents, StoredJob
 from omnirt.errors import JobNotFound, QueueFull
 from omnirt.types import (
     EventKind,
@@ -102,7 +102,7 @@ class RedisJobStore:
         # retried once on a fresh connection (the scripts tolerate running twice; see SUBMIT).
         # socket_timeout makes redis-py send each command under asyncio.wait_for: see
         # `raise_lost_cancel` for what that means on Python 3.11.
-        self.redis: Any = aioredis.Redis.from_url(
+        self.redis: Any = connect(
             url,
             socket_connect_timeout=2,
             socket_timeout=5,
@@ -111,6 +111,7 @@ class RedisJobStore:
             retry_on_error=[redis.exceptions.ConnectionError],
         )
         self.prefix = prefix
+        self.gauges = GaugeReader(self.redis, prefix)
         self.channel = prefix + "notify"
         self.ttl_s = max(1, int(job_ttl_s))
         self.idempotency_ttl_s = max(1, int(idempotency_ttl_s))
@@ -496,34 +497,6 @@ class RedisJobStore:
         await self.redis.publish(self.channel, message)
 
     # ---- gauges and the cluster's workers ----------------------------------------------
-
-    async def depth(self, models: Sequence[str]) -> Gauges:
-        """Queued jobs by model (of `models`) and by priority, running jobs by model, active jobs
-        by tenant: the cluster's."""
-        tenants = await self.tenants()
-        pinned = sorted(m.decode() for m in await self.redis.smembers(self.prefix + "pinned"))
-        queues = [*models, *pinned]
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(self.prefix + "qdepth")
-            pipe.hgetall(self.prefix + "runmodels")
-            for queue in queues:
-                pipe.zcard(self.prefix + "queue:m:" + queue)
-            for tenant in tenants:
-                pipe.scard(self.prefix + "active:" + tenant)
-            queued, running, *counts = await pipe.execute()
-        per_queue, per_tenant = counts[: len(queues)], counts[len(queues) :]
-        by_queue = {queue: int(n) for queue, n in zip(queues, per_queue, strict=True)}
-        return Gauges(
-            queued_by_model=by_model(by_queue),
-            queued_by_priority={int(k): int(v) for k, v in queued.items() if int(v) > 0},
-            running_by_model={
-                m: n for m, n in by_model({k.decode(): int(v) for k, v in running.items()}).items() if n > 0
-            },
-            # "" (no tenant) is scanned always but shown once it had jobs (the metrics keep a
-            # tenant they saw, at 0).
-            active_by_tenant={t: int(n) for t, n in zip(tenants, per_tenant, strict=True) if t or int(n)},
-            queued_by_queue=by_queue,
-        )
 
     async def note_pinned(self, queue: str) -> None:
         """Remember a queue of pinned jobs (`model@backend`: one per model and backend)."""

@@ -455,7 +455,7 @@ class RedisUpkeep:
                 self.engine.store_ok = True
                 # This controller's workers into the cluster's view, and their ids' claims renewed.
                 await self.cluster.publish()
-                self.engine.depth = await self.store.depth([spec.id for spec in self.catalog])
+                self.engine.depth = await self.store.gauges.read([spec.id for spec in self.catalog])
                 self.engine.pinned_queues.update(q for q in self.engine.depth.queued_by_queue if "@" in q)
                 await self._sweep_records()
                 await self._fail_unserved()
