@@ -10,9 +10,10 @@ copies of every artifact's bytes. So, beside the engine interface (which sees da
   back (as the client's view, or as the full result when an artifact's bytes were cut from it);
 * Generate answers from the store's bytes (`EncodedJobs`) instead of converting the job again.
 
-`engines.make_engine` hands both to the server (the memory store is both; None on Redis, which
-stores its own conversion), so nothing probes behind `EngineClient`. The engine never sees an
-encoding.
+`engines.make_engine` hands both to the server (the memory store is both; on Redis,
+`engines.redis.results.EncodedResults`, whose FINISH stores the stamped bytes and whose answered
+`Generate` sends them), so nothing probes behind `EngineClient`. The engine interface never sees
+an encoding.
 """
 
 from __future__ import annotations

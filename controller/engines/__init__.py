@@ -53,5 +53,11 @@ def make_engine(config: ControllerConfig, catalog: Catalog) -> EngineParts:
         from omnirt.controller.engines.redis.engine import RedisEngine
 
         redis = RedisEngine(config, catalog)
-        return EngineParts(redis, redis.metrics, shared=SharedRedis(redis.store.redis, redis.store.prefix))
+        return EngineParts(
+            redis,
+            redis.metrics,
+            arriving_results=redis.encodings,
+            encoded_jobs=redis.encodings,
+            shared=SharedRedis(redis.store.redis, redis.store.prefix),
+        )
     raise ValueError(f"--store: expected memory or redis://HOST:PORT/DB, got {config.store!r}")

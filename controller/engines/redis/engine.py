@@ -67,20 +67,14 @@ from omnirt.controller.core.tenants import (
 from omnirt.controller.core.validation import Plan, validate
 from omnirt.controller.engines.redis.cluster import Cluster
 from omnirt.controller.engines.redis.records import QuotaRefusal, StoredJob
-from omnirt.controller.engines.redis.results import store_or_keep, store_result
+from omnirt.controller.engines.redis.results import EncodedResults, store_or_keep, store_result
 from omnirt.controller.engines.redis.run_events import RunEventBuffer
 from omnirt.controller.engines.redis.store import RedisJobStore
 from omnirt.controller.engines.redis.upkeep import SLOW_TICK_S, RedisUpkeep
 from omnirt.controller.engines.redis.waiters import Waiters, raise_lost_cancel
 from omnirt.controller.observability.metrics import EngineMetrics, Gauges
 from omnirt.controller.observability.tracing import JobTracing
-from omnirt.errors import (
-    AlreadyExists,
-    InvalidRequest,
-    OmniRTError,
-    QuotaExceeded,
-    Unavailable,
-)
+from omnirt.errors import AlreadyExists, InvalidRequest, OmniRTError, QuotaExceeded, Unavailable
 from omnirt.types import (
     EventKind,
     GenerateRequest,
@@ -131,6 +125,7 @@ class RedisEngine:
         self.records: dict[str, JobRecord] = {}
         self.running: dict[str, JobRecord] = {}
         self.waiters = Waiters()  # Generate's and WatchJob's on this controller
+        self.encodings = EncodedResults()  # results as they came, answers as stored (core.encoded)
         # Worker results being stored (each beside the worker's stream, see worker_result).
         self._storing: set[asyncio.Task[None]] = set()
         # Events of running jobs on their way to Redis, written together (run_events.py).
@@ -538,10 +533,11 @@ class RedisEngine:
             record = None
         run_events = self.run_events.take(job_id, assignment_id)
         arrived_ms = _now_ms()  # the job's finished_at: when its result came, not when it was stored
+        wire = self.encodings.take_arriving(job_id, assignment_id)
 
         async def store() -> None:
             await store_result(
-                self, handle.id, assignment_id, job_id, result, error, record, run_events, arrived_ms
+                self, handle.id, assignment_id, job_id, result, error, record, run_events, arrived_ms, wire
             )
 
         # Stored beside the worker's stream, not in its way: a Redis that hangs (SIGSTOP, a

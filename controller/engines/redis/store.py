@@ -397,6 +397,7 @@ class RedisJobStore:
         assignment_id: str = "",
         error: JobError | None = None,
         result: GenerateResult | None = None,
+        encoded_result: bytes | None = None,
         state_event: JobEvent,
         result_event: JobEvent | None = None,
         artifacts: dict[int, bytes] | None = None,
@@ -409,9 +410,11 @@ class RedisJobStore:
         logging first `run_events`, the events of its run not logged yet, and setting `worker`
         (the one that ran it: its RUNNING event may be among those) unless "". With `read_back`
         the answer holds the job as it is then (what `load` reads), read in the same script.
+        `encoded_result` is `result` already encoded (else it is converted here).
         """
         extra = self.artifacts.fields(job_id, artifacts or {})
-        encoded_result = _bytes(c.result_to_proto(result)) if result else b""
+        if encoded_result is None:
+            encoded_result = _bytes(c.result_to_proto(result)) if result else b""
         events = [*run_events, *([result_event] if result_event else []), state_event]
         answer = await self._finishes.call(
             job_id,
