@@ -502,8 +502,14 @@ def test_with_keys_a_session_needs_one_on_grpc_and_on_the_websocket(log_dir: Pat
         async def scenario() -> None:
             async with grpc.aio.insecure_channel(secured.address) as channel:
                 stub = realtime_pb2_grpc.RealtimeServiceStub(channel)
-                refused = await ClientSession(stub, open_message()).status()
-                assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+                # Refused at the call's start: nothing is written, so the client's first write
+                # cannot race the refusal (gRPC's client then reports its failed send, INTERNAL
+                # "Internal error from Core", instead of the server's status: seen once in CI).
+                unkeyed = stub.Session()
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    async with asyncio.timeout(20):
+                        await unkeyed.read()
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
                 keyed = ClientSession(stub, open_message(), metadata=(("authorization", f"Bearer {key}"),))
                 assert (await keyed.status()).code() == grpc.StatusCode.UNAVAILABLE  # in, no worker
             async with aiohttp.ClientSession() as http:
