@@ -12,7 +12,7 @@ through the stages), each on a shallow copy of it (a view); the weights stay sha
 
 The view itself (`call_view`) answers diffusers' `_execution_device` from the cached pipeline's
 first answer: diffusers walks every module of every component to find offload hooks each time a
-call asks (2.5 ms a call on tiny-sd's 432 modules, about 20 ms on SDXL's few thousand), and a
+call asks (2.5 ms a call on tiny-sd's 432 modules, 14.9 ms on a real-size SDXL's 2,717), and a
 loaded pipeline is placed once (the model cache never moves it; offload hooks are set at load).
 """
 

@@ -2,10 +2,11 @@
 
 redis-py packs a command with hiredis, but first passes every argument through its own Python
 `Encoder.encode` (an isinstance chain per argument; hiredis takes str, bytes and int as they
-are). A busy controller on Redis sends a dozen arguments a command, and that loop was about a
-tenth of its CPU. Here a command whose arguments are all str, bytes or int (not bool) goes to
-`hiredis.pack_command` at once; any other (a float, a memoryview, a command name with a space,
-such as `SCRIPT LOAD`) takes redis-py's own path, as before. Without hiredis nothing changes.
+are). A busy controller on Redis sends a dozen arguments a command; skipping that loop saved a
+few percent of its CPU per job (docs/BENCHMARKS.md, "What a job costs Redis"). Here a command
+whose arguments are all str, bytes or int (not bool) goes to `hiredis.pack_command` at once; any
+other (a float, a memoryview, a command name with a space, such as `SCRIPT LOAD`) takes
+redis-py's own path, as before. Without hiredis nothing changes.
 """
 
 from __future__ import annotations
@@ -42,26 +43,23 @@ def _packed(args: tuple[Any, ...]) -> list[bytes] | None:
     return None
 
 
-class Connection(aioredis.Connection):
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return _packed(args) or super().pack_command(*args)
+def _packing(base: type[aioredis.Connection] | type[aioredis.UnixDomainSocketConnection]) -> type:
+    """`base` (a redis-py connection class) whose commands go to hiredis when `_plain`."""
+
+    def pack_command(self: Any, *args: Any) -> list[bytes]:
+        return _packed(args) or base.pack_command(self, *args)
+
+    return type(base.__name__, (base,), {"pack_command": pack_command, "__module__": __name__})
 
 
-class SSLConnection(aioredis.SSLConnection):
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return _packed(args) or super().pack_command(*args)
-
-
-class UnixDomainSocketConnection(aioredis.UnixDomainSocketConnection):
-    def pack_command(self, *args: Any) -> list[bytes]:
-        return _packed(args) or super().pack_command(*args)
-
-
+# redis-py's connection class (as the URL's scheme picks it) -> ours.
 _OURS: dict[type, type] = {
-    aioredis.Connection: Connection,
-    aioredis.SSLConnection: SSLConnection,
-    aioredis.UnixDomainSocketConnection: UnixDomainSocketConnection,
+    base: _packing(base)
+    for base in (aioredis.Connection, aioredis.SSLConnection, aioredis.UnixDomainSocketConnection)
 }
+Connection = _OURS[aioredis.Connection]
+SSLConnection = _OURS[aioredis.SSLConnection]
+UnixDomainSocketConnection = _OURS[aioredis.UnixDomainSocketConnection]
 
 
 def connect(url: str, **options: Any) -> aioredis.Redis:
