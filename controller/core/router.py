@@ -118,6 +118,10 @@ class WorkerHandle:
         """Jobs of `model` running on this worker now."""
         return self._models.get(model, 0)
 
+    def running_by_model(self) -> dict[str, int]:
+        """Model id -> jobs of it running on this worker now (a copy)."""
+        return dict(self._models)
+
     def joins(self, spec: ModelSpec, key: Hashable, rows: int) -> bool:
         """Whether a job of `spec` with step key `key` and `rows` may join a batch running here."""
         if self.info.state is not WorkerState.READY or spec.pipeline_class not in self.info.step_pipelines:
@@ -331,6 +335,14 @@ class WorkerRegistry:
     def running_of(self, model: str) -> int:
         """Jobs of `model` running on any worker now."""
         return sum(w.running_of(model) for w in self._workers.values())
+
+    def running_by_model(self) -> dict[str, int]:
+        """Model id -> jobs of it running on these workers now (the models running any)."""
+        counts: dict[str, int] = {}
+        for worker in self._workers.values():
+            for model, n in worker.running_by_model().items():
+                counts[model] = counts.get(model, 0) + n
+        return counts
 
     def serving_count(self, spec: ModelSpec, backend: str = "") -> int:
         return len(self.candidates(spec, backend))

@@ -44,7 +44,7 @@ class Case:
     now: int = 10
     window_ms: int = 0
     busy_window_ms: int = 0
-    model_running: bool = False  # another job of the model runs (claimed before these queue)
+    model_running: bool = False  # another job of the model runs (the controller says so)
     max_batch_size: int = 4  # the controller's
     model_limit: int = 0  # the model's own max_batch_size (0 = the controller's)
 
@@ -135,10 +135,6 @@ def rule_answer(case: Case, config: ControllerConfig, queued: Queued) -> Answer:
 async def claim_answer(store: RedisJobStore, case: Case, config: ControllerConfig, queued: Queued) -> Answer:
     """What CLAIM decides for the same jobs, queued in Redis with the batch keys' ids."""
     start = datetime.now(UTC)
-    if case.model_running:
-        await submit(store, "running", start - timedelta(seconds=1), queued.plans[0], "")
-        running = await store.claim({MODEL: 1}, "ctl", "asg-running", 60_000, 0, now_ms(), 0)
-        assert running is not None and isinstance(running[1], list), running
     limit = batch_limit(config, queued.plans[0].spec)
     for i, plan in enumerate(queued.plans):
         key = batch_key_id(batch_key(plan, limit))
@@ -153,6 +149,7 @@ async def claim_answer(store: RedisJobStore, case: Case, config: ControllerConfi
         config.batch_window_ms,
         first + case.now,
         busy_window_ms=config.batch_busy_window_ms,
+        running={MODEL} if case.model_running else (),  # the controller knows what runs
     )
     assert answer is not None, "a queued job is always claimed or waits"
     model, claimed = answer

@@ -6,9 +6,15 @@ import asyncio
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
+from omnirt.controller.config import ControllerConfig
+from omnirt.controller.core.router import WorkerHandle, WorkerRegistry
 from omnirt.controller.engines.redis.store import RedisJobStore
-from omnirt.types import EventKind, GenerateRequest, Job, JobEvent, JobState
+from omnirt.controller.engines.redis.upkeep import RedisUpkeep
+from omnirt.controller.observability.metrics import Gauges
+from omnirt.types import EventKind, GenerateRequest, Job, JobEvent, JobState, WorkerInfo
 from tests.daemons import RedisServer
 
 MODEL = "tiny-sd"
@@ -26,9 +32,14 @@ async def submit(store: RedisJobStore, job_id: str) -> None:
     assert await store.submit(job, request, b"", "k", 0.0, 100, queued) is None
 
 
-async def claim(store: RedisJobStore, busy_window_ms: int) -> tuple[str, object] | None:
+async def claim(
+    store: RedisJobStore, busy_window_ms: int, running: bool = False
+) -> tuple[str, object] | None:
+    """A claim; `running`: the controller knows jobs of the model run (its workers', the gauge's)."""
     assignment = f"asg-{time.monotonic_ns()}"
-    return await store.claim({MODEL: 4}, "ctl", assignment, 5000, 0, now_ms(), busy_window_ms)
+    return await store.claim(
+        {MODEL: 4}, "ctl", assignment, 5000, 0, now_ms(), busy_window_ms, running={MODEL} if running else ()
+    )
 
 
 async def finish(store: RedisJobStore, job_id: str) -> None:
@@ -67,24 +78,46 @@ def test_busy_window_waits_for_companions_only_while_the_model_runs(
             assert ids(await claim(store, LONG_MS)) == ["j-a"], "an idle model's job goes at once"
             await submit(store, "j-b")
             await submit(store, "j-c")
-            waiting = await claim(store, LONG_MS)
+            waiting = await claim(store, LONG_MS, running=True)
             assert waiting is not None and waiting[0] == MODEL and isinstance(waiting[1], int)
             assert waiting[1] > now_ms() + LONG_MS // 2, "it waits out the busy window"
             assert (await store.load("j-b")).job.state is JobState.QUEUED
             # Without a busy window (the default) the same queue is claimed at once.
-            assert sorted(ids(await claim(store, 0))) == ["j-b", "j-c"]
+            assert sorted(ids(await claim(store, 0, running=True))) == ["j-b", "j-c"]
 
             await submit(store, "j-d")
             await submit(store, "j-e")
-            assert isinstance((await claim(store, LONG_MS) or ("", []))[1], int), "busy: they wait"
+            busy = await claim(store, LONG_MS, running=True)
+            assert isinstance((busy or ("", []))[1], int), "busy: they wait"
             for job_id in ("j-a", "j-b", "j-c"):
                 await finish(store, job_id)
             assert sorted(ids(await claim(store, LONG_MS))) == ["j-d", "j-e"], "idle again: both at once"
 
             for i in range(4):
                 await submit(store, f"j-full-{i}")
-            assert len(ids(await claim(store, LONG_MS))) == 4, "a full batch never waits, busy or not"
+            full = await claim(store, LONG_MS, running=True)
+            assert len(ids(full)) == 4, "a full batch never waits, busy or not"
         finally:
             await store.close()
 
     asyncio.run(scenario())
+
+
+def test_the_model_runs_where_this_controller_or_the_clusters_gauge_says_so() -> None:
+    """Redis counts no running jobs per model any more: the dispatcher tells CLAIM which models
+    run, from its own workers (now) and the cluster's gauge (read each second)."""
+    registry = WorkerRegistry()
+    worker = WorkerHandle(WorkerInfo(id="w1", models=[MODEL, "other"], slots=2), link=SimpleNamespace())
+    registry.add(worker)
+    worker.start("job-1", "asg-1", MODEL)
+    upkeep = SimpleNamespace(
+        config=ControllerConfig(batch_window_ms=0, batch_busy_window_ms=100),
+        engine=SimpleNamespace(depth=Gauges(running_by_model={"far": 2})),
+        workers=registry,
+    )
+    queues = {MODEL: 4, f"{MODEL}@cuda": 4, "far": 4, "idle": 4}
+    running = RedisUpkeep._running(cast(RedisUpkeep, upkeep), queues)
+    assert running == {MODEL, f"{MODEL}@cuda", "far"}
+    assert registry.running_by_model() == {MODEL: 1}
+    upkeep.config = ControllerConfig(batch_window_ms=100, batch_busy_window_ms=100)
+    assert RedisUpkeep._running(cast(RedisUpkeep, upkeep), queues) == set(), "no busy window: no need to know"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import redis
 
@@ -15,6 +17,7 @@ from omnirt.controller.core.tenants import TenantPolicy
 from omnirt.controller.engines.redis.engine import RedisEngine
 from omnirt.controller.engines.redis.records import QuotaRefusal
 from omnirt.controller.engines.redis.store import RedisJobStore
+from omnirt.controller.engines.redis.upkeep import RedisUpkeep
 from omnirt.types import EventKind, GenerateRequest, JobEvent, JobState
 from tests.daemons import RedisServer, wait_for
 from tests.integration.test_redis_tenant_scripts import MODEL, claim, end, now_ms, run, submit
@@ -46,10 +49,15 @@ def test_concurrent_submits_go_in_one_call_and_each_gets_its_own_answer(
 
 
 def test_concurrent_results_go_in_one_call(redis_server: RedisServer, tmp_path: Path) -> None:
+    """... and the final states of one call are told in one message ("E ID1 ID2 ..."), which
+    wakes each job's waiters."""
+
     async def scenario(store: RedisJobStore) -> None:
         ids = [await submit(store, "") for _ in range(8)]
         for _ in ids:
             await claim(store)
+        pubsub = store.redis.pubsub()
+        await pubsub.subscribe(store.channel)
         before = script_calls(redis_server)
         finished = await asyncio.gather(
             *(
@@ -64,8 +72,22 @@ def test_concurrent_results_go_in_one_call(redis_server: RedisServer, tmp_path: 
             )
         )
         assert [f.changed for f in finished] == [True] * 8
-        assert script_calls(redis_server) - before <= 2, "8 results in one call"
+        calls = script_calls(redis_server) - before
+        assert calls <= 2, "8 results in one call"
         assert {(await store.load(job_id)).job.state for job_id in ids} == {JobState.SUCCEEDED}
+        told: list[str] = []
+        for _ in range(calls + 2):  # the subscription's confirmation, the calls' messages, none
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+            if message is not None:
+                told.append(message["data"].decode())
+        await pubsub.aclose()
+        assert 1 <= len(told) <= calls, told
+        assert sorted(job_id for text in told for job_id in text.split(" ")[1:]) == sorted(ids)
+        notified: list[str] = []
+        upkeep = SimpleNamespace(waiters=SimpleNamespace(notify=notified.append))
+        for text in told:
+            RedisUpkeep._on_message(cast(RedisUpkeep, upkeep), text)  # a stand-in: only its waiters
+        assert sorted(notified) == sorted(ids), "each job's waiters are woken"
 
     run(redis_server, tmp_path, scenario)
 
@@ -134,30 +156,40 @@ def test_the_gauges_are_one_call_that_counts_only_queues_holding_jobs(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """Every controller reads the cluster's gauges each second: one script call, whose answer
-    names the queues that hold jobs (and the pinned ones), not a ZCARD per catalog model."""
+    names the queues that hold jobs (and the pinned ones), not a ZCARD per catalog model. The
+    running jobs are what the controllers alive say their workers run, summed; a job's claim
+    and end write no count."""
     models = [MODEL, "other", *(f"idle-{i}" for i in range(50))]
 
     async def scenario(store: RedisJobStore) -> None:
         urgent = await submit(store, "alice", priority=5)
         other = await submit(store, "", model="other")
         queued = await submit(store, "bob")
+        before = command_calls(redis_server, "hincrby")
         assert await claim(store) == [urgent]
+        assert await end(store, other, JobState.CANCELLED)
+        assert command_calls(redis_server, "hincrby")["hincrby"] - before["hincrby"] == 2, "qdepth only"
+        other = await submit(store, "", model="other")
         await store.note_pinned("other@cuda")
-        await store.gauges.read(models)  # Redis learns the script (a first call loads it)
+        # Another controller runs two jobs of MODEL and one of "other"; it stopped, or it
+        # writes again within its keep (50 ms here).
+        await store.gauges.read(models, "ctl-b", {MODEL: 2, "other": 1}, now_ms(), 50)
         before = command_calls(redis_server, "evalsha", "zcard", "hgetall")
-        gauges = await store.gauges.read(models)
+        gauges = await store.gauges.read(models, "ctl-a", {MODEL: 1}, now_ms(), 5000)
         after = command_calls(redis_server, "evalsha", "zcard", "hgetall")
         assert gauges.queued_by_queue == {MODEL: 1, "other": 1, "other@cuda": 0}
         assert gauges.queued_by_model == {MODEL: 1, "other": 1}
-        assert gauges.queued_by_priority == {0: 2} and gauges.running_by_model == {MODEL: 1}
+        assert gauges.queued_by_priority == {0: 2}
+        assert gauges.running_by_model == {MODEL: 3, "other": 1}, "both controllers' counts"
         assert gauges.active_by_tenant == {"": 1, "alice": 1, "bob": 1}
         assert after["evalsha"] - before["evalsha"] == 1, "one round trip"
 
         for job_id in (other, queued):
             assert await end(store, job_id, JobState.CANCELLED)
         assert await end(store, urgent, JobState.SUCCEEDED, JobState.RUNNING)
+        await asyncio.sleep(0.1)  # ctl-b's count expires: it wrote nothing since
         before = command_calls(redis_server, "zcard")
-        gauges = await store.gauges.read(models)
+        gauges = await store.gauges.read(models, "ctl-a", {}, now_ms(), 5000)
         assert command_calls(redis_server, "zcard")["zcard"] - before["zcard"] == 1, "the pinned queue only"
         assert gauges.queued_by_model == {"other": 0} and gauges.queued_by_priority == {}
         assert gauges.running_by_model == {} and gauges.active_by_tenant == {"alice": 0, "bob": 0}

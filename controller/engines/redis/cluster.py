@@ -2,7 +2,7 @@
 
 A worker connects to one controller, but any controller lists, counts and drains it. Each
 controller claims its workers' ids in Redis (one live process per id across the controllers,
-see `scripts.CLAIM_WORKER`) and lists them for the others, renewed every upkeep tick; the
+see `upkeep_scripts.CLAIM_WORKER`) and lists them for the others, renewed every upkeep tick; the
 others' workers are read back as they last listed them.
 """
 

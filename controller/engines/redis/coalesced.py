@@ -82,14 +82,15 @@ class Coalesced:
                     future.set_result(answer)
 
 
-def many(body: str) -> str:
+def many(body: str, before: str = "", after: str = "") -> str:
     """A script that runs the single-job script `body` once per job: ARGV is p, then per job the
     count of its arguments and those (its ARGV without p). Returns the answers in order
-    (the script side of `Coalesced`)."""
+    (the script side of `Coalesced`). `before` and `after` run once, around the jobs."""
     return (
         "local function one(ARGV)\n"
         + body
         + "\nend\n"
+        + before
         + r"""
 local out, i = {}, 2
 while i <= #ARGV do
@@ -99,6 +100,7 @@ while i <= #ARGV do
   out[#out + 1] = one(a)
   i = i + n + 1
 end
-return out
 """
+        + after
+        + "\nreturn out\n"
     )

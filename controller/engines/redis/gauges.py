@@ -6,6 +6,12 @@ each controller a hundred commands to pack and a hundred replies to parse every 
 percent of a busy controller's CPU; the script counts the queues in Redis and answers only the
 ones that hold jobs (and every pinned queue: the rule for unserved jobs reads those). With no job
 queued anywhere (`qdepth` all zero) it counts no model queue at all.
+
+Running jobs by model are counted by the controllers, not by the scripts a job runs through:
+each controller knows the jobs its own workers run, and writes those counts here (its
+`running:c:OWNER` hash, kept a few seconds past its last write) as it reads the gauges; the
+gauge is the sum over the controllers alive. The `runmodels` hash it replaces cost every job
+two HINCRBY (at its claim and at its end) for a number read once a second.
 """
 
 from __future__ import annotations
@@ -16,11 +22,31 @@ from typing import Any
 from omnirt.controller.engines.redis.records import by_model
 from omnirt.controller.observability.metrics import Gauges
 
-# ARGV: p, then the model ids to count. Returns {qdepth, runmodels (HGETALL each), queues
-# {name, count, ...}: the models' that hold jobs and every pinned one, tenants {name, count, ...}:
-# the active set's size of each tenant ("" always)}.
+# ARGV: p, owner ('' = none: read only), now_ms, keep_ms, n, then n model, running pairs (the
+# owner's), then the
+# model ids to count. Returns {qdepth (HGETALL), running {model, count, ...} summed over the
+# controllers alive, queues {name, count, ...}: the models' that hold jobs and every pinned one,
+# tenants {name, count, ...}: the active set's size of each tenant ("" always)}.
 DEPTH = r"""
-local p = ARGV[1]
+local p, owner, now, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local first = 6 + 2 * tonumber(ARGV[5])
+if owner ~= '' then
+  local mine = p .. 'running:c:' .. owner
+  redis.call('DEL', mine)
+  if first > 6 then redis.call('HSET', mine, unpack(ARGV, 6, first - 1)) end
+  redis.call('PEXPIRE', mine, keep)
+  redis.call('ZADD', p .. 'controllers', now + keep, owner)
+  redis.call('ZREMRANGEBYSCORE', p .. 'controllers', '-inf', now)
+end
+local sums, running = {}, {}
+for _, c in ipairs(redis.call('ZRANGE', p .. 'controllers', 0, -1)) do
+  local counts = redis.call('HGETALL', p .. 'running:c:' .. c)
+  for i = 1, #counts, 2 do sums[counts[i]] = (sums[counts[i]] or 0) + tonumber(counts[i + 1]) end
+end
+for model, n in pairs(sums) do
+  running[#running + 1] = model
+  running[#running + 1] = n
+end
 local queued = redis.call('HGETALL', p .. 'qdepth')
 local any = false
 for i = 2, #queued, 2 do
@@ -32,7 +58,7 @@ for _, q in ipairs(redis.call('SMEMBERS', p .. 'pinned')) do
   queues[#queues + 1] = redis.call('ZCARD', p .. 'queue:m:' .. q)
 end
 if any then
-  for i = 2, #ARGV do
+  for i = first, #ARGV do
     local n = redis.call('ZCARD', p .. 'queue:m:' .. ARGV[i])
     if n > 0 then
       queues[#queues + 1] = ARGV[i]
@@ -47,7 +73,7 @@ for _, t in ipairs(redis.call('SMEMBERS', p .. 'tenants')) do
     tenants[#tenants + 1] = redis.call('SCARD', p .. 'active:' .. t)
   end
 end
-return {queued, redis.call('HGETALL', p .. 'runmodels'), queues, tenants}
+return {queued, running, queues, tenants}
 """
 
 
@@ -62,8 +88,20 @@ class GaugeReader:
         self._script = redis.register_script(DEPTH)
         self._prefix = prefix
 
-    async def read(self, models: Sequence[str]) -> Gauges:
-        queued, running, queues, tenants = await self._script(keys=[], args=[self._prefix, *models])
+    async def read(
+        self,
+        models: Sequence[str],
+        owner: str = "",
+        running_here: dict[str, int] | None = None,
+        now_ms: int = 0,
+        keep_ms: int = 0,
+    ) -> Gauges:
+        """The gauges of the cluster for the catalog's `models`, after writing what controller
+        `owner` runs (`running_here`: model -> jobs on its workers), which counts until `keep_ms`
+        after `now_ms`; with no `owner`, only read."""
+        counts = [x for model, n in (running_here or {}).items() if n > 0 for x in (model, n)]
+        args = [self._prefix, owner, now_ms, keep_ms, len(counts) // 2, *counts, *models]
+        queued, running, queues, tenants = await self._script(keys=[], args=args)
         by_queue = {queue: n for queue, n in _pairs(queues).items() if n > 0 or "@" in queue}
         return Gauges(
             queued_by_model=by_model(by_queue),

@@ -18,6 +18,11 @@ Cluster hash tag, so every key lives in one slot):
     P queue:b:KEY     zset of queued jobs that can share one pipeline call
     P qdepth          hash priority -> queued jobs (the queue-depth gauge)
     P running         zset job -> lease expiry (ms); the holder renews it
+    P running:c:OWNER hash model -> jobs running on controller OWNER's workers, as it counts
+                      them (written with the gauges each second; expires when OWNER stops)
+    P controllers     zset controller -> when its running:c hash expires (the live ones)
+    P runmodels       hash model -> running jobs: written by controllers before running:c
+                      (two HINCRBY a job), read by none since
     P deadlines       zset job -> deadline (ms) of jobs not final yet
     P jobs            zset job -> creation time (ms): the listing
     P jobs:t:TENANT   zset: the same for one (named) tenant's jobs
@@ -32,7 +37,8 @@ Cluster hash tag, so every key lives in one slot):
     P worker-claim:ID hash instance, owner, host, pid: the process that holds worker id ID and
                       the controller it is connected to; expires a lease after its last renewal
     P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID changed state, or
-                      has a new event: every waiter looks), "p ID" (job ID has new events of its
+                      has a new event: every waiter looks), "E ID1 ID2 ..." (the same for
+                      several jobs: the final states of one FINISH call), "p ID" (job ID has new events of its
                       run: watchers look, `wait` sleeps on),
                       "c ID ASSIGNMENT OWNER REASON" (stop a running job), "d WORKER" (drain)
 
@@ -54,6 +60,20 @@ local queued_told = false
 local function tell_queued(p)
   if not queued_told then redis.call('PUBLISH', p .. 'notify', 'q') end
   queued_told = true
+end
+
+-- "e ID" (job ID reached a final state) at once; or, while `told` is a list (FINISH's calls
+-- of many jobs), once at the end of the call for all of them: "e ID" for one, "E ID1 ID2 ..."
+-- for several (a controller before "E" ignores it: its waiters find the state on their
+-- one-second look).
+local told = nil
+local function tell_final(p, id)
+  if told then table.insert(told, id) else redis.call('PUBLISH', p .. 'notify', 'e ' .. id) end
+end
+local function tell_finals(p)
+  if told and #told == 1 then redis.call('PUBLISH', p .. 'notify', 'e ' .. told[1]) end
+  if told and #told > 1 then redis.call('PUBLISH', p .. 'notify', 'E ' .. table.concat(told, ' ')) end
+  told = nil
 end
 
 local function enqueue(p, id, model, bkey, rank, priority)
@@ -81,32 +101,54 @@ local function evicted(p, id, m, bkey)
   return true
 end
 
--- The head of a model's queue {id, rank}, or {} (not checked for eviction: see CLAIM).
-local function model_head(p, model)
-  return redis.call('ZRANGE', p .. 'queue:m:' .. model, 0, 0, 'WITHSCORES')
-end
-
 -- The fields of a queued job that `take` reads (CLAIM reads its head's once for both).
 local function take_fields(jk)
   return redis.call('HMGET', jk, 'model', 'bkey', 'priority', 'request', 'enqueued_ms', 'traceparent',
     'tenant', 'attempts')
 end
 
+-- The first n+1 of a model's queue {id1, rank1, id2, ...}, or {} (not checked for eviction:
+-- see CLAIM): the head, and whether a call of up to n jobs may empty the queue.
+local function model_head(p, model, n)
+  return redis.call('ZRANGE', p .. 'queue:m:' .. model, 0, n, 'WITHSCORES')
+end
+
+-- Up to `limit` of the queued jobs `ids` (but `skip`) that may share a call, with take_fields
+-- of each, and the set of those found evicted (no hash, so no bkey), which leave the queues here
+-- (`evicted` without its EXISTS: the fields are read anyway).
+local function peers_fields(p, ids, model, bkey, skip, limit)
+  local kept, fields, gone = {}, {}, {}
+  for _, other in ipairs(ids) do
+    if #kept < limit and other ~= skip then
+      local f = take_fields(p .. 'job:' .. other)
+      if f[2] then
+        table.insert(kept, other)
+        table.insert(fields, f)
+      else
+        gone[other] = true
+        redis.call('ZREM', p .. 'queue', other)
+        redis.call('ZREM', p .. 'queue:m:' .. model, other)
+        if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, other) end
+      end
+    end
+  end
+  return kept, fields, gone
+end
+
+
 -- Mark the queued jobs `ids` RUNNING under assignment `asg` of `owner`, appending to `out` each
--- one's id, attempts, request, enqueued_ms, traceparent and tenant. `first` is take_fields of
--- ids[1], when the caller read them.
-local function take(p, ids, asg, owner, now, lease, out, first)
+-- one's id, attempts, request, enqueued_ms, traceparent and tenant. `fields[i]` is take_fields
+-- of ids[i], where the caller read them.
+local function take(p, ids, asg, owner, now, lease, out, fields)
   for i, id in ipairs(ids) do
     local jk = p .. 'job:' .. id
-    local f = first
-    if i > 1 or not f then f = take_fields(jk) end
+    local f = (fields and fields[i]) or take_fields(jk)
     dequeue(p, id, f[1], f[2], f[3])
     local attempts = (tonumber(f[8] or '0') or 0) + 1
     redis.call('HSET', jk, 'state', 'RUNNING', 'assignment', asg, 'owner', owner, 'started_ms', now,
       'attempts', attempts)
     if attempts > 1 then redis.call('HDEL', jk, 'progress') end  -- an earlier attempt's
     redis.call('ZADD', p .. 'running', now + lease, id)
-    redis.call('HINCRBY', p .. 'runmodels', f[1], 1)
     table.insert(out, id)
     table.insert(out, tostring(attempts))
     table.insert(out, f[4])
@@ -155,7 +197,6 @@ local function finish(p, id, state, now, ttl, error, result, ev, f, worker)
   if f[1] == 'QUEUED' then dequeue(p, id, f[4], f[5], f[6]) end
   if f[1] == 'RUNNING' then
     redis.call('ZREM', p .. 'running', id)
-    redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
   end
   -- '0': no deadline, nothing in `deadlines` (none: a job from before the field, look).
   if f[9] ~= '0' then redis.call('ZREM', p .. 'deadlines', id) end
@@ -167,7 +208,7 @@ local function finish(p, id, state, now, ttl, error, result, ev, f, worker)
   log_events(p, id, ev[1], ev[2], ev[3], ev[4])
   redis.call('EXPIRE', jk, ttl)
   redis.call('EXPIRE', p .. 'events:' .. id, ttl)
-  redis.call('PUBLISH', p .. 'notify', 'e ' .. id)
+  tell_final(p, id)
   return {f[1], f[2] or '', f[3] or '', f[7] or ''}
 end
 """
@@ -210,23 +251,29 @@ end
 #       nothing), a token spent only by a job that is queued.
 SUBMIT = r"""
 local p, id, idem, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[17]
-if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return {'ok'} end  -- a retried call
+-- The listing entry first: already there, this is a retried call of a job queued before (the
+-- job's own EXISTS, one command more, is what it replaced); a refusal takes it out again.
+if redis.call('ZADD', p .. 'jobs', 'NX', ARGV[12], id) == 0 then return {'ok'} end
+local function refuse(answer)
+  redis.call('ZREM', p .. 'jobs', id)
+  return answer
+end
 local ik = p .. 'idem:' .. idem
 if tenant ~= '' then ik = p .. 'idem@' .. tenant .. ':' .. idem end
 if idem ~= '' then
   local existing = redis.call('GET', ik)
-  if existing and redis.call('EXISTS', p .. 'job:' .. existing) == 1 then return {'dup', existing} end
+  if existing and redis.call('EXISTS', p .. 'job:' .. existing) == 1 then return refuse({'dup', existing}) end
 end
-if redis.call('ZCARD', p .. 'queue') >= tonumber(ARGV[5]) then return {'full'} end
+if redis.call('ZCARD', p .. 'queue') >= tonumber(ARGV[5]) then return refuse({'full'}) end
 local active = p .. 'active:' .. tenant
 local max_queued, rate = tonumber(ARGV[18]), tonumber(ARGV[19])
 if max_queued > 0 then
   local n = redis.call('SCARD', active)
-  if n >= max_queued then return {'quota', 'max_queued', n} end
+  if n >= max_queued then return refuse({'quota', 'max_queued', n}) end
 end
 if rate > 0 then
   local wait = take_token(p .. 'bucket:' .. tenant, rate, tonumber(ARGV[20]), tonumber(ARGV[12]) / 1000)
-  if wait > 0 then return {'quota', 'rate', string.format('%.17g', wait)} end
+  if wait > 0 then return refuse({'quota', 'rate', string.format('%.17g', wait)}) end
 end
 local rank = ARGV[11]
 if tenant ~= '' then
@@ -243,7 +290,6 @@ end
 redis.call('HSET', p .. 'job:' .. id, unpack(fields))
 enqueue(p, id, ARGV[9], ARGV[10], rank, ARGV[14])
 if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
-redis.call('ZADD', p .. 'jobs', ARGV[12], id)
 if tenant ~= '' then redis.call('ZADD', p .. 'jobs:t:' .. tenant, ARGV[12], id) end
 redis.call('SADD', active, id)
 if tenant ~= '' then redis.call('SADD', p .. 'tenants', tenant) end  -- "" is always one
@@ -258,23 +304,25 @@ return {'ok'}
 # The batch rule (key, limit, window) is controller/core/batching.py's; this is its copy inside
 # Redis, held to the same answers by tests/integration/test_batching_rule.py.
 # ARGV: p, now_ms, lease_ms, owner, assignment, window_ms, busy_window_ms (the window while jobs
-# of the model run, when longer), then model, limit pairs.
+# of the model run, when longer), then per model: model, limit, busy ('1': jobs of it run, as
+# the controller knows: its own workers' and the cluster's gauge).
 # Returns {} (nothing), {'wait', model, due_ms} (the head waits for batch companions), or
 # {'ok', model, empty, id1, attempts1, request1, enqueued_ms1, traceparent1, tenant1, id2, ...},
 # `empty` the given models whose queues are empty now (newline separated).
 CLAIM = r"""
 local p, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local owner, asg, window, busy = ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local best, score, model, limit, f = nil, nil, nil, 1, nil
+local best, score, model, limit, f, queued, running = nil, nil, nil, 1, nil, nil, false
 local empty = {}
 repeat
   best, empty = nil, {}
-  for i = 8, #ARGV, 2 do
-    local head = model_head(p, ARGV[i])
+  for i = 8, #ARGV, 3 do
+    local head = model_head(p, ARGV[i], tonumber(ARGV[i + 1]))
     if not head[1] then
       table.insert(empty, ARGV[i])
     elseif best == nil or tonumber(head[2]) < score then
-      best, score, model, limit = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1])
+      best, score, model, limit, queued = head[1], tonumber(head[2]), ARGV[i], tonumber(ARGV[i + 1]), head
+      running = ARGV[i + 2] == '1'
     end
   end
   if best == nil then return {} end
@@ -283,24 +331,33 @@ repeat
   if not f[2] then evicted(p, best, model, '') end
 until f[2]
 local bkey = f[2]
-local ids = {best}
+local ids, fields, gone = {best}, {f}, {}
 if bkey ~= '' and limit > 1 then
   local peers = redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)
-  if busy > window and #peers < limit then
-    if tonumber(redis.call('HGET', p .. 'runmodels', model) or '0') > 0 then window = busy end
-  end
+  if busy > window and running then window = busy end
   if window > 0 and #peers < limit then
     local due = tonumber(f[5]) + window
     if due > now then return {'wait', model, tostring(due)} end
   end
-  for _, other in ipairs(peers) do
-    if other ~= best and #ids < limit and not evicted(p, other, model, bkey) then table.insert(ids, other) end
+  local kept, more
+  kept, more, gone = peers_fields(p, peers, model, bkey, best, limit - 1)
+  for i, other in ipairs(kept) do
+    table.insert(ids, other)
+    table.insert(fields, more[i])
   end
 end
 local out = {'ok', model, ''}
-take(p, ids, asg, owner, now, lease, out, f)
--- A call that took fewer jobs than it could hold may have emptied its queue: say so.
-if #ids < limit and redis.call('ZCARD', p .. 'queue:m:' .. model) == 0 then table.insert(empty, model) end
+take(p, ids, asg, owner, now, lease, out, fields)
+-- The call emptied its model's queue when the queue's first limit+1 (read with the head: the
+-- whole queue, when fewer) were all taken or evicted: say so.
+if #queued <= 2 * limit then
+  for _, id in ipairs(ids) do gone[id] = true end
+  local left = false
+  for j = 1, #queued, 2 do
+    if not gone[queued[j]] then left = true end
+  end
+  if not left then table.insert(empty, model) end
+end
 out[3] = table.concat(empty, '\n')
 return out
 """
@@ -351,18 +408,19 @@ for i = 7, #ARGV, 5 do
   end
 end
 if best == nil then return {} end
-local ids = {best}
 local limit = math.min(tonumber(ARGV[pick + 4]), math.floor(tonumber(ARGV[pick + 2]) / rows))
-local bkey = redis.call('HGET', p .. 'job:' .. best, 'bkey') or ''
+local f = take_fields(p .. 'job:' .. best)
+local ids, fields, bkey = {best}, {f}, f[2] or ''
 if bkey ~= '' and limit > 1 then
-  for _, other in ipairs(redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)) do
-    if other ~= best and #ids < limit and not evicted(p, other, ARGV[pick], bkey) then
-      table.insert(ids, other)
-    end
+  local peers = redis.call('ZRANGE', p .. 'queue:b:' .. bkey, 0, limit)
+  local kept, more = peers_fields(p, peers, ARGV[pick], bkey, best, limit - 1)
+  for i, other in ipairs(kept) do
+    table.insert(ids, other)
+    table.insert(fields, more[i])
   end
 end
 local out = {'ok', ARGV[pick], ARGV[pick + 1]}
-take(p, ids, asg, owner, now, lease, out)
+take(p, ids, asg, owner, now, lease, out, fields)
 return out
 """
 
@@ -438,7 +496,6 @@ if tonumber(f[3]) >= tonumber(ARGV[5]) then
   return {'failed', f[3]}
 end
 redis.call('ZREM', p .. 'running', id)
-redis.call('HINCRBY', p .. 'runmodels', f[4], -1)
 redis.call('HSET', jk, 'state', 'QUEUED', 'enqueued_ms', ARGV[6])
 redis.call('HDEL', jk, 'assignment', 'owner', 'worker', 'progress')
 enqueue(p, id, f[4], f[5], f[6], f[7])
@@ -460,121 +517,4 @@ for i = 4, #ARGV do
   end
 end
 return renewed
-"""
-
-# Worker ids. A worker id belongs to one process: the first Hello with it takes the claim, and
-# a Hello from another process is refused while the claim lives. Checking `workers` and then
-# registering let two processes racing through two controllers both in; one script cannot.
-# The claim lives a lease and is renewed with the `workers` entry (WORKERS_SEEN); a controller
-# renews, lists and drops only what it still holds, never what another one took over.
-
-# ARGV: p, worker id, instance ('' = an old worker: never the same process), owner, host, pid,
-#       lease_ms. Returns {'ok'} or {'held', host, pid} (the holder, another process).
-CLAIM_WORKER = r"""
-local p, id, instance = ARGV[1], ARGV[2], ARGV[3]
-local k = p .. 'worker-claim:' .. id
-local held = redis.call('HMGET', k, 'instance', 'host', 'pid')
-if held[1] and (instance == '' or held[1] ~= instance) then return {'held', held[2], held[3]} end
-redis.call('DEL', k)
-redis.call('HSET', k, 'instance', instance, 'owner', ARGV[4], 'host', ARGV[5], 'pid', ARGV[6])
-redis.call('PEXPIRE', k, ARGV[7])
-return {'ok'}
-"""
-
-# Renew the claims of this controller's workers and list them (workers, workers:seen). A claim
-# that expired (Redis away past a lease, or restarted empty) is taken again; one another
-# process or controller holds now is left alone, and its id returned: that worker must go.
-# ARGV: p, owner, lease_ms, expiry_ms, then id, instance, host, pid, info (WorkerInfo proto)
-# per worker. Returns the ids this controller no longer holds.
-WORKERS_SEEN = r"""
-local p, owner, lease, expiry = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local lost = {}
-for i = 5, #ARGV, 5 do
-  local id, instance = ARGV[i], ARGV[i + 1]
-  local k = p .. 'worker-claim:' .. id
-  local held = redis.call('HMGET', k, 'instance', 'owner')
-  if held[1] and (held[1] ~= instance or held[2] ~= owner) then
-    table.insert(lost, id)
-  else
-    if not held[1] then
-      redis.call('HSET', k, 'instance', instance, 'owner', owner, 'host', ARGV[i + 2], 'pid', ARGV[i + 3])
-    end
-    redis.call('PEXPIRE', k, lease)
-    redis.call('HSET', p .. 'workers', id, ARGV[i + 4])
-    redis.call('ZADD', p .. 'workers:seen', expiry, id)
-  end
-end
-return lost
-"""
-
-# A worker this controller held is gone: its claim and listing go, unless another controller
-# (or process) holds the id by now. ARGV: p, owner, id, instance. Returns 1 when dropped.
-DROP_WORKER = r"""
-local p, owner, id, instance = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local k = p .. 'worker-claim:' .. id
-local held = redis.call('HMGET', k, 'instance', 'owner')
-if held[1] and (held[1] ~= instance or held[2] ~= owner) then return 0 end
-redis.call('DEL', k)
-redis.call('HDEL', p .. 'workers', id)
-redis.call('ZREM', p .. 'workers:seen', id)
-return 1
-"""
-
-
-# ---- tidying, from every controller's upkeep (each run is small: Redis serves meanwhile) ----
-
-# Listing entries (`P jobs`, `P jobs:t:TENANT`) whose job expired or was evicted. Only entries
-# created before max_score (a job younger than the job TTL cannot have expired) are looked at,
-# `count` from `offset` on: the offset moves past the live ones (long queued or running jobs)
-# and starts over at the end. ARGV: p, listing key (without p), max_score, offset, count.
-# Returns {next offset, entries removed}.
-SWEEP_LISTING = r"""
-local p, key = ARGV[1], ARGV[1] .. ARGV[2]
-local offset, count = tonumber(ARGV[4]), tonumber(ARGV[5])
-local ids = redis.call('ZRANGEBYSCORE', key, '-inf', ARGV[3], 'LIMIT', offset, count)
-local gone = 0
-for _, id in ipairs(ids) do
-  if redis.call('EXISTS', p .. 'job:' .. id) == 0 then
-    redis.call('ZREM', key, id)
-    gone = gone + 1
-  end
-end
-if #ids < count then return {0, gone} end
-return {offset + #ids - gone, gone}
-"""
-
-# Members of a tenant's active set that are no longer QUEUED or RUNNING: a job evicted from
-# Redis (maxmemory), or finished by an older controller that does not know tenants. Every
-# other way out of the set is `finish` in the PRELUDE. ARGV: p, tenant, SSCAN cursor, count.
-# Returns {next cursor, members removed}.
-SWEEP_ACTIVE = r"""
-local p = ARGV[1]
-local key = p .. 'active:' .. ARGV[2]
-local scan = redis.call('SSCAN', key, ARGV[3], 'COUNT', ARGV[4])
-local gone = 0
-for _, id in ipairs(scan[2]) do
-  local state = redis.call('HGET', p .. 'job:' .. id, 'state')
-  if state ~= 'QUEUED' and state ~= 'RUNNING' then
-    redis.call('SREM', key, id)
-    gone = gone + 1
-  end
-end
-return {scan[1], gone}
-"""
-
-# Fair-share finish tags at or before now hold no one back (S = max(now, F)): they go, so
-# `P fair` stays as small as the set of (tenant, priority) pairs with work queued ahead.
-# ARGV: p, now (s). Returns the entries removed.
-PRUNE_FAIR = r"""
-local key = ARGV[1] .. 'fair'
-local now = tonumber(ARGV[2])
-local all = redis.call('HGETALL', key)
-local gone = 0
-for i = 1, #all, 2 do
-  if tonumber(all[i + 1]) <= now then
-    redis.call('HDEL', key, all[i])
-    gone = gone + 1
-  end
-end
-return gone
 """

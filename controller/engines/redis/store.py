@@ -7,7 +7,7 @@ What to do with a job (dispatch, retry, expire) is `RedisEngine`'s.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +20,7 @@ from omnirt._internal import catalog_convert
 from omnirt._internal import convert as c
 from omnirt.controller.core.batching import split_queue
 from omnirt.controller.core.tenants import UNLIMITED, TenantPolicy, bucket_size
-from omnirt.controller.engines.redis import event_log, scripts
+from omnirt.controller.engines.redis import event_log, scripts, upkeep_scripts
 from omnirt.controller.engines.redis.artifacts import ArtifactFiles
 from omnirt.controller.engines.redis.coalesced import Coalesced, many
 from omnirt.controller.engines.redis.connection import connect
@@ -123,13 +123,15 @@ class RedisJobStore:
         self._scripts["SUBMIT"] = self.redis.register_script(
             scripts.PRELUDE + scripts.QUOTAS + many(scripts.SUBMIT)
         )
-        self._scripts["FINISH"] = self.redis.register_script(scripts.PRELUDE + many(scripts.FINISH))
+        self._scripts["FINISH"] = self.redis.register_script(
+            scripts.PRELUDE + many(scripts.FINISH, "told = {}\n", "tell_finals(ARGV[1])")
+        )
         # Concurrent submits and results go several to a call (a group commit).
         self._submits = Coalesced(lambda args: self._run("SUBMIT", *args))
         self._finishes = Coalesced(lambda args: self._run("FINISH", *args))
         # The scripts that need none of the PRELUDE's functions: workers' claims, the tidying.
         self._plain_scripts = {
-            name: self.redis.register_script(getattr(scripts, name))
+            name: self.redis.register_script(getattr(upkeep_scripts, name))
             for name in (
                 "CLAIM_WORKER",
                 "WORKERS_SEEN",
@@ -339,18 +341,22 @@ class RedisJobStore:
         now_ms: int,
         busy_window_ms: int = 0,
         empty: set[str] | None = None,
+        running: Container[str] = (),
     ) -> tuple[str, list[Claimed]] | tuple[str, int] | None:
         """Claim the best queued job of `models` (model -> batch limit) and its batch peers.
 
         A batchable head with fewer peers than its limit waits for companions `window_ms` after
-        it was queued, or `busy_window_ms` when that is longer and jobs of its model run (on any
-        controller's workers). Returns (model, claimed jobs), or (model, due_ms) when the head
-        waits, or None when none of the models has a queued job. A claim adds to `empty` those of
-        `models` whose queues it left empty.
+        it was queued, or `busy_window_ms` when that is longer and jobs of its model run (the
+        models in `running`: the caller knows them, its workers' and the cluster's gauge).
+        Returns (model, claimed jobs), or (model, due_ms) when the head waits, or None when none
+        of the models has a queued job. A claim adds to `empty` those of `models` whose queues
+        it left empty.
         """
-        pairs = [x for model, limit in models.items() for x in (model, limit)]
+        triples = [
+            x for model, limit in models.items() for x in (model, limit, "1" if model in running else "0")
+        ]
         answer = await self._run(
-            "CLAIM", now_ms, lease_ms, owner, assignment_id, window_ms, busy_window_ms, *pairs
+            "CLAIM", now_ms, lease_ms, owner, assignment_id, window_ms, busy_window_ms, *triples
         )
         if not answer:
             return None

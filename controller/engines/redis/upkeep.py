@@ -40,6 +40,11 @@ SWEEP_PAGE = 500
 TIDY_S = 5.0  # how often the fair-share tags, tenants' active sets and listings are tidied
 
 
+# How long a controller's count of its running jobs stays in the cluster's gauge after it wrote
+# it (once a second): a controller that stopped leaves the sum within this.
+GAUGE_KEEP_MS = 5000
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -141,6 +146,16 @@ class RedisUpkeep:
 
     # ---- dispatch -------------------------------------------------------------------------
 
+    def _running(self, queues: dict[str, int]) -> set[str]:
+        """The queues whose model has jobs running: on this controller's workers now, or on any
+        controller's as of the last gauge (the busy batch window's test; no read of Redis)."""
+        if self.config.batch_busy_window_ms <= self.config.batch_window_ms:
+            return set()
+        cluster = self.engine.depth.running_by_model
+        return {
+            q for q in queues if self.workers.running_of(split_queue(q)[0]) or cluster.get(split_queue(q)[0])
+        }
+
     async def dispatch(self) -> int:
         """Give queued jobs to this controller's workers with free slots; returns the calls placed."""
         placed = 0
@@ -159,6 +174,7 @@ class RedisUpkeep:
                 _now_ms(),
                 busy_window_ms=self.config.batch_busy_window_ms,
                 empty=self._empty,
+                running=self._running(models),
             )
             if claim is None:
                 self._empty.update(models)
@@ -455,7 +471,13 @@ class RedisUpkeep:
                 self.engine.store_ok = True
                 # This controller's workers into the cluster's view, and their ids' claims renewed.
                 await self.cluster.publish()
-                self.engine.depth = await self.store.gauges.read([spec.id for spec in self.catalog])
+                self.engine.depth = await self.store.gauges.read(
+                    [spec.id for spec in self.catalog],
+                    self.controller_id,
+                    self.workers.running_by_model(),
+                    _now_ms(),
+                    GAUGE_KEEP_MS,
+                )
                 self.engine.pinned_queues.update(q for q in self.engine.depth.queued_by_queue if "@" in q)
                 await self._sweep_records()
                 await self._fail_unserved()
@@ -555,6 +577,9 @@ class RedisUpkeep:
             self.queued()
         elif kind == "e":
             self.waiters.notify(rest)
+        elif kind == "E":  # the final states of several jobs, one FINISH call's
+            for job_id in rest.split(" "):
+                self.waiters.notify(job_id)
         elif kind == "p":  # only new events of its run: watchers look, `wait` sleeps on
             self.waiters.notify(rest, state=False)
         elif kind == "c":
