@@ -163,6 +163,11 @@ def test_the_gauges_are_one_call_that_counts_only_queues_holding_jobs(
 
     async def scenario(store: RedisJobStore) -> None:
         urgent = await submit(store, "alice", priority=5)
+        before = command_calls(redis_server, "sadd", "srem")
+        other = await submit(store, "", model="other")
+        assert await end(store, other, JobState.CANCELLED)
+        after = command_calls(redis_server, "sadd", "srem")
+        assert after == before, 'the tenant "" (auth off) keeps no set of its jobs: they are counted'
         other = await submit(store, "", model="other")
         queued = await submit(store, "bob")
         before = command_calls(redis_server, "hincrby")
@@ -190,7 +195,8 @@ def test_the_gauges_are_one_call_that_counts_only_queues_holding_jobs(
         await asyncio.sleep(0.1)  # ctl-b's count expires: it wrote nothing since
         before = command_calls(redis_server, "zcard")
         gauges = await store.gauges.read(models, "ctl-a", {}, now_ms(), 5000)
-        assert command_calls(redis_server, "zcard")["zcard"] - before["zcard"] == 1, "the pinned queue only"
+        zcards = command_calls(redis_server, "zcard")["zcard"] - before["zcard"]
+        assert zcards == 3, 'no model\'s queue: the pinned one, and `queue` and `running` for the tenant ""'
         assert gauges.queued_by_model == {"other": 0} and gauges.queued_by_priority == {}
         assert gauges.running_by_model == {} and gauges.active_by_tenant == {"alice": 0, "bob": 0}
 

@@ -7,6 +7,9 @@ percent of a busy controller's CPU; the script counts the queues in Redis and an
 ones that hold jobs (and every pinned queue: the rule for unserved jobs reads those). With no job
 queued anywhere (`qdepth` all zero) it counts no model queue at all.
 
+The tenant "" (auth off, no quotas) keeps no set of its active jobs (a SADD and a SREM a job):
+its gauge is the queued and running jobs less the named tenants' active ones.
+
 Running jobs by model are counted by the controllers, not by the scripts a job runs through:
 each controller knows the jobs its own workers run, and writes those counts here (its
 `running:c:OWNER` hash, kept a few seconds past its last write) as it reads the gauges; the
@@ -26,7 +29,7 @@ from omnirt.controller.observability.metrics import Gauges
 # owner's), then the
 # model ids to count. Returns {qdepth (HGETALL), running {model, count, ...} summed over the
 # controllers alive, queues {name, count, ...}: the models' that hold jobs and every pinned one,
-# tenants {name, count, ...}: the active set's size of each tenant ("" always)}.
+# tenants {name, count, ...}: the active set's size of each named tenant, and "" (always) counted}.
 DEPTH = r"""
 local p, owner, now, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local first = 6 + 2 * tonumber(ARGV[5])
@@ -66,13 +69,19 @@ if any then
     end
   end
 end
-local tenants = {'', redis.call('SCARD', p .. 'active:')}
+-- The tenant "" (auth off) has no set: its jobs are the queued and running ones of no tenant.
+local tenants, named = {}, 0
 for _, t in ipairs(redis.call('SMEMBERS', p .. 'tenants')) do
   if t ~= '' then
+    local n = redis.call('SCARD', p .. 'active:' .. t)
     tenants[#tenants + 1] = t
-    tenants[#tenants + 1] = redis.call('SCARD', p .. 'active:' .. t)
+    tenants[#tenants + 1] = n
+    named = named + n
   end
 end
+local all = redis.call('ZCARD', p .. 'queue') + redis.call('ZCARD', p .. 'running')
+tenants[#tenants + 1] = ''
+tenants[#tenants + 1] = math.max(0, all - named)
 return {queued, running, queues, tenants}
 """
 

@@ -30,7 +30,9 @@ Cluster hash tag, so every key lives in one slot):
     P idem@TENANT:KEY string: the same for a named tenant (tenant names hold no ':' or '@',
                       and no key of the tenant "" starts `idem@`: the two layouts never meet)
     P tenants         set of the tenants that submitted jobs ("" included)
-    P active:TENANT   set of the tenant's jobs QUEUED or RUNNING: max_queued, the active gauge
+    P active:TENANT   set of a named tenant's jobs QUEUED or RUNNING: max_queued, the active
+                      gauge (the tenant "" has no quotas: its gauge is counted, see gauges.py;
+                      controllers before that kept `active:` too, which the sweep empties)
     P bucket:TENANT   hash tokens, at (s): the tenant's rate_per_s token bucket
     P fair            hash "TENANT|PRIORITY" -> F (s): fair share's finish tags
     P workers         hash worker id -> WorkerInfo proto (+ P workers:seen zset id -> expiry)
@@ -193,7 +195,9 @@ end
 local function finish(p, id, state, now, ttl, error, result, ev, f, worker)
   local jk = p .. 'job:' .. id
   f = f or finish_fields(jk)
-  if f[1] == 'QUEUED' or f[1] == 'RUNNING' then redis.call('SREM', p .. 'active:' .. (f[8] or ''), id) end
+  if (f[1] == 'QUEUED' or f[1] == 'RUNNING') and (f[8] or '') ~= '' then
+    redis.call('SREM', p .. 'active:' .. f[8], id)
+  end
   if f[1] == 'QUEUED' then dequeue(p, id, f[4], f[5], f[6]) end
   if f[1] == 'RUNNING' then
     redis.call('ZREM', p .. 'running', id)
@@ -291,8 +295,10 @@ redis.call('HSET', p .. 'job:' .. id, unpack(fields))
 enqueue(p, id, ARGV[9], ARGV[10], rank, ARGV[14])
 if tonumber(ARGV[13]) > 0 then redis.call('ZADD', p .. 'deadlines', ARGV[13], id) end
 if tenant ~= '' then redis.call('ZADD', p .. 'jobs:t:' .. tenant, ARGV[12], id) end
-redis.call('SADD', active, id)
-if tenant ~= '' then redis.call('SADD', p .. 'tenants', tenant) end  -- "" is always one
+if tenant ~= '' then  -- "" (auth off) is always one, and its active jobs are counted (gauges.py)
+  redis.call('SADD', active, id)
+  redis.call('SADD', p .. 'tenants', tenant)
+end
 if idem ~= '' then redis.call('SET', ik, id, 'EX', ARGV[4]) end
 add_event(p, id, ARGV[15])
 tell_queued(p)
