@@ -490,8 +490,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"{_cores_rate(w['summary']['redis_controller_cpu_ms_per_job'])} on Redis"
         for w in result["workloads"]
     )
+    separate = result.get("separate_run")  # merged into the page's results from a run of its own
     return "\n\n".join(
         [
+            *([f"Recorded apart from the rest of this page, with `{separate}`."] if separate else []),
             f"`{command(s)}`: for each workload two deployments side by side, equal but for "
             "the job store: **memory** (`omnirt-controller`) and **redis** (`omnirt-controller --store "
             f"redis://...` with a fresh `redis-server --save '' --appendonly no` of its own, Redis "

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import redis_engine
 from tests.integration.test_bench_suite import run_module
 from tests.tools import require_tool
 
@@ -57,3 +58,8 @@ def test_quick_redis_runs_both_engines_and_reads_what_jobs_cost_redis(
     assert "## `redis`" in page and "shard ceiling" in page
     null = entry["workloads"][0]["summary"]
     assert f"**{null['redis_cpu_ms_per_job']:.3f} ms**" in page  # the summary table, from the JSON
+    # An entry merged into the page's results from a run of its own says so on the page.
+    assert "Recorded apart" not in page
+    entry["separate_run"] = "python -m bench.suite --only redis --json FILE"
+    note = "Recorded apart from the rest of this page, with `python -m bench.suite --only redis --json FILE`."
+    assert redis_engine.markdown(entry).startswith(note)

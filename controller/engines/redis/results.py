@@ -161,6 +161,10 @@ async def store_result(
             for a, v in zip(result.artifacts, view.artifacts, strict=True)
             if not v.data and not a.object_uri
         }
+    read_back = engine.waiters.waits_for(job_id)  # a Generate here: no read after this
+    if read_back:  # its waiter, woken by FINISH's notification, waits for FINISH's answer
+        engine.waiters.expect(("job", job_id), job_id)
+    finished = Finished(False, None)
     try:
         finished = await engine.store.finish(
             job_id,
@@ -176,10 +180,13 @@ async def store_result(
             now_ms=now,
             run_events=run_events or (),
             worker=worker_id if run_events else "",
-            read_back=engine.waiters.waits_for(job_id),  # a Generate here: no read after this
+            read_back=read_back,
         )
     except OmniRTError:  # the job expired meanwhile
-        finished = Finished(False, None)
+        pass
+    finally:
+        if finished.job is None:  # no answer for the waiters: each reads the job itself
+            engine.waiters.unexpect(("job", job_id))
     if finished.job is not None:
         result_bytes = finished.job.fields.get(b"result")
         if result_bytes:

@@ -31,6 +31,8 @@ class Waiters:
         self._reads: dict[Hashable, asyncio.Future[Any]] = {}
         # Reads answered without reading (`answer`), by job: they go with the job's last waiter.
         self._answered: dict[str, set[Hashable]] = {}
+        # Reads a write in flight here will answer (`expect`): their waiters wait for it.
+        self._expected: dict[Hashable, asyncio.Future[Any]] = {}
         # The latest jobs notified while nobody here waited on them (oldest first, at most
         # UNHEARD): a wait that starts later must look at such a job at once.
         self._unheard: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -65,6 +67,7 @@ class Waiters:
                     del self._events[job_id]
                     for key in self._answered.pop(job_id, ()):
                         self._reads.pop(key, None)
+                        self._expected.pop(key, None)
 
     def notify(self, job_id: str, state: bool = True) -> None:
         """Wake the tasks waiting on `job_id`: all of them, or with `state` False (only new
@@ -94,12 +97,34 @@ class Waiters:
     def answer(self, key: Hashable, job_id: str, value: Any) -> None:
         """The answer of the read `key` of the waiters of `job_id`, known without reading (it came
         back from a write): their `shared(key)` returns it while they wait on the job."""
+        pending = self._expected.pop(key, None)
+        if pending is not None and not pending.done():
+            pending.set_result(value)  # the waiters that came during the write
         if job_id not in self._events:
             return
         future = asyncio.get_running_loop().create_future()
         future.set_result(value)
         self._reads[key] = future
         self._answered.setdefault(job_id, set()).add(key)
+
+    def expect(self, key: Hashable, job_id: str) -> None:
+        """A write in flight here will `answer` the read `key` of the waiters of `job_id`: until
+        then their `shared(key)` waits for that answer instead of reading (the notification of
+        the write may come before its reply). The writer then calls `answer`, or `unexpect` when
+        the write gave no answer (the waiters then read, each)."""
+        if job_id not in self._events:
+            return
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._expected[key] = self._reads[key] = future
+        self._answered.setdefault(job_id, set()).add(key)
+
+    def unexpect(self, key: Hashable) -> None:
+        """The write `expect` announced gave no answer: its waiters read for themselves."""
+        pending = self._expected.pop(key, None)
+        if pending is not None:
+            if self._reads.get(key) is pending:
+                del self._reads[key]
+            pending.cancel()
 
     def notify_run_events(self, job_ids: list[str]) -> None:
         """New events of these jobs' runs were written: wake their watchers."""
