@@ -26,10 +26,10 @@ from omnirt.controller.engines.redis.records import by_model
 from omnirt.controller.observability.metrics import Gauges
 
 # ARGV: p, owner ('' = none: read only), now_ms, keep_ms, n, then n model, running pairs (the
-# owner's), then the
-# model ids to count. Returns {qdepth (HGETALL), running {model, count, ...} summed over the
-# controllers alive, queues {name, count, ...}: the models' that hold jobs and every pinned one,
-# tenants {name, count, ...}: the active set's size of each named tenant, and "" (always) counted}.
+# owner's), then the model ids to count. Returns {qdepth (HGETALL), running {model, count, ...}
+# summed over the controllers alive, queues {name, count, ...}: the models' that hold jobs and
+# every pinned one, tenants {name, count, ...}: the active set's size of each named tenant, and
+# "" (always) counted}.
 DEPTH = r"""
 local p, owner, now, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local first = 6 + 2 * tonumber(ARGV[5])

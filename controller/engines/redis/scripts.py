@@ -40,8 +40,8 @@ Cluster hash tag, so every key lives in one slot):
                       the controller it is connected to; expires a lease after its last renewal
     P notify          pub/sub channel: "q" (a job was queued), "e ID" (job ID changed state, or
                       has a new event: every waiter looks), "E ID1 ID2 ..." (the same for
-                      several jobs: the final states of one FINISH call), "p ID" (job ID has new events of its
-                      run: watchers look, `wait` sleeps on),
+                      several jobs: the final states of one FINISH call), "p ID" (job ID has
+                      new events of its run: watchers look, `wait` sleeps on),
                       "c ID ASSIGNMENT OWNER REASON" (stop a running job), "d WORKER" (drain)
 
 Rank = enqueued_seconds / aging_s - priority: lower runs first, as in the in-memory queue. A job
@@ -95,11 +95,15 @@ end
 
 -- A job evicted from Redis (maxmemory) leaves its id queued: it is dropped, never dispatched
 -- (its hash, and with it its priority for `qdepth`, is gone).
-local function evicted(p, id, m, bkey)
-  if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return false end
+local function drop_evicted(p, id, m, bkey)
   redis.call('ZREM', p .. 'queue', id)
   redis.call('ZREM', p .. 'queue:m:' .. m, id)
   if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, id) end
+end
+
+local function evicted(p, id, m, bkey)
+  if redis.call('EXISTS', p .. 'job:' .. id) == 1 then return false end
+  drop_evicted(p, id, m, bkey)
   return true
 end
 
@@ -128,15 +132,12 @@ local function peers_fields(p, ids, model, bkey, skip, limit)
         table.insert(fields, f)
       else
         gone[other] = true
-        redis.call('ZREM', p .. 'queue', other)
-        redis.call('ZREM', p .. 'queue:m:' .. model, other)
-        if bkey ~= '' then redis.call('ZREM', p .. 'queue:b:' .. bkey, other) end
+        drop_evicted(p, other, model, bkey)
       end
     end
   end
   return kept, fields, gone
 end
-
 
 -- Mark the queued jobs `ids` RUNNING under assignment `asg` of `owner`, appending to `out` each
 -- one's id, attempts, request, enqueued_ms, traceparent and tenant. `fields[i]` is take_fields

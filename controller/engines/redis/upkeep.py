@@ -152,9 +152,12 @@ class RedisUpkeep:
         if self.config.batch_busy_window_ms <= self.config.batch_window_ms:
             return set()
         cluster = self.engine.depth.running_by_model
-        return {
-            q for q in queues if self.workers.running_of(split_queue(q)[0]) or cluster.get(split_queue(q)[0])
-        }
+        running = set()
+        for queue in queues:
+            model = split_queue(queue)[0]
+            if self.workers.running_of(model) or cluster.get(model):
+                running.add(queue)
+        return running
 
     async def dispatch(self) -> int:
         """Give queued jobs to this controller's workers with free slots; returns the calls placed."""

@@ -8,19 +8,28 @@ reply (which holds the job) instead of reading the job from Redis a second time.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from omnirt.controller.engines.redis.waiters import Waiters
 
 KEY = ("job", "job-1")
 
 
+def counted_read() -> tuple[list[int], Callable[[], Awaitable[str]]]:
+    """A read of the job from Redis, and the list of the times it ran."""
+    reads: list[int] = []
+
+    async def read() -> str:
+        reads.append(1)
+        return "read from Redis"
+
+    return reads, read
+
+
 def test_a_read_a_write_will_answer_waits_for_the_answer_instead_of_reading() -> None:
     async def scenario() -> None:
-        waiters, reads = Waiters(), []
-
-        async def read() -> str:
-            reads.append(1)
-            return "read from Redis"
+        waiters = Waiters()
+        reads, read = counted_read()
 
         with waiters.waiting("job-1", run_events=False):
             waiters.expect(KEY, "job-1")  # FINISH is on its way
@@ -38,11 +47,8 @@ def test_a_read_a_write_will_answer_waits_for_the_answer_instead_of_reading() ->
 
 def test_a_write_that_gives_no_answer_lets_each_waiter_read() -> None:
     async def scenario() -> None:
-        waiters, reads = Waiters(), []
-
-        async def read() -> str:
-            reads.append(1)
-            return "read from Redis"
+        waiters = Waiters()
+        reads, read = counted_read()
 
         with waiters.waiting("job-1", run_events=False):
             waiters.expect(KEY, "job-1")
